@@ -1,0 +1,45 @@
+# gpufleet — two commands for a newcomer: `make demo` and `make test` (Debian 12, as root).
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+SYSTEM_PACKAGES := debootstrap systemd-container nftables lxcfs iproute2 openssh-client gcc libc6-dev \
+	dpkg gnupg python3-venv make tar
+BUILD := build
+
+.PHONY: demo test unit sim-test lint deps system-deps clean bench
+
+demo: deps
+	bash scripts/demo.sh
+
+test: deps
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/pytest -q tests
+
+unit: deps
+	$(VENV)/bin/pytest -q tests/unit
+
+lint: deps
+	$(VENV)/bin/ruff check .
+
+bench: deps
+	$(PY) benchmarks/sim_bringup.py
+
+deps: system-deps $(VENV)/.installed
+
+system-deps:
+	@missing=$$(for p in $(SYSTEM_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null \
+		| grep -q 'install ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		echo "installing system packages: $$missing"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -e '.[dev]'
+	touch $@
+
+clean:
+	-$(VENV)/bin/gpufleet sim down
+	rm -rf $(BUILD) .pytest_cache

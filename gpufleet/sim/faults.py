@@ -1,0 +1,104 @@
+"""Fault injection into a simulated host: `gpufleet sim fault HOST KIND [--gpu N]` and `... clear`.
+
+Hardware faults change the host's GPU state file (original values are kept under ``fault.*`` keys so
+``clear`` restores them); ``busy`` starts a process holding the GPU inside the host; ``host-down`` cuts
+the host's network link.
+"""
+
+from __future__ import annotations
+
+from . import network
+from .gpu import state as gpu_state
+from .hosts import Fleet, Host, SimError, run_on
+
+THERMAL_BITS = 0x20 | 0x40  # SW thermal slowdown + HW thermal slowdown
+OVERHEAT_C = 92
+BUSY_UNIT = "gpufleet-sim-busy-{gpu}"
+KINDS = ("overheat", "ecc", "lost", "busy", "driver-unloaded", "host-down", "clear")
+
+
+def _remember(gpus: dict[str, str], key: str) -> None:
+    gpus.setdefault(f"fault.orig.{key}", gpus.get(key, ""))
+
+
+def _overheat(gpus: dict[str, str], g: str) -> None:
+    for field in ("temp.gpu", "temp.memory", "clocks.event_reasons", "clocks.sm", "clocks.graphics"):
+        _remember(gpus, g + field)
+    gpus[g + "temp.gpu"] = str(OVERHEAT_C)
+    if gpus.get(g + "temp.memory"):
+        gpus[g + "temp.memory"] = str(OVERHEAT_C + 4)
+    reasons = int(gpus.get(g + "clocks.event_reasons", "0"), 16) & ~0x1
+    gpus[g + "clocks.event_reasons"] = f"0x{reasons | THERMAL_BITS:016x}"
+    for clock in ("clocks.sm", "clocks.graphics"):
+        if gpus.get(g + clock):
+            gpus[g + clock] = str(int(gpus[g + clock]) // 2)
+
+
+def _ecc(gpus: dict[str, str], g: str, host: str, gpu: int) -> None:
+    if gpus.get(g + "ecc.supported") != "1":
+        raise SimError(f"{host}: GPU {gpu} ({gpus.get(g + 'name')}) has no ECC memory")
+    for field in ("ecc.volatile.uncorrected", "ecc.aggregate.uncorrected", "remap.pending",
+                  "remap.uncorrectable"):
+        _remember(gpus, g + field)
+    for field in ("ecc.volatile.uncorrected", "ecc.aggregate.uncorrected"):
+        gpus[g + field] = str(int(gpus.get(g + field) or 0) + 2)
+    if gpus.get(g + "remap.supported") == "1":
+        gpus[g + "remap.pending"] = "1"
+        gpus[g + "remap.uncorrectable"] = str(int(gpus.get(g + "remap.uncorrectable") or 0) + 1)
+
+
+def _restore(gpus: dict[str, str]) -> None:
+    for key in [k for k in gpus if k.startswith("fault.orig.")]:
+        gpus[key[len("fault.orig."):]] = gpus.pop(key)
+    for index in range(gpu_state.gpu_count(gpus)):
+        gpus[f"gpu.{index}.lost"] = "0"
+
+
+def inject(fleet: Fleet, host_name: str, kind: str, gpu: int = 0) -> str:
+    """Apply a fault; return a one-line description of what was done."""
+    if kind not in KINDS:
+        raise SimError(f"unknown fault {kind!r}; allowed: {', '.join(KINDS)}")
+    host = fleet.host(host_name)
+    path = str(host.dir / "hw/gpus.state")
+    if kind == "host-down":
+        network.set_host_link(host.name, fleet.net, up=False)
+        return f"{host.name}: network link down (sshd unreachable)"
+    if kind == "clear":
+        return _clear(fleet, host, path)
+    with gpu_state.locked(path) as gpus:
+        count = gpu_state.gpu_count(gpus)
+        if not 0 <= gpu < count:
+            raise SimError(f"{host.name}: --gpu {gpu} out of range; this host has GPUs 0..{count - 1}")
+        g = f"gpu.{gpu}."
+        if kind == "overheat":
+            _overheat(gpus, g)
+        elif kind == "ecc":
+            _ecc(gpus, g, host.name, gpu)
+        elif kind == "lost":
+            gpus[g + "lost"] = "1"
+        elif kind == "driver-unloaded":
+            _remember(gpus, "driver.version")
+            _remember(gpus, "driver.loaded")
+            gpus["driver.loaded"] = "0"
+            gpus["driver.version"] = ""
+    if kind == "busy":
+        _start_busy(host, gpu)
+    return f"{host.name}: {kind} on GPU {gpu}" if kind != "driver-unloaded" else f"{host.name}: driver unloaded"
+
+
+def _start_busy(host: Host, gpu: int) -> None:
+    result = run_on(host, ["systemd-run", f"--unit={BUSY_UNIT.format(gpu=gpu)}",
+                           "--setenv=PYTHONPATH=/usr/lib/gpufleet-sim", "python3", "-m", "simgpu.hold", str(gpu)])
+    if result.returncode != 0:
+        raise SimError(f"{host.name}: could not start a process on GPU {gpu} (is the driver installed?): "
+                       f"{result.stderr.strip()}")
+
+
+def _clear(fleet: Fleet, host: Host, path: str) -> str:
+    network.set_host_link(host.name, fleet.net, up=True)
+    with gpu_state.locked(path) as gpus:
+        _restore(gpus)
+        count = gpu_state.gpu_count(gpus)
+    units = [BUSY_UNIT.format(gpu=i) + ".service" for i in range(count)]
+    run_on(host, ["systemctl", "stop", *units], timeout=30)
+    return f"{host.name}: faults cleared"

@@ -1,0 +1,51 @@
+"""Simulated nvidia-persistenced: keeps the GPUs initialised; with persistence mode on, sets it on every GPU.
+
+Command line as the real daemon: ``nvidia-persistenced [--user USER] [--persistence-mode |
+--no-persistence-mode] [--verbose]``. It forks (systemd ``Type=forking``) and writes
+``/var/run/nvidia-persistenced/nvidia-persistenced.pid``. When it stops, persistence mode goes off on the
+GPUs it enabled it on, as with the real daemon.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from . import daemon, state
+
+PID_FILE = "/var/run/nvidia-persistenced/nvidia-persistenced.pid"
+NAME = "nvidia-persistenced"
+
+
+def main(argv: list[str]) -> int:
+    persistence = True
+    for arg in argv:
+        if arg == "--persistence-mode":
+            persistence = True
+        elif arg == "--no-persistence-mode":
+            persistence = False
+    if os.geteuid() != 0:
+        print("nvidia-persistenced failed to initialize. Check syslog for more details.", file=sys.stderr)
+        return 1
+    gpus = state.read_state()
+    if gpus.get("driver.loaded") != "1" or gpus.get("driver.version") != daemon.own_driver_version():
+        print("nvidia-persistenced failed to initialize. Check syslog for more details.", file=sys.stderr)
+        return 1
+    daemon.daemonize(PID_FILE)
+    pid = os.getpid()
+
+    def set_persistence(value: str):
+        def apply(current: dict[str, str]) -> None:
+            for index in range(state.gpu_count(current)):
+                if current.get(f"gpu.{index}.lost") != "1":
+                    current[f"gpu.{index}.persistence"] = value
+        return apply
+
+    daemon.register(NAME, pid, set_persistence("1") if persistence else None)
+    daemon.serve_until_terminated(
+        lambda: daemon.unregister(pid, set_persistence("0") if persistence else None))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

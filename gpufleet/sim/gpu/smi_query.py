@@ -1,0 +1,254 @@
+"""``--query-gpu`` and ``--query-compute-apps`` in ``--format=csv[,noheader][,nounits]``."""
+
+from __future__ import annotations
+
+from . import state as st
+from .smi_common import (
+    RC_GPU_IS_LOST,
+    RC_INVALID_ARGUMENT,
+    Gpu,
+    SmiExit,
+    invalid_combination,
+    lost_line,
+    timestamp_csv,
+    watts,
+)
+from .smi_fields import ALIASES, DEFAULTS, UNITS
+from .smi_table import used_mib
+
+NA = "[N/A]"
+EVENT_BITS = {
+    "gpu_idle": 0x1,
+    "applications_clocks_setting": 0x2,
+    "sw_power_cap": 0x4,
+    "hw_slowdown": 0x8,
+    "sync_boost": 0x10,
+    "sw_thermal_slowdown": 0x20,
+    "hw_thermal_slowdown": 0x40,
+    "hw_power_brake_slowdown": 0x80,
+}
+FABRIC_STATE = {"not_started": "Not Started", "in_progress": "In Progress", "completed": "Completed"}
+COMPUTE_APP_FIELDS = {
+    "timestamp": ("timestamp", ""),
+    "gpu_name": ("gpu_name", ""),
+    "gpu_bus_id": ("gpu_bus_id", ""),
+    "gpu_serial": ("gpu_serial", ""),
+    "gpu_uuid": ("gpu_uuid", ""),
+    "pid": ("pid", ""),
+    "process_name": ("process_name", ""),
+    "name": ("process_name", ""),
+    "used_gpu_memory": ("used_gpu_memory", "MiB"),
+    "used_memory": ("used_gpu_memory", "MiB"),
+}
+
+
+def parse_format(fmt: str | None) -> tuple[bool, bool]:
+    """(header, units) from ``--format``; csv is mandatory."""
+    if fmt is None:
+        raise invalid_combination()
+    opts = [o.strip() for o in fmt.split(",") if o.strip()]
+    if "csv" not in opts or any(o not in ("csv", "noheader", "nounits") for o in opts):
+        raise invalid_combination()
+    return "noheader" not in opts, "nounits" not in opts
+
+
+def _placeholder(value: str) -> bool:
+    return value == "" or value.startswith("[") or value == "N/A"
+
+
+def _with_unit(value: str, unit: str, units: bool) -> str:
+    if unit and units and not _placeholder(value):
+        return f"{value} {unit}"
+    return value
+
+
+def _enabled(flag: bool) -> str:
+    return "Enabled" if flag else "Disabled"
+
+
+def _ecc_counter(gpu: Gpu, field: str) -> str | None:
+    """ecc.errors.{corrected,uncorrected}.{volatile,aggregate}.* from the state counters."""
+    parts = field.split(".")
+    if len(parts) < 5 or not gpu.flag("ecc.supported"):
+        return NA if len(parts) >= 5 else None
+    kind, scope, where = parts[2], parts[3], parts[4]
+    if not gpu.flag("ecc.current"):
+        return NA
+    count = str(gpu.i(f"ecc.{scope}.{'corrected' if kind == 'corrected' else 'uncorrected'}"))
+    if where in ("device_memory", "dram", "total") and len(parts) == 5:
+        return count
+    return None  # leave the capture's default (sram counters 0, register file [N/A], ...)
+
+
+def gpu_value(gpu: Gpu, field: str, ctx: dict) -> str:
+    """The value of canonical ``field`` for ``gpu`` (without unit)."""
+    g = gpu
+    mig = g.mig_on
+    bus = g.bus_id
+    reasons = g.i("clocks.event_reasons")
+    simple = {
+        "timestamp": ctx["timestamp"],
+        "driver_version": ctx["version"],
+        "count": str(ctx["count"]),
+        "name": g.name,
+        "serial": g.s("serial") or NA,
+        "uuid": g.uuid,
+        "pci.bus_id": bus,
+        "pci.domain": "0x" + bus[4:8],
+        "pci.bus": "0x" + bus[9:11],
+        "pci.device": "0x" + bus[12:14],
+        "pci.subClass": "0x0" if g.geforce else "0x2",
+        "pci.device_id": g.s("pci.device_id"),
+        "pci.sub_device_id": g.s("pci.sub_device_id"),
+        "pcie.link.gen.current": g.s("pcie.gen_current"),
+        "pcie.link.gen.gpucurrent": g.s("pcie.gen_current"),
+        "pcie.link.gen.max": g.s("pcie.gen_max"),
+        "pcie.link.gen.gpumax": g.s("pcie.gen_max"),
+        "pcie.link.gen.hostmax": g.s("pcie.gen_hostmax") or NA,
+        "pcie.link.width.current": g.s("pcie.width_current"),
+        "pcie.link.width.max": g.s("pcie.width_max"),
+        "index": str(g.index),
+        "persistence_mode": _enabled(g.flag("persistence")) if g.s("persistence.supported", "1") != "0" else NA,
+        "addressing_mode": "None" if g.s("architecture") in ("Hopper", "Blackwell") else "HMM",
+        "vbios_version": g.s("vbios"),
+        "fan.speed": g.s("fan") or NA,
+        "pstate": g.s("pstate", "P0"),
+        "clocks_event_reasons.active": f"0x{reasons:016X}",
+        "memory.total": str(g.i("memory.total_mib")),
+        "memory.reserved": str(g.i("memory.reserved_mib")),
+        "memory.used": str(used_mib(g)),
+        "memory.free": str(g.i("memory.total_mib") - g.i("memory.reserved_mib") - used_mib(g)),
+        "compute_mode": g.s("compute_mode", "Default"),
+        "compute_cap": g.s("compute_cap"),
+        "utilization.gpu": NA if mig else str(g.i("util.gpu")),
+        "utilization.memory": NA if mig else str(g.i("util.memory")),
+        "ecc.mode.current": _enabled(g.flag("ecc.current")) if g.flag("ecc.supported") else NA,
+        "ecc.mode.pending": _enabled(g.flag("ecc.pending")) if g.flag("ecc.supported") else NA,
+        "retired_pages.single_bit_ecc.count": NA,
+        "retired_pages.double_bit.count": NA,
+        "retired_pages.pending": NA,
+        "temperature.gpu": g.s("temp.gpu"),
+        "temperature.gpu.tlimit": (
+            str(g.i("temp.max_operating") - g.i("temp.gpu")) if g.has("temp.max_operating") and not g.geforce else NA
+        ),
+        "temperature.memory": g.s("temp.memory") or "N/A",
+        "power.draw": watts(g.i("power.draw_mw")),
+        "power.draw.average": watts(g.i("power.draw_mw")),
+        "power.draw.instant": watts(g.i("power.draw_mw") * 9967 // 10000),
+        "power.limit": watts(g.i("power.limit_mw")),
+        "enforced.power.limit": watts(g.i("power.limit_mw")),
+        "power.default_limit": watts(g.i("power.default_mw")),
+        "power.min_limit": watts(g.i("power.min_mw")),
+        "power.max_limit": watts(g.i("power.max_mw")),
+        "edpp_multiplier": DEFAULTS["edpp_multiplier"] if g.s("architecture") in ("Hopper", "Blackwell") else NA,
+        "clocks.current.graphics": g.s("clocks.graphics"),
+        "clocks.current.sm": g.s("clocks.sm"),
+        "clocks.current.memory": g.s("clocks.mem"),
+        "clocks.current.video": g.s("clocks.video"),
+        "clocks.max.graphics": g.s("clocks.max.graphics"),
+        "clocks.max.sm": g.s("clocks.max.sm"),
+        "clocks.max.memory": g.s("clocks.max.mem"),
+        "mig.mode.current": _enabled(g.flag("mig.current")) if g.flag("mig.supported") else NA,
+        "mig.mode.pending": _enabled(g.flag("mig.pending")) if g.flag("mig.supported") else NA,
+        "c2c.mode": "Disabled" if g.s("architecture") in ("Hopper", "Blackwell") else NA,
+        "platform.module_id": str(g.index + 1),
+    }
+    if field in simple:
+        return simple[field]
+    if field.startswith(("clocks_event_reasons.", "clocks_throttle_reasons.")):
+        bit = EVENT_BITS.get(field.split(".", 1)[1])
+        if bit is not None:
+            return "Active" if reasons & bit else "Not Active"
+    if field.startswith("utilization.") and mig:
+        return NA
+    if field.startswith("ecc.errors."):
+        value = _ecc_counter(g, field)
+        if value is not None:
+            return value
+        if not g.flag("ecc.supported"):
+            return NA
+    if field.startswith("remapped_rows."):
+        if not g.flag("remap.supported") or mig:
+            return NA
+        remap = {
+            "remapped_rows.correctable": str(g.i("remap.correctable")),
+            "remapped_rows.uncorrectable": str(g.i("remap.uncorrectable")),
+            "remapped_rows.pending": "Yes" if g.i("remap.pending") else "No",
+            "remapped_rows.failure": "Yes" if g.i("remap.failure") else "No",
+        }
+        if field in remap:
+            return remap[field]
+    if field.startswith("fabric."):
+        fabric = ctx["fabric"]
+        if fabric in ("", "none"):
+            return "N/A"
+        if field == "fabric.state":
+            return FABRIC_STATE.get(fabric, "N/A")
+        if fabric != "completed":
+            return "N/A"
+    return DEFAULTS[field]
+
+
+def query_gpu(
+    state: dict[str, str], gpus: list[Gpu], spec: str, fmt: str | None, version: str
+) -> tuple[list[str], int]:
+    header, units = parse_format(fmt)
+    fields = []
+    for raw in [x.strip() for x in spec.split(",") if x.strip()]:
+        canonical = ALIASES.get(raw)
+        if canonical is None:
+            raise SmiExit(RC_INVALID_ARGUMENT, f'Field "{raw}" is not a valid field to query.', "")
+        fields.append(canonical)
+    if not fields:
+        raise invalid_combination()
+    out = []
+    if header:
+        out.append(", ".join(f"{f} [{UNITS[f]}]" if UNITS[f] and units else f for f in fields))
+    ctx = {
+        "timestamp": timestamp_csv(),
+        "version": version,
+        "count": st.gpu_count(state),
+        "fabric": state.get("fabric.state", "none"),
+    }
+    rc = 0
+    for gpu in gpus:
+        if gpu.lost:
+            out.append(lost_line(gpu))
+            rc = RC_GPU_IS_LOST
+            continue
+        out.append(", ".join(_with_unit(gpu_value(gpu, f, ctx), UNITS[f], units) for f in fields))
+    return out, rc
+
+
+def query_compute_apps(gpus: list[Gpu], spec: str, fmt: str | None) -> tuple[list[str], int]:
+    header, units = parse_format(fmt)
+    fields = []
+    for raw in [x.strip() for x in spec.split(",") if x.strip()]:
+        if raw not in COMPUTE_APP_FIELDS:
+            raise SmiExit(RC_INVALID_ARGUMENT, f'Field "{raw}" is not a valid field to query.', "")
+        fields.append(COMPUTE_APP_FIELDS[raw])
+    if not fields:
+        raise invalid_combination()
+    out = []
+    if header:
+        out.append(", ".join(f"{name} [{unit}]" if unit and units else name for name, unit in fields))
+    stamp = timestamp_csv()
+    rc = 0
+    for gpu in gpus:
+        if gpu.lost:
+            out.append(lost_line(gpu))
+            rc = RC_GPU_IS_LOST
+            continue
+        for proc in gpu.procs():
+            values = {
+                "timestamp": stamp,
+                "gpu_name": gpu.name,
+                "gpu_bus_id": gpu.bus_id,
+                "gpu_serial": gpu.s("serial") or NA,
+                "gpu_uuid": gpu.uuid,
+                "pid": str(proc["pid"]),
+                "process_name": proc["name"],
+                "used_gpu_memory": str(proc["used"]),
+            }
+            out.append(", ".join(_with_unit(values[name], unit, units) for name, unit in fields))
+    return out, rc

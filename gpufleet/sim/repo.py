@@ -1,0 +1,330 @@
+"""The simulator's package repository: NVIDIA driver packages (named as NVIDIA's and Ubuntu's) that
+install the simulated driver into a host, served over HTTP from the control machine on the fleet bridge.
+
+A flat, signed apt repository like NVIDIA's CUDA repository (``deb [signed-by=KEYRING] URL /``); the
+keyring is served at ``URL/gpufleet-sim-keyring.gpg``.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+from email.utils import formatdate
+from pathlib import Path
+
+from . import network
+from .paths import cache_dir, sim_dir
+
+PORT = 8731
+# branch -> (driver version, CUDA version it supports)
+BRANCHES = {"570": ("570.172.08", "12.8"), "580": ("580.95.05", "13.0")}
+DEFAULT_BRANCH = "580"
+KEYRING_NAME = "gpufleet-sim-keyring.gpg"
+SIMGPU_DIR = Path(__file__).with_name("gpu")
+LIB_DIR = "usr/lib/x86_64-linux-gnu"
+
+
+def url(net: str) -> str:
+    return f"http://{network.bridge_address(net)}:{PORT}"
+
+
+def parse_driver_option(option: str | None) -> str | None:
+    """``None`` (no driver), ``preinstalled`` or ``preinstalled:BRANCH`` → branch or None."""
+    if option in (None, "", "none"):
+        return None
+    kind, _, branch = option.partition(":")
+    branch = branch or DEFAULT_BRANCH
+    if kind != "preinstalled" or branch not in BRANCHES:
+        raise ValueError(f"--driver {option!r}: allowed none, preinstalled, "
+                         + ", ".join(f"preinstalled:{b}" for b in BRANCHES))
+    return branch
+
+
+# ------------------------------------------------------------------------------------ packages
+
+def _wrapper(module: str) -> str:
+    return f"#!/usr/bin/python3\nimport sys\nsys.path.insert(0, '/usr/lib/gpufleet-sim')\n" \
+           f"from simgpu.{module} import main\nsys.exit(main(sys.argv[1:]))\n"
+
+
+PERSISTENCED_UNIT = """\
+[Unit]
+Description=NVIDIA Persistence Daemon
+Wants=syslog.target
+
+[Service]
+Type=forking
+PIDFile=/var/run/nvidia-persistenced/nvidia-persistenced.pid
+ExecStart=/usr/bin/nvidia-persistenced --user nvidia-persistenced --no-persistence-mode --verbose
+ExecStopPost=/bin/rm -rf /var/run/nvidia-persistenced
+"""
+
+FABRICMANAGER_UNIT = """\
+[Unit]
+Description=NVIDIA fabric manager service
+After=network-online.target
+Requires=network-online.target
+
+[Service]
+User=root
+PrivateTmp=false
+Type=forking
+PIDFile=/var/run/nvidia-fabricmanager/nv-fabricmanager.pid
+ExecStart=/usr/bin/nv-fabricmanager -c /usr/share/nvidia/nvswitch/fabricmanager.cfg
+LimitCORE=infinity
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+DRIVER_POSTINST = """\
+#!/bin/sh
+set -e
+if [ "$1" = configure ]; then
+    ldconfig
+    getent passwd nvidia-persistenced >/dev/null || \
+        useradd --system --home /nonexistent --shell /usr/sbin/nologin nvidia-persistenced
+    PYTHONPATH=/usr/lib/gpufleet-sim python3 -m simgpu.driver load
+    if [ -d /run/systemd/system ]; then
+        systemctl daemon-reload || true
+        systemctl start nvidia-persistenced.service || true
+    fi
+fi
+"""
+
+DRIVER_PRERM = """\
+#!/bin/sh
+set -e
+if [ -d /run/systemd/system ]; then
+    systemctl stop nvidia-persistenced.service || true
+fi
+"""
+
+
+def _control(package: str, version: str, description: str, **fields: str) -> str:
+    lines = [f"Package: {package}", f"Version: {version}", "Architecture: amd64",
+             "Maintainer: gpufleet simulator <sim@gpufleet.invalid>", "Priority: optional", "Section: non-free/libs"]
+    lines += [f"{key.replace('_', '-')}: {value}" for key, value in fields.items()]
+    lines.append(f"Description: {description}\n simulated for gpufleet's test fleet; drives no real GPU.")
+    return "\n".join(lines) + "\n"
+
+
+def _build_deb(tree: Path, out: Path) -> Path:
+    subprocess.run(["dpkg-deb", "--root-owner-group", "-Zxz", "-z1", "--build", str(tree), str(out)],
+                   check=True, capture_output=True)
+    return out
+
+
+def _driver_tree(work: Path, package: str, version: str, flavour: str, nvml: Path, conflicts: str) -> Path:
+    tree = work / package
+    lib = tree / "usr/lib/gpufleet-sim"
+    (lib / "simgpu").mkdir(parents=True)
+    for source in SIMGPU_DIR.glob("*.py"):
+        shutil.copy(source, lib / "simgpu" / source.name)
+    (lib / "driver-version").write_text(version + "\n")
+    (lib / "kernel-flavour").write_text(flavour + "\n")
+    (tree / LIB_DIR).mkdir(parents=True)
+    shutil.copy(nvml, tree / LIB_DIR / "libnvidia-ml.so.1")
+    os.symlink("libnvidia-ml.so.1", tree / LIB_DIR / "libnvidia-ml.so")
+    (tree / "usr/bin").mkdir(parents=True)
+    for command, module in (("nvidia-smi", "nvidia_smi"), ("nvidia-persistenced", "persistenced")):
+        (tree / "usr/bin" / command).write_text(_wrapper(module))
+        (tree / "usr/bin" / command).chmod(0o755)
+    units = tree / "lib/systemd/system"
+    units.mkdir(parents=True)
+    (units / "nvidia-persistenced.service").write_text(PERSISTENCED_UNIT)
+    (tree / "etc/modprobe.d").mkdir(parents=True)
+    (tree / "etc/modprobe.d/nvidia-graphics-drivers.conf").write_text(
+        "blacklist nouveau\noptions nouveau modeset=0\n")
+    debian = tree / "DEBIAN"
+    debian.mkdir()
+    (debian / "control").write_text(_control(
+        package, version, f"NVIDIA driver metapackage ({flavour} kernel modules)",
+        Depends="python3", Provides="nvidia-driver-sim, libnvidia-ml1",
+        Conflicts=conflicts, Replaces=conflicts))
+    for script, body in (("postinst", DRIVER_POSTINST), ("prerm", DRIVER_PRERM)):
+        (debian / script).write_text(body)
+        (debian / script).chmod(0o755)
+    return tree
+
+
+def _fabricmanager_tree(work: Path, package: str, version: str) -> Path:
+    tree = work / package
+    lib = tree / "usr/lib/gpufleet-sim"
+    lib.mkdir(parents=True)
+    (lib / "fabricmanager-version").write_text(version + "\n")
+    (tree / "usr/bin").mkdir(parents=True)
+    (tree / "usr/bin/nv-fabricmanager").write_text(_wrapper("fabricmanager"))
+    (tree / "usr/bin/nv-fabricmanager").chmod(0o755)
+    (tree / "usr/share/nvidia/nvswitch").mkdir(parents=True)
+    (tree / "usr/share/nvidia/nvswitch/fabricmanager.cfg").write_text("LOG_LEVEL=4\nFABRIC_MODE=0\n")
+    (tree / "lib/systemd/system").mkdir(parents=True)
+    (tree / "lib/systemd/system/nvidia-fabricmanager.service").write_text(FABRICMANAGER_UNIT)
+    (tree / "DEBIAN").mkdir()
+    (tree / "DEBIAN/control").write_text(_control(
+        package, version, "Fabric Manager for NVSwitch based systems",
+        Provides="nvidia-fabricmanager", Conflicts="nvidia-fabricmanager", Replaces="nvidia-fabricmanager"))
+    return tree
+
+
+def packages() -> list[tuple[str, str, str, str]]:
+    """(package, upstream version, debian revision, kind) of every package the repository offers."""
+    found = []
+    for branch, (version, _cuda) in BRANCHES.items():
+        found += [
+            (f"nvidia-driver-{branch}-server-open", version, "0ubuntu1", "open"),
+            (f"nvidia-driver-{branch}-server", version, "0ubuntu1", "proprietary"),
+            (f"nvidia-driver-{branch}-open", version, "0ubuntu1", "open"),
+            (f"nvidia-driver-{branch}", version, "0ubuntu1", "proprietary"),
+            (f"nvidia-fabricmanager-{branch}", version, "1", "fabricmanager"),
+            (f"cuda-drivers-{branch}", version, "1", "cuda-drivers"),
+        ]
+    return found
+
+
+def _source_key() -> str:
+    digest = hashlib.sha256()
+    for path in sorted([*SIMGPU_DIR.glob("*.py"), *SIMGPU_DIR.glob("*.c"), Path(__file__)]):
+        digest.update(path.name.encode() + path.read_bytes())
+    digest.update(repr(packages()).encode())
+    return digest.hexdigest()[:12]
+
+
+def repo_dir() -> Path:
+    return cache_dir() / f"repo-{_source_key()}"
+
+
+def build() -> Path:
+    """Build (or reuse) the repository for the current simulator sources; return its directory."""
+    target = repo_dir()
+    if (target / "InRelease").exists():
+        return target
+    from .gpu import build_nvml
+
+    cache_dir().mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
+        work = Path(tmp)
+        out = work / "repo"
+        out.mkdir()
+        nvml = build_nvml.build(work / "nvml")
+        driver_names = [p for p, _v, _r, kind in packages() if kind in ("open", "proprietary")]
+        for package, upstream, revision, kind in packages():
+            version = f"{upstream}-{revision}"
+            branch = upstream.split(".")[0]
+            if kind in ("open", "proprietary"):
+                others = ", ".join(n for n in driver_names if n != package)
+                tree = _driver_tree(work, package, upstream, kind, nvml, others)
+            elif kind == "fabricmanager":
+                tree = _fabricmanager_tree(work, package, upstream)
+            else:
+                tree = work / package
+                (tree / "DEBIAN").mkdir(parents=True)
+                (tree / "DEBIAN/control").write_text(_control(
+                    package, version, f"CUDA drivers {branch} branch metapackage",
+                    Depends=f"nvidia-driver-{branch}-server (= {upstream}-0ubuntu1)"))
+            _build_deb(tree, out / f"{package}_{version}_amd64.deb")
+        _write_index(out)
+        _sign(out)
+        shutil.rmtree(target, ignore_errors=True)
+        out.rename(target)
+    return target
+
+
+def _write_index(repo: Path) -> None:
+    entries = []
+    for deb in sorted(repo.glob("*.deb")):
+        control = subprocess.run(["dpkg-deb", "-f", str(deb)], check=True, capture_output=True,
+                                 text=True).stdout.rstrip("\n")
+        data = deb.read_bytes()
+        entries.append(f"{control}\nFilename: ./{deb.name}\nSize: {len(data)}\n"
+                       f"MD5sum: {hashlib.md5(data).hexdigest()}\n"
+                       f"SHA256: {hashlib.sha256(data).hexdigest()}\n")
+    index = "\n".join(entries).encode()
+    (repo / "Packages").write_bytes(index)
+    (repo / "Packages.gz").write_bytes(gzip.compress(index, mtime=0))
+    sums = "".join(f" {hashlib.sha256((repo / n).read_bytes()).hexdigest()} {(repo / n).stat().st_size} {n}\n"
+                   for n in ("Packages", "Packages.gz"))
+    (repo / "Release").write_text(textwrap.dedent(f"""\
+        Origin: gpufleet-sim
+        Label: gpufleet simulated NVIDIA driver repository
+        Architectures: amd64
+        Date: {formatdate(usegmt=True)}
+        SHA256:
+        """) + sums)
+
+
+def _sign(repo: Path) -> None:
+    home = cache_dir() / "gnupg"
+    home.mkdir(mode=0o700, exist_ok=True)
+    gpg = ["gpg", "--homedir", str(home), "--batch", "--quiet", "--yes"]
+    if subprocess.run([*gpg, "--list-secret-keys", "gpufleet-sim"], capture_output=True).returncode != 0:
+        subprocess.run([*gpg, "--passphrase", "", "--quick-gen-key", "gpufleet-sim <sim@gpufleet.invalid>",
+                        "ed25519", "sign", "never"], check=True)
+    subprocess.run([*gpg, "--output", str(repo / KEYRING_NAME), "--export", "gpufleet-sim"], check=True)
+    subprocess.run([*gpg, "--local-user", "gpufleet-sim", "--clearsign", "--output", str(repo / "InRelease"),
+                    str(repo / "Release")], check=True)
+    subprocess.run([*gpg, "--local-user", "gpufleet-sim", "--detach-sign", "--armor",
+                    "--output", str(repo / "Release.gpg"), str(repo / "Release")], check=True)
+
+
+# -------------------------------------------------------------------------------------- serving
+
+def _pid_file() -> Path:
+    return sim_dir() / "repo.pid"
+
+
+def server_pid() -> int | None:
+    try:
+        pid = int(_pid_file().read_text())
+        os.kill(pid, 0)
+    except (FileNotFoundError, ValueError, ProcessLookupError):
+        return None
+    return pid
+
+
+def serve(net: str, log=print) -> None:
+    directory = build()
+    if server_pid():
+        return
+    with open(sim_dir() / "repo.log", "ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "http.server", "--bind", network.bridge_address(net), "--directory",
+             str(directory), str(PORT)],
+            stdout=out, stderr=out, stdin=subprocess.DEVNULL, start_new_session=True)
+    _pid_file().write_text(str(proc.pid))
+
+
+def stop_serving() -> None:
+    pid = server_pid()
+    if pid:
+        os.kill(pid, signal.SIGTERM)
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
+    _pid_file().unlink(missing_ok=True)
+
+
+def preinstall_driver(root: Path, branch: str, nvswitch: bool) -> None:
+    """Install a branch's driver (and fabric manager on NVSwitch boards) into a host root before it boots,
+    like a cloud image with the driver baked in."""
+    directory = build()
+    names = [f"nvidia-driver-{branch}-server-open"] + ([f"nvidia-fabricmanager-{branch}"] if nvswitch else [])
+    debs = [next(directory.glob(f"{name}_*.deb")) for name in names]
+    staging = root / "tmp/gpufleet-sim-debs"
+    staging.mkdir(parents=True, exist_ok=True)
+    for deb in debs:
+        shutil.copy(deb, staging / deb.name)
+    subprocess.run(["chroot", str(root), "dpkg", "-i", *[f"/tmp/gpufleet-sim-debs/{d.name}" for d in debs]],
+                   check=True, capture_output=True)
+    if nvswitch:
+        subprocess.run(["chroot", str(root), "systemctl", "enable", "nvidia-fabricmanager.service"],
+                       check=True, capture_output=True)
+    shutil.rmtree(staging)
