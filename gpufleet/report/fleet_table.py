@@ -17,7 +17,7 @@ def host_row(name: str, inventory_fact: dict) -> tuple[str, ...]:
     models = Counter(g["name"] for g in gpus)
 
     def summary(key: str) -> str:
-        values = sorted({str(g[key]) for g in gpus})
+        values = sorted({"-" if g[key] is None else str(g[key]) for g in gpus})
         return values[0] if len(values) == 1 else "mixed: " + "/".join(values)
 
     return (name, str(len(gpus)), ", ".join(models), summary("driver_version"), summary("power_limit_w"),
@@ -34,7 +34,7 @@ def render(rows: list[tuple[str, ...]]) -> str:
 def collect_and_print(host, inventory, inventory_fact: dict) -> None:
     """Called from a deploy once per host; prints the table after the last active host."""
     _rows[host.name] = host_row(host.name, inventory_fact)
-    active = [h.name for h in inventory.iter_active_hosts()]
+    active = sorted(h.name for h in inventory.iter_activated_hosts())
     if set(active) <= set(_rows):
         sys.stdout.write(render([_rows[name] for name in active]) + "\n")
         sys.stdout.flush()

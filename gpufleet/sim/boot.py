@@ -13,9 +13,9 @@ from .gpu import state
 
 def power_on(host_dir: Path) -> None:
     state_file = host_dir / "hw" / "gpus.state"
-    installed = state.installed_driver_version(str(host_dir / "root"))
+    root = str(host_dir / "root")
     with state.locked(str(state_file)) as gpus:
-        state.reset_for_boot(gpus, installed)
+        state.reset_for_boot(gpus, state.installed_driver_version(root), state.installed_cuda_version(root))
 
 
 if __name__ == "__main__":

@@ -129,6 +129,7 @@ def _driver_tree(work: Path, package: str, version: str, flavour: str, nvml: Pat
     for source in SIMGPU_DIR.glob("*.py"):
         shutil.copy(source, lib / "simgpu" / source.name)
     (lib / "driver-version").write_text(version + "\n")
+    (lib / "cuda-version").write_text(BRANCHES[version.split(".")[0]][1] + "\n")
     (lib / "kernel-flavour").write_text(flavour + "\n")
     (tree / LIB_DIR).mkdir(parents=True)
     shutil.copy(nvml, tree / LIB_DIR / "libnvidia-ml.so.1")

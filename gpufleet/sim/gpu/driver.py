@@ -28,8 +28,7 @@ def load() -> int:
             with open(REBOOT_REQUIRED + ".pkgs", "a", encoding="utf-8") as handle:
                 handle.write(f"nvidia-driver {version}\n")
             return 0
-        gpus["driver.loaded"] = "1"
-        gpus["driver.version"] = version
+        state.load_driver(gpus, version, state.installed_cuda_version())
         if int(gpus.get("nvswitch.count", "0")):
             gpus.setdefault("fabric.state", "not_started")
     return 0

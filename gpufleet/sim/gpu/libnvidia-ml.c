@@ -719,16 +719,144 @@ static void ci_name(char *out, size_t len, unsigned ci_slices, const gip_t *gip)
         snprintf(out, len, "%uc.%s", ci_slices, gip->name);
 }
 
-/* Start slice of a CI inside its GI: CIs packed in ci-id order. */
-static unsigned ci_start(state_t *st, unsigned gpu, unsigned gi, unsigned ci)
+/* Slices of a CI (field 1; default: the whole GI) and its start inside the GI (field 2; default 0). */
+static unsigned ci_slices(state_t *st, unsigned gpu, unsigned gi, unsigned ci, const gip_t *gip)
 {
-    unsigned start = 0;
-    for (unsigned c = 0; c < ci; c++) {
-        const char *v = ci_get(st, gpu, gi, c);
-        if (v)
-            start += csv_uint(v, 1);
+    char buf[32];
+    unsigned long long v;
+    if (csv_field(ci_get(st, gpu, gi, ci), 1, buf, sizeof buf) && parse_ull(buf, 10, &v))
+        return (unsigned)v;
+    return gip ? gip->compute_slices : 0;
+}
+
+static unsigned ci_start(state_t *st, unsigned gpu, unsigned gi, unsigned ci) { return csv_uint(ci_get(st, gpu, gi, ci), 2); }
+
+/* Framebuffer a GPU instance uses with nothing running (nvidia-smi: round(8.67 * compute slices) MiB). */
+static unsigned gi_overhead_mib(unsigned compute_slices) { return (unsigned)(8.67 * compute_slices + 0.5); }
+
+/* SMs of a CI: the GI's when it spans the GI, else min(1-slice SMs * slices, GI SMs) as nvidia-smi prints. */
+static unsigned ci_sm(state_t *st, unsigned gpu, const gip_t *gip, unsigned slices)
+{
+    if (slices >= gip->compute_slices)
+        return gip->sm;
+    char prefix[64];
+    int n = snprintf(prefix, sizeof prefix, "gpu.%u.mig.gip.", gpu);
+    unsigned one = 0;
+    for (int i = 0; i < st->n; i++)
+        if (strncmp(st->kv[i].key, prefix, (size_t)n) == 0 && csv_uint(st->kv[i].val, 5) == 1) {
+            unsigned sm = csv_uint(st->kv[i].val, 7);
+            if (!one || sm < one)
+                one = sm;
+        }
+    return one * slices < gip->sm ? one * slices : gip->sm;
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* MIG device UUIDs: the CI's `uuid` field, else uuid5(NAMESPACE_URL, "<gpu uuid>/<gi>/<ci>") as      */
+/* nvidia-smi (smi_common.mig_uuid) derives it                                                      */
+/* ------------------------------------------------------------------------------------------------ */
+
+typedef struct {
+    uint32_t h[5];
+    uint64_t len;
+    unsigned char buf[64];
+    size_t n;
+} sha1_t;
+
+static uint32_t rol(uint32_t x, int k) { return (x << k) | (x >> (32 - k)); }
+
+static void sha1_block(sha1_t *c, const unsigned char *p)
+{
+    uint32_t w[80], a = c->h[0], b = c->h[1], d = c->h[3], e = c->h[4], cc = c->h[2];
+    for (int i = 0; i < 16; i++)
+        w[i] = (uint32_t)p[4 * i] << 24 | (uint32_t)p[4 * i + 1] << 16 | (uint32_t)p[4 * i + 2] << 8 | p[4 * i + 3];
+    for (int i = 16; i < 80; i++)
+        w[i] = rol(w[i - 3] ^ w[i - 8] ^ w[i - 14] ^ w[i - 16], 1);
+    for (int i = 0; i < 80; i++) {
+        uint32_t f, k;
+        if (i < 20) {
+            f = (b & cc) | (~b & d);
+            k = 0x5A827999u;
+        } else if (i < 40) {
+            f = b ^ cc ^ d;
+            k = 0x6ED9EBA1u;
+        } else if (i < 60) {
+            f = (b & cc) | (b & d) | (cc & d);
+            k = 0x8F1BBCDCu;
+        } else {
+            f = b ^ cc ^ d;
+            k = 0xCA62C1D6u;
+        }
+        uint32_t t = rol(a, 5) + f + e + k + w[i];
+        e = d;
+        d = cc;
+        cc = rol(b, 30);
+        b = a;
+        a = t;
     }
-    return start;
+    c->h[0] += a;
+    c->h[1] += b;
+    c->h[2] += cc;
+    c->h[3] += d;
+    c->h[4] += e;
+}
+
+static void sha1_init(sha1_t *c)
+{
+    static const uint32_t iv[5] = {0x67452301u, 0xEFCDAB89u, 0x98BADCFEu, 0x10325476u, 0xC3D2E1F0u};
+    memcpy(c->h, iv, sizeof iv);
+    c->len = 0;
+    c->n = 0;
+}
+
+static void sha1_update(sha1_t *c, const void *data, size_t len)
+{
+    const unsigned char *p = data;
+    c->len += len;
+    while (len--) {
+        c->buf[c->n++] = *p++;
+        if (c->n == 64) {
+            sha1_block(c, c->buf);
+            c->n = 0;
+        }
+    }
+}
+
+static void sha1_final(sha1_t *c, unsigned char out[20])
+{
+    uint64_t bits = c->len * 8;
+    unsigned char pad = 0x80, zero = 0, lenb[8];
+    sha1_update(c, &pad, 1);
+    while (c->n != 56)
+        sha1_update(c, &zero, 1);
+    for (int i = 0; i < 8; i++)
+        lenb[i] = (unsigned char)(bits >> (56 - 8 * i));
+    sha1_update(c, lenb, 8);
+    for (int i = 0; i < 5; i++)
+        for (int j = 0; j < 4; j++)
+            out[4 * i + j] = (unsigned char)(c->h[i] >> (24 - 8 * j));
+}
+
+static void mig_uuid(char *out, size_t len, state_t *st, unsigned gpu, unsigned gi, unsigned ci)
+{
+    static const unsigned char ns_url[16] = {0x6b, 0xa7, 0xb8, 0x11, 0x9d, 0xad, 0x11, 0xd1,
+                                             0x80, 0xb4, 0x00, 0xc0, 0x4f, 0xd4, 0x30, 0xc8};
+    char field[64], name[160];
+    snprintf(field, sizeof field, "mig.ci.%u.%u", gi, ci);
+    if (csv_field(gf(st, gpu, field), 3, out, len) && out[0])
+        return;
+    const char *u = gf(st, gpu, "uuid");
+    snprintf(name, sizeof name, "%s/%u/%u", u ? u : "", gi, ci);
+    sha1_t c;
+    unsigned char h[20];
+    sha1_init(&c);
+    sha1_update(&c, ns_url, sizeof ns_url);
+    sha1_update(&c, name, strlen(name));
+    sha1_final(&c, h);
+    h[6] = (unsigned char)((h[6] & 0x0f) | 0x50);
+    h[8] = (unsigned char)((h[8] & 0x3f) | 0x80);
+    snprintf(out, len, "MIG-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", h[0], h[1], h[2],
+             h[3], h[4], h[5], h[6], h[7], h[8], h[9], h[10], h[11], h[12], h[13], h[14], h[15]);
 }
 
 /* ------------------------------------------------------------------------------------------------ */
@@ -977,13 +1105,26 @@ EXPORT nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int lengt
     return copy_str(version, length, buf);
 }
 
+/* driver.cuda_version, or when empty the branch map of simgpu.state.CUDA_BY_BRANCH (keep in sync). */
 static int cuda_version_int(state_t *st)
 {
+    static const struct { unsigned branch, version; } by_branch[] = {
+        {525, 12000}, {530, 12010}, {535, 12020}, {545, 12030}, {550, 12040}, {555, 12050}, {560, 12060},
+        {565, 12070}, {570, 12080}, {575, 12090}, {580, 13000}, {590, 13010}, {595, 13020}, {600, 13020},
+        {610, 13030},
+    };
     const char *v = st_get(st, "driver.cuda_version");
-    unsigned major = 0, minor = 0;
-    if (!v || sscanf(v, "%u.%u", &major, &minor) < 1)
+    unsigned major = 0, minor = 0, branch = 0;
+    if (v && sscanf(v, "%u.%u", &major, &minor) >= 1)
+        return (int)(major * 1000 + minor * 10);
+    const char *d = st_get(st, "driver.version");
+    if ((!d || sscanf(d, "%u", &branch) != 1) && sscanf(g_lib_version, "%u", &branch) != 1)
         return 0;
-    return (int)(major * 1000 + minor * 10);
+    int found = 0;
+    for (size_t i = 0; i < sizeof by_branch / sizeof by_branch[0]; i++)
+        if (by_branch[i].branch <= branch)
+            found = (int)by_branch[i].version;
+    return found;
 }
 
 EXPORT nvmlReturn_t nvmlSystemGetNVMLVersion(char *version, unsigned int length)
@@ -1118,19 +1259,6 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice
     return handle_by_index(index, device);
 }
 
-/* MIG device UUID (see STATE.md): the GPU UUID with "MIG-" for "GPU-" and the last 4 hex digits replaced
- * by the GI id and CI id as two 2-digit lowercase hex numbers. */
-static void mig_uuid(char *out, size_t len, const char *gpu_uuid, unsigned gi, unsigned ci)
-{
-    const char *body = gpu_uuid && strncmp(gpu_uuid, "GPU-", 4) == 0 ? gpu_uuid + 4 : (gpu_uuid ? gpu_uuid : "");
-    size_t bl = strlen(body);
-    char tmp[96];
-    snprintf(tmp, sizeof tmp, "%s", body);
-    if (bl >= 4 && bl < sizeof tmp)
-        snprintf(tmp + bl - 4, 5, "%02x%02x", gi & 0xff, ci & 0xff);
-    snprintf(out, len, "MIG-%s", tmp);
-}
-
 EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device)
 {
     state_t st;
@@ -1155,7 +1283,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *de
                     char mu[128];
                     if (!present[gi][ci])
                         continue;
-                    mig_uuid(mu, sizeof mu, u, gi, ci);
+                    mig_uuid(mu, sizeof mu, &st, g, gi, ci);
                     if (strcasecmp(mu, uuid) == 0) {
                         *device = &g_mig[g][gi][ci];
                         r = NVML_SUCCESS;
@@ -1250,7 +1378,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned 
         char cn[96];
         gi_get(&c.st, c.gpu, c.obj->gi, &gi);
         gip_by_id(&c.st, c.gpu, gi.profile_id, &gip);
-        ci_name(cn, sizeof cn, csv_uint(ci_get(&c.st, c.gpu, c.obj->gi, c.obj->ci), 1), &gip);
+        ci_name(cn, sizeof cn, ci_slices(&c.st, c.gpu, c.obj->gi, c.obj->ci, &gip), &gip);
         snprintf(buf, sizeof buf, "%s MIG %s", n ? n : "", cn);
     }
     END(copy_str(name, length, buf));
@@ -1325,7 +1453,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned 
     const char *u = F("uuid");
     char buf[128];
     if (c.obj->kind == OBJ_MIG)
-        mig_uuid(buf, sizeof buf, u, c.obj->gi, c.obj->ci);
+        mig_uuid(buf, sizeof buf, &c.st, c.gpu, c.obj->gi, c.obj->ci);
     else
         snprintf(buf, sizeof buf, "%s", u ? u : "");
     END(copy_str(uuid, length, buf));
@@ -1428,41 +1556,87 @@ EXPORT nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int 
 /* Memory                                                                                           */
 /* ------------------------------------------------------------------------------------------------ */
 
-/* Memory used by the live compute processes, MiB. */
-static unsigned long long procs_mib(state_t *st, unsigned gpu)
+/* proc.<pid> = name,used_mib[,gi_id,ci_id[,type]] */
+typedef struct {
+    unsigned pid, used_mib, gi, ci; /* gi/ci: NVML_VALUE_NOT_AVAILABLE_UINT when not in a MIG instance */
+    int compute, graphics;
+} proc_t;
+
+static int proc_parse(const char *key_pid, const char *val, proc_t *p)
+{
+    unsigned long long pid, v;
+    char buf[32];
+    if (!parse_ull(key_pid, 10, &pid) || !pid_alive((long)pid))
+        return 0;
+    p->pid = (unsigned)pid;
+    p->used_mib = csv_uint(val, 1);
+    p->gi = csv_field(val, 2, buf, sizeof buf) && parse_ull(buf, 10, &v) ? (unsigned)v : NVML_VALUE_NOT_AVAILABLE_UINT;
+    p->ci = csv_field(val, 3, buf, sizeof buf) && parse_ull(buf, 10, &v) ? (unsigned)v : NVML_VALUE_NOT_AVAILABLE_UINT;
+    if (!csv_field(val, 4, buf, sizeof buf) || !buf[0])
+        strcpy(buf, "C");
+    p->compute = strchr(buf, 'C') != NULL;
+    p->graphics = strchr(buf, 'G') != NULL;
+    return 1;
+}
+
+/* Live processes of a GPU, in state order; returns the count (fills up to max). */
+static unsigned procs_of(state_t *st, unsigned gpu, proc_t *out, unsigned max)
 {
     char prefix[64];
     int n = snprintf(prefix, sizeof prefix, "gpu.%u.proc.", gpu);
-    unsigned long long total = 0, pid;
-    for (int i = 0; i < st->n; i++)
-        if (strncmp(st->kv[i].key, prefix, (size_t)n) == 0 && parse_ull(st->kv[i].key + n, 10, &pid) &&
-            pid_alive((long)pid))
-            total += csv_uint(st->kv[i].val, 1);
-    return total;
+    unsigned count = 0;
+    for (int i = 0; i < st->n; i++) {
+        proc_t p;
+        if (strncmp(st->kv[i].key, prefix, (size_t)n) == 0 && proc_parse(st->kv[i].key + n, st->kv[i].val, &p)) {
+            if (out && count < max)
+                out[count] = p;
+            count++;
+        }
+    }
+    return count;
 }
 
-/* total / reserved / used (without reserved), bytes */
+#define MAX_PROCS 256
+
+/* total / reserved / used (without reserved), bytes -- the numbers nvidia-smi prints (smi_table.used_mib). */
 static void memory_values(ctx_t *c, unsigned long long *total, unsigned long long *reserved,
                           unsigned long long *used)
 {
     const unsigned long long MiB = 1024ull * 1024ull;
     unsigned long long t = 0, r = 0, u = 0;
+    proc_t procs[MAX_PROCS];
+    unsigned np = procs_of(&c->st, c->gpu, procs, MAX_PROCS);
+    if (np > MAX_PROCS)
+        np = MAX_PROCS;
     if (c->obj->kind == OBJ_MIG) {
+        /* a MIG device: its GPU instance's memory, shared by the GI's compute instances */
         gi_t gi;
         gip_t gip;
         gi_get(&c->st, c->gpu, c->obj->gi, &gi);
         gip_by_id(&c->st, c->gpu, gi.profile_id, &gip);
         t = gip.memory_mib;
+        u = gi_overhead_mib(gip.compute_slices);
+        for (unsigned i = 0; i < np; i++)
+            if (procs[i].gi == c->obj->gi)
+                u += procs[i].used_mib;
     } else {
         gf_ull(&c->st, c->gpu, "memory.total_mib", &t);
         gf_ull(&c->st, c->gpu, "memory.reserved_mib", &r);
         gf_ull(&c->st, c->gpu, "memory.used_mib", &u);
-        u += procs_mib(&c->st, c->gpu);
-        if (r > t)
-            r = t;
-        if (u > t - r)
-            u = t - r;
+        for (unsigned i = 0; i < np; i++)
+            u += procs[i].used_mib;
+        if (mig_enabled(&c->st, c->gpu))
+            for (unsigned id = 0; id < MAX_GI; id++) {
+                gi_t gi;
+                gip_t gip;
+                if (gi_get(&c->st, c->gpu, id, &gi) && gip_by_id(&c->st, c->gpu, gi.profile_id, &gip))
+                    u += gi_overhead_mib(gip.compute_slices);
+            }
     }
+    if (r > t)
+        r = t;
+    if (u > t - r)
+        u = t - r;
     *total = t * MiB;
     *reserved = r * MiB;
     *used = u * MiB;
@@ -1494,6 +1668,41 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v
     memory->reserved = r;
     memory->used = u;
     memory->free = t - u - r;
+    END(NVML_SUCCESS);
+}
+
+typedef struct { unsigned long long bar1Total, bar1Free, bar1Used; } nvmlBAR1Memory_t;
+
+EXPORT nvmlReturn_t nvmlDeviceGetBAR1MemoryInfo(nvmlDevice_t device, nvmlBAR1Memory_t *bar1Memory)
+{
+    const unsigned long long MiB = 1024ull * 1024ull;
+    BEGIN(device, K_GPU | K_MIG, 0);
+    if (!bar1Memory)
+        END(NVML_ERROR_INVALID_ARGUMENT);
+    unsigned long long bar1, mem = 0, reserved = 0, slices = 8, total, used;
+    if (!gf_ull(&c.st, c.gpu, "bar1.total_mib", &bar1))
+        END(NVML_ERROR_NOT_SUPPORTED);
+    gf_ull(&c.st, c.gpu, "memory.total_mib", &mem);
+    gf_ull(&c.st, c.gpu, "memory.reserved_mib", &reserved);
+    if (!gf_ull(&c.st, c.gpu, "mig.slices.memory", &slices) || !slices)
+        slices = 8;
+    if (c.obj->kind == OBJ_MIG) {
+        /* as nvidia-smi -q "Shared BAR1 Memory": (BAR1 - framebuffer) / memory slices * the GI's slices */
+        gi_t gi;
+        gip_t gip;
+        gi_get(&c.st, c.gpu, c.obj->gi, &gi);
+        gip_by_id(&c.st, c.gpu, gi.profile_id, &gip);
+        total = (unsigned long long)((double)(bar1 > mem ? bar1 - mem : 0) / (double)slices * gip.memory_slices);
+        used = 0;
+    } else {
+        total = bar1;
+        used = mig_enabled(&c.st, c.gpu) ? mem - reserved : 1;
+        if (used > total)
+            used = total;
+    }
+    bar1Memory->bar1Total = total * MiB;
+    bar1Memory->bar1Used = used * MiB;
+    bar1Memory->bar1Free = (total - used) * MiB;
     END(NVML_SUCCESS);
 }
 
@@ -2065,7 +2274,16 @@ EXPORT nvmlReturn_t nvmlDeviceGetCurrPcieLinkGeneration(nvmlDevice_t device, uns
 
 EXPORT nvmlReturn_t nvmlDeviceGetMaxPcieLinkGeneration(nvmlDevice_t device, unsigned int *maxLinkGen)
 {
-    return uint_field(device, "pcie.gen_max", maxLinkGen);
+    /* the link's max: the GPU's, capped by the host port's when known (pcie.gen_hostmax) */
+    BEGIN(device, K_GPU, 0);
+    unsigned host;
+    if (!maxLinkGen)
+        END(NVML_ERROR_INVALID_ARGUMENT);
+    if (!gf_uint(&c.st, c.gpu, "pcie.gen_max", maxLinkGen))
+        END(NVML_ERROR_NOT_SUPPORTED);
+    if (gf_uint(&c.st, c.gpu, "pcie.gen_hostmax", &host) && host < *maxLinkGen)
+        *maxLinkGen = host;
+    END(NVML_SUCCESS);
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetGpuMaxPcieLinkGeneration(nvmlDevice_t device, unsigned int *maxLinkGenDevice)
@@ -2143,35 +2361,36 @@ EXPORT nvmlReturn_t nvmlDeviceGetNvLinkVersion(nvmlDevice_t device, unsigned int
 /* Processes                                                                                        */
 /* ------------------------------------------------------------------------------------------------ */
 
-/* ver 1: nvmlProcessInfo_v1_t, else nvmlProcessInfo_t. graphics: no graphics processes are simulated. */
-static nvmlReturn_t running_processes(nvmlDevice_t device, unsigned int *infoCount, void *infos, int ver,
-                                      int graphics)
+/* ver 1: nvmlProcessInfo_v1_t, else nvmlProcessInfo_t. kind: 'C' compute, 'G' graphics, 'M' MPS (none). */
+static nvmlReturn_t running_processes(nvmlDevice_t device, unsigned int *infoCount, void *infos, int ver, char kind)
 {
+    const unsigned long long MiB = 1024ull * 1024ull;
     BEGIN(device, K_GPU | K_MIG, 0);
     if (!infoCount)
         END(NVML_ERROR_INVALID_ARGUMENT);
-    unsigned n = 0, cap = *infoCount;
-    const unsigned long long MiB = 1024ull * 1024ull;
-    char prefix[64];
-    int pl = snprintf(prefix, sizeof prefix, "gpu.%u.proc.", c.gpu);
-    /* Which GI/CI a process runs in is not simulated: MIG device handles list none. */
-    for (int i = 0; !graphics && c.obj->kind == OBJ_GPU && i < c.st.n; i++) {
-        unsigned long long pid;
-        if (strncmp(c.st.kv[i].key, prefix, (size_t)pl) != 0 || !parse_ull(c.st.kv[i].key + pl, 10, &pid) ||
-            !pid_alive((long)pid))
+    proc_t procs[MAX_PROCS];
+    unsigned total = procs_of(&c.st, c.gpu, procs, MAX_PROCS), n = 0, cap = *infoCount;
+    if (total > MAX_PROCS)
+        total = MAX_PROCS;
+    for (unsigned i = 0; i < total; i++) {
+        proc_t *p = &procs[i];
+        if (kind == 'M' || (kind == 'C' && !p->compute) || (kind == 'G' && !p->graphics))
+            continue;
+        /* a MIG device handle lists the processes of its own GPU/compute instance */
+        if (c.obj->kind == OBJ_MIG &&
+            (p->gi != c.obj->gi || (p->ci != NVML_VALUE_NOT_AVAILABLE_UINT && p->ci != c.obj->ci)))
             continue;
         if (infos && n < cap) {
-            unsigned long long used = csv_uint(c.st.kv[i].val, 1) * MiB;
             if (ver == 1) {
-                nvmlProcessInfo_v1_t *p = (nvmlProcessInfo_v1_t *)infos + n;
-                p->pid = (unsigned)pid;
-                p->usedGpuMemory = used;
+                nvmlProcessInfo_v1_t *o = (nvmlProcessInfo_v1_t *)infos + n;
+                o->pid = p->pid;
+                o->usedGpuMemory = p->used_mib * MiB;
             } else {
-                nvmlProcessInfo_t *p = (nvmlProcessInfo_t *)infos + n;
-                p->pid = (unsigned)pid;
-                p->usedGpuMemory = used;
-                p->gpuInstanceId = NVML_VALUE_NOT_AVAILABLE_UINT;
-                p->computeInstanceId = NVML_VALUE_NOT_AVAILABLE_UINT;
+                nvmlProcessInfo_t *o = (nvmlProcessInfo_t *)infos + n;
+                o->pid = p->pid;
+                o->usedGpuMemory = p->used_mib * MiB;
+                o->gpuInstanceId = p->gi;
+                o->computeInstanceId = p->ci;
             }
         }
         n++;
@@ -2185,43 +2404,43 @@ static nvmlReturn_t running_processes(nvmlDevice_t device, unsigned int *infoCou
 EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount,
                                                             nvmlProcessInfo_t *infos)
 {
-    return running_processes(device, infoCount, infos, 3, 0);
+    return running_processes(device, infoCount, infos, 3, 'C');
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device, unsigned int *infoCount,
                                                             nvmlProcessInfo_t *infos)
 {
-    return running_processes(device, infoCount, infos, 2, 0);
+    return running_processes(device, infoCount, infos, 2, 'C');
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device, unsigned int *infoCount,
                                                          nvmlProcessInfo_v1_t *infos)
 {
-    return running_processes(device, infoCount, infos, 1, 0);
+    return running_processes(device, infoCount, infos, 1, 'C');
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount,
                                                              nvmlProcessInfo_t *infos)
 {
-    return running_processes(device, infoCount, infos, 3, 1);
+    return running_processes(device, infoCount, infos, 3, 'G');
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v2(nvmlDevice_t device, unsigned int *infoCount,
                                                              nvmlProcessInfo_t *infos)
 {
-    return running_processes(device, infoCount, infos, 2, 1);
+    return running_processes(device, infoCount, infos, 2, 'G');
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses(nvmlDevice_t device, unsigned int *infoCount,
                                                           nvmlProcessInfo_v1_t *infos)
 {
-    return running_processes(device, infoCount, infos, 1, 1);
+    return running_processes(device, infoCount, infos, 1, 'G');
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount,
                                                                nvmlProcessInfo_t *infos)
 {
-    return running_processes(device, infoCount, infos, 3, 1);
+    return running_processes(device, infoCount, infos, 3, 'M');
 }
 
 /* ------------------------------------------------------------------------------------------------ */
@@ -2242,39 +2461,45 @@ EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *curr
     END(NVML_SUCCESS);
 }
 
-/* Sets the pending mode. It becomes current at once unless another live process holds the GPU
- * (activationStatus = IN_USE: pending until the holders are gone and the GPU is reset / rebooted). */
+/* MIG mode change (same rules as the simulated nvidia-smi -mig):
+ *  - disabling while GPU instances exist: NVML_ERROR_IN_USE;
+ *  - another live process holds the GPU (client.* / proc.*, not the caller): on Ampere the mode is stored as
+ *    pending (applies at reset/reboot) and activationStatus = NVML_ERROR_IN_USE; on Hopper and later the
+ *    call fails with NVML_ERROR_IN_USE and nothing changes;
+ *  - otherwise current = pending = mode at once (activationStatus = NVML_SUCCESS). */
 EXPORT nvmlReturn_t nvmlDeviceSetMigMode(nvmlDevice_t device, unsigned int mode, nvmlReturn_t *activationStatus)
 {
     int root = is_root();
     BEGIN(device, K_GPU, root);
     if (!activationStatus || mode > 1)
         END(NVML_ERROR_INVALID_ARGUMENT);
-    if (!MIG_SUPPORTED(c))
-        END(NVML_ERROR_NOT_SUPPORTED);
     if (!root)
         END(NVML_ERROR_NO_PERMISSION);
+    if (!MIG_SUPPORTED(c))
+        END(NVML_ERROR_NOT_SUPPORTED);
     const char *m = mode ? "1" : "0";
-    if (gf_is(&c.st, c.gpu, "mig.current", m)) {
-        gf_set(&c.st, c.gpu, "mig.pending", m);
+    if (gf_is(&c.st, c.gpu, "mig.current", m) && gf_is(&c.st, c.gpu, "mig.pending", m)) {
         *activationStatus = NVML_SUCCESS;
         END(NVML_SUCCESS);
     }
     if (!mode) {
-        /* GPU instances must be destroyed before MIG mode can be disabled. */
         char prefix[64];
         int n = snprintf(prefix, sizeof prefix, "gpu.%u.mig.gi.", c.gpu);
         for (int i = 0; i < c.st.n; i++)
             if (strncmp(c.st.kv[i].key, prefix, (size_t)n) == 0)
                 END(NVML_ERROR_IN_USE);
     }
-    gf_set(&c.st, c.gpu, "mig.pending", m);
     if (live_holders(&c.st, c.gpu, (long)getpid()) > 0) {
+        const char *arch = F("architecture");
+        if (!arch || strcasecmp(arch, "Ampere") != 0)
+            END(NVML_ERROR_IN_USE);
+        gf_set(&c.st, c.gpu, "mig.pending", m);
         *activationStatus = NVML_ERROR_IN_USE;
-    } else {
-        gf_set(&c.st, c.gpu, "mig.current", m);
-        *activationStatus = NVML_SUCCESS;
+        END(NVML_SUCCESS);
     }
+    gf_set(&c.st, c.gpu, "mig.current", m);
+    gf_set(&c.st, c.gpu, "mig.pending", m);
+    *activationStatus = NVML_SUCCESS;
     END(NVML_SUCCESS);
 }
 
@@ -2374,9 +2599,9 @@ EXPORT nvmlReturn_t nvmlDeviceGetAttributes_v2(nvmlDevice_t device, nvmlDeviceAt
     gip_t gip;
     gi_get(&c.st, c.gpu, c.obj->gi, &gi);
     gip_by_id(&c.st, c.gpu, gi.profile_id, &gip);
-    unsigned slices = csv_uint(ci_get(&c.st, c.gpu, c.obj->gi, c.obj->ci), 1);
+    unsigned slices = ci_slices(&c.st, c.gpu, c.obj->gi, c.obj->ci, &gip);
     memset(attributes, 0, sizeof *attributes);
-    attributes->multiprocessorCount = gip.compute_slices ? gip.sm * slices / gip.compute_slices : 0;
+    attributes->multiprocessorCount = ci_sm(&c.st, c.gpu, &gip, slices);
     attributes->sharedCopyEngineCount = gip.ce;
     attributes->sharedDecoderCount = gip.dec;
     attributes->sharedEncoderCount = gip.enc;
@@ -2605,7 +2830,7 @@ static int ci_profile(ctx_t *c, unsigned profile, nvmlComputeInstanceProfileInfo
     info->id = profile;
     info->sliceCount = slices;
     info->instanceCount = g.compute_slices / slices;
-    info->multiprocessorCount = g.sm * slices / g.compute_slices;
+    info->multiprocessorCount = ci_sm(&c->st, c->gpu, &g, slices);
     info->sharedCopyEngineCount = g.ce;
     info->sharedDecoderCount = g.dec;
     info->sharedEncoderCount = g.enc;
@@ -2665,11 +2890,9 @@ EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstanceRemainingCapacity(nvmlGpuIn
     if (!ci_profile(&c, profileId, &info, NULL, 0))
         END(NVML_ERROR_NOT_SUPPORTED);
     unsigned used = 0, gi_slices = info.instanceCount * info.sliceCount;
-    for (unsigned ci = 0; ci < MAX_CI; ci++) {
-        const char *v = ci_get(&c.st, c.gpu, c.obj->gi, ci);
-        if (v)
-            used += csv_uint(v, 1);
-    }
+    for (unsigned ci = 0; ci < MAX_CI; ci++)
+        if (ci_get(&c.st, c.gpu, c.obj->gi, ci))
+            used += ci_slices(&c.st, c.gpu, c.obj->gi, ci, NULL);
     *count = used >= gi_slices ? 0 : (gi_slices - used) / info.sliceCount;
     END(NVML_SUCCESS);
 }
@@ -2716,7 +2939,12 @@ static void ci_info(ctx_t *c, nvmlComputeInstanceInfo_t *info)
     info->id = c->obj->ci;
     info->profileId = csv_uint(v, 0);
     info->placement.start = ci_start(&c->st, c->gpu, c->obj->gi, c->obj->ci);
-    info->placement.size = csv_uint(v, 1);
+    gi_t gi;
+    gip_t gip;
+    gi_get(&c->st, c->gpu, c->obj->gi, &gi);
+    gip_by_id(&c->st, c->gpu, gi.profile_id, &gip);
+    info->placement.size = ci_slices(&c->st, c->gpu, c->obj->gi, c->obj->ci, &gip);
+    (void)v;
 }
 
 EXPORT nvmlReturn_t nvmlComputeInstanceGetInfo_v2(nvmlComputeInstance_t computeInstance,

@@ -170,13 +170,13 @@ class Gpu:
         return self.flag("ecc.supported") and self.flag("ecc.current")
 
     def procs(self) -> list[dict]:
-        """Compute processes on this GPU (``proc.<pid>``), sorted by pid."""
+        """Live compute processes on this GPU (``proc.<pid>``), sorted by pid."""
         found = []
         for key, value in self.f.items():
             if not key.startswith("proc."):
                 continue
             pid_text = key[5:]
-            if not pid_text.isdigit():
+            if not pid_text.isdigit() or not st.pid_alive(int(pid_text)):
                 continue
             parts = value.split(",")
             used = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 from . import state as st
 from .smi_common import DEPRECATED, RC_GPU_IS_LOST, Gpu, invalid_combination, lost_line, timestamp_ctime, watts
 from .smi_query import EVENT_BITS, FABRIC_STATE
-from .smi_table import bar1_slice_mib, gi_overhead_mib, used_mib
+from .smi_table import bar1_slice_mib, free_mib, gi_overhead_mib, used_mib
 
 DISPLAY_TYPES = {
     "MEMORY", "UTILIZATION", "ECC", "TEMPERATURE", "POWER", "CLOCK", "COMPUTE", "PIDS", "PERFORMANCE",
@@ -64,7 +64,7 @@ def _memory(g: Gpu) -> list[str]:
         line(2, "Total", f"{total} MiB"),
         line(2, "Reserved", f"{reserved} MiB"),
         line(2, "Used", f"{used} MiB"),
-        line(2, "Free", f"{total - reserved - used} MiB"),
+        line(2, "Free", f"{free_mib(g)} MiB"),
         line(1, "BAR1 Memory Usage"),
         line(2, "Total", f"{bar1} MiB"),
         line(2, "Used", f"{bar1_used} MiB"),

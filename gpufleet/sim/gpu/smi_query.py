@@ -14,7 +14,7 @@ from .smi_common import (
     watts,
 )
 from .smi_fields import ALIASES, DEFAULTS, UNITS
-from .smi_table import used_mib
+from .smi_table import free_mib, used_mib
 
 NA = "[N/A]"
 EVENT_BITS = {
@@ -117,7 +117,7 @@ def gpu_value(gpu: Gpu, field: str, ctx: dict) -> str:
         "memory.total": str(g.i("memory.total_mib")),
         "memory.reserved": str(g.i("memory.reserved_mib")),
         "memory.used": str(used_mib(g)),
-        "memory.free": str(g.i("memory.total_mib") - g.i("memory.reserved_mib") - used_mib(g)),
+        "memory.free": str(free_mib(g)),
         "compute_mode": g.s("compute_mode", "Default"),
         "compute_cap": g.s("compute_cap"),
         "utilization.gpu": NA if mig else str(g.i("util.gpu")),

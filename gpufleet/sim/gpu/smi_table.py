@@ -58,6 +58,11 @@ def used_mib(gpu: Gpu) -> int:
     return total
 
 
+def free_mib(gpu: Gpu) -> int:
+    """memory.free as real nvidia-smi prints it: total - reserved - used + 1 in every real capture (rounding)."""
+    return gpu.i("memory.total_mib") - gpu.i("memory.reserved_mib") - used_mib(gpu) + 1
+
+
 def ecc_cell(gpu: Gpu) -> str:
     if not gpu.flag("ecc.supported"):
         return "N/A"
@@ -129,11 +134,12 @@ def proc_rows(gpus: list[Gpu]) -> list[str]:
     rows = []
     for gpu in gpus:
         for p in gpu.procs():
-            gi = "N/A" if p["gi"] is None or not gpu.mig_on else str(p["gi"])
-            ci = "N/A" if p["ci"] is None or not gpu.mig_on else str(p["ci"])
+            # numbers sit one column left of where N/A ends (real: "    0   N/A  N/A" / "    0    2    0")
+            gi = f"{'N/A':>6}" if p["gi"] is None or not gpu.mig_on else f"{p['gi']:>5} "
+            ci = f"{'N/A':>5}" if p["ci"] is None or not gpu.mig_on else f"{p['ci']:>4} "
             name = p["name"] if len(p["name"]) <= 38 else "..." + p["name"][-35:]
             rows.append(
-                f"|{gpu.index:>5}{gi:>6}{ci:>5}{p['pid']:>16}{p['type']:>7}   {name:<38}{str(p['used']) + 'MiB':>8} |"
+                f"|{gpu.index:>5}{gi}{ci}{p['pid']:>16}{p['type']:>7}   {name:<38}{str(p['used']) + 'MiB':>8} |"
             )
     return rows
 

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 DEFAULT_PATH = "/var/lib/gpufleet-sim/hw/gpus.state"
 INSTALLED_DRIVER_VERSION_FILE = "usr/lib/gpufleet-sim/driver-version"
+INSTALLED_CUDA_VERSION_FILE = "usr/lib/gpufleet-sim/cuda-version"
 VOLATILE_PREFIXES = ("mig.gi.", "mig.ci.", "client.", "proc.")
 
 
@@ -95,12 +96,20 @@ def holders(state: dict[str, str], index: int, exclude_pid: int | None = None) -
     return sorted(found)
 
 
-def installed_driver_version(host_root: str) -> str:
+def _read_installed(host_root: str, relative: str) -> str:
     try:
-        with open(os.path.join(host_root, INSTALLED_DRIVER_VERSION_FILE), encoding="utf-8") as handle:
+        with open(os.path.join(host_root, relative), encoding="utf-8") as handle:
             return handle.read().strip()
     except FileNotFoundError:
         return ""
+
+
+def installed_driver_version(host_root: str = "/") -> str:
+    return _read_installed(host_root, INSTALLED_DRIVER_VERSION_FILE)
+
+
+def installed_cuda_version(host_root: str = "/") -> str:
+    return _read_installed(host_root, INSTALLED_CUDA_VERSION_FILE)
 
 
 # CUDA driver API version per driver branch (nvidia-smi header "CUDA Version"; reference captures:
@@ -126,7 +135,13 @@ def gi_id(start: int, size: int, memory_slices: int = 8) -> int:
     return (memory_slices // size - 1) + start // size
 
 
-def reset_for_boot(state: dict[str, str], installed_version: str) -> None:
+def load_driver(state: dict[str, str], version: str, cuda_version: str) -> None:
+    state["driver.loaded"] = "1" if version else "0"
+    state["driver.version"] = version
+    state["driver.cuda_version"] = cuda_version if version else ""
+
+
+def reset_for_boot(state: dict[str, str], installed_version: str, installed_cuda: str = "") -> None:
     """Apply what a power cycle does to the GPUs and the driver (see STATE.md)."""
     for key in [k for k in state if k.startswith("gpu.") and k.count(".") >= 2]:
         if key.split(".", 2)[2].startswith(VOLATILE_PREFIXES):
@@ -142,8 +157,7 @@ def reset_for_boot(state: dict[str, str], installed_version: str) -> None:
         state[g + "ecc.volatile.corrected"] = "0"
         state[g + "ecc.volatile.uncorrected"] = "0"
         state[g + "remap.pending"] = "0"
-    state["driver.loaded"] = "1" if installed_version else "0"
-    state["driver.version"] = installed_version
+    load_driver(state, installed_version, installed_cuda)
     state["driver.cuda_version"] = cuda_version_for(installed_version)
     if int(state.get("nvswitch.count", "0")):
         state["fabric.state"] = "not_started"

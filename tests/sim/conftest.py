@@ -1,0 +1,70 @@
+"""End-to-end tests on a simulated fleet of our own (separate state dir and network from a user's fleet)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ["GPUFLEET_SIM_DIR"] = "/tmp/gpufleet-test-sim"
+os.environ["GPUFLEET_SIM_NET"] = "10.77.9"
+
+from gpufleet.sim import hosts  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+DEPLOYS = Path(__file__).with_name("deploys")
+
+
+def _can_simulate() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root"
+    missing = [cmd for cmd in hosts.REQUIRED_COMMANDS if shutil.which(cmd) is None]
+    return f"missing {missing}" if missing else None
+
+
+@pytest.fixture(scope="session")
+def fleet(tmp_path_factory):
+    reason = _can_simulate()
+    if reason:
+        pytest.fail(f"the simulated fleet cannot run here: {reason} (make test installs the system packages)")
+    inventory = tmp_path_factory.mktemp("sim") / "inventory.py"
+    hosts.down(log=lambda *_: None)
+    fleet = hosts.up(2, ["h100-sxm-8", "a100-40gb-1"], inventory=inventory, force=True, log=lambda *_: None)
+    fleet.inventory = inventory
+    yield fleet
+    hosts.down(log=lambda *_: None)
+
+
+def ssh(fleet, name: str, command: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
+    result = hosts.run_on(fleet.host(name), ["sh", "-c", command], timeout=timeout)
+    if check and result.returncode != 0:
+        raise AssertionError(f"{name}: {command!r} exited {result.returncode}: {result.stdout}{result.stderr}")
+    return result
+
+
+def gpufleet(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    result = subprocess.run([str(BIN / "gpufleet"), *args], capture_output=True, text=True, timeout=300)
+    if check and result.returncode != 0:
+        raise AssertionError(f"gpufleet {' '.join(args)} exited {result.returncode}: {result.stdout}{result.stderr}")
+    return result
+
+
+def pyinfra(fleet, deploy: str | Path, *extra: str) -> subprocess.CompletedProcess:
+    result = subprocess.run([str(BIN / "pyinfra"), "-y", *extra, str(fleet.inventory), str(deploy)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600, cwd=REPO)
+    if result.returncode != 0:
+        raise AssertionError(f"pyinfra {deploy} failed:\n{result.stdout}")
+    return result
+
+
+def grand_total(output: str) -> dict[str, str]:
+    """pyinfra's result line: 'Grand total  <hosts> <success> <error> <no change>'."""
+    match = re.search(r"Grand total\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)", output)
+    assert match, output
+    return dict(zip(("hosts", "success", "error", "no_change"), match.groups(), strict=True))
