@@ -477,7 +477,7 @@ def test_default_table_truncates_long_names_like_the_real_tool(make_smi):
     # real RTX 4080 SUPER capture: "|   0  NVIDIA GeForce RTX 4080 ...    Off |"
     assert "|   0  NVIDIA GeForce RTX 4080 ...    Off |" in out
     assert re.search(r"^\|  0%   \d\dC    P8 +\d+W /  450W \|", out, re.M)  # GeForce: fan %, P8 idle
-    assert re.search(r"\|\s+N/A \|$", out.split("\n")[8])  # ECC off on GeForce -> Off? no: N/A only if unsupported
+    assert out.split("\n")[8].endswith("|                  Off |")  # ECC supported but off on GeForce
 
 
 def test_mig_table_has_the_real_h100_mig_structure(make_smi):
@@ -500,9 +500,9 @@ def test_process_rows_match_real_layout(make_smi, holder):
     smi = make_smi("h100-sxm-8")
     smi.set(f"gpu.0.proc.{holder}", "/root/tools/memhog,2566")
     out, _ = smi("-i", "0")
-    expected = REAL_PROC_ROW.replace("11327", f"{holder:>5}"[-5:].strip().rjust(5))
     row = next(line for line in out.split("\n") if "/root/tools/memhog" in line)
-    assert shape(row) == shape(expected)
+    assert row[17:33] == f"{holder:>16}"  # the PID column
+    assert row[:17] + row[33:] == REAL_PROC_ROW[:17] + REAL_PROC_ROW[33:]
     assert row.endswith("2566MiB |") and len(row) == 91
     assert "|       0MiB /  81559MiB |" not in out  # memory.used includes the process
     # in MIG mode the GI/CI columns carry the instance ids
@@ -511,7 +511,7 @@ def test_process_rows_match_real_layout(make_smi, holder):
     smi.set(f"gpu.0.proc.{holder}", "/root/tools/memhog,2296,2,0")
     out, _ = smi("-i", "0")
     row = next(line for line in out.split("\n") if "/root/tools/memhog" in line)
-    assert shape(row) == shape(REAL_MIG_PROC_ROW.replace("21180", f"{holder}".rjust(5)))
+    assert row[:17] + row[33:] == REAL_MIG_PROC_ROW[:17] + REAL_MIG_PROC_ROW[33:]
 
 
 def test_list_gpus_with_mig_devices_like_real(make_smi):
@@ -679,12 +679,10 @@ def test_q_power_section_labels_identical_to_real(make_smi):
     out, rc = smi("-q", "-d", "POWER", "-i", "0")
     assert rc == 0
     lines = out.split("\n")
-    head = REAL_Q_POWER_HEAD.split("\n")
-    assert _labels(lines[: len(head) - 1]) == [
-        (lab.replace("GPU 00000000:01:00.0", "GPU 00000000:18:00.0"), w) for lab, w in _labels(head[:-1])
-    ][:3] + _labels(lines[3 : len(head) - 1])  # timestamp varies; structure checked below
-    assert lines[1] == "==============NVSMI LOG=============="
-    assert lines[8] == "GPU 00000000:18:00.0" and lines[9] == "    GPU Power Readings"
+    head = REAL_Q_POWER_HEAD.rstrip("\n").split("\n")
+    assert _labels(lines[:8]) == _labels(head[:8])  # blank, NVSMI LOG, Timestamp, Driver/CUDA Version, Attached GPUs
+    assert lines[4:6] == head[4:6]  # same driver: same version lines
+    assert lines[8] == "GPU 00000000:18:00.0" and lines[9] == head[9] == "    GPU Power Readings"
     assert "        Current Power Limit                            : 700.00 W" in lines
     real = REAL_H100_POWER_SECTION.rstrip("\n").split("\n")
     ours = [line for line in lines[9:] if line]
@@ -694,7 +692,8 @@ def test_q_power_section_labels_identical_to_real(make_smi):
         "        Duration", "        Number of Samples", "        Max", "        Min", "        Avg"]  # fmt: skip
     del ours[samples : samples + 6]
     assert _labels(ours) == _labels(real)
-    assert ours[0:8] == real[0:8] or shape("\n".join(ours[1:3])) == shape("\n".join(real[1:3]))
+    assert shape("\n".join(ours)) == shape("\n".join(real))  # units, decimals, trailing space after "Readings"
+    assert ours[:8] == real[:8]  # same readings as the capture (draw 69.85 W, limits 700/200/700)
 
 
 def test_q_power_values_follow_state(make_smi):
@@ -740,6 +739,7 @@ def test_full_q_layout_identical_to_real(make_smi, capture, mig):
     real = capture_section(capture, "idle :: query (-q)")
     ours = out.rstrip("\n").split("\n")
     ours[7] = ours[7].replace(": 8", ": 1")  # Attached GPUs: the capture host had one
+    ours[8] = ours[8].replace("00000000:18:00.0", "00000000:00:09.0")
     assert _labels(ours) == _labels(real)
 
 
@@ -1019,7 +1019,7 @@ def test_lgip_free_counts_drop_with_placement(make_smi):
     smi("mig", "-i", "0", "-cgi", "9")
     out, _ = smi("mig", "-i", "0", "-lgip")
     free = dict(re.findall(r"MIG (\S+)\s+\d+\s+(\d+/\d+)", out))
-    assert free == {"1g.10gb": "3/7", "1g.10gb+me": "1/1", "1g.20gb": "2/4", "2g.20gb": "2/3", "3g.40gb": "1/2",
+    assert free == {"1g.10gb": "4/7", "1g.10gb+me": "1/1", "1g.20gb": "2/4", "2g.20gb": "2/3", "3g.40gb": "1/2",
                     "4g.40gb": "1/1", "7g.80gb": "0/1"}  # fmt: skip
 
 
@@ -1070,12 +1070,11 @@ def test_cgi_insufficient_resources_like_the_mig_guide(make_smi):
     assert rc != 0
 
 
-def test_mig_commands_need_root_and_mig_mode(make_smi):
+def test_mig_commands_need_root_and_mig_mode(make_smi, monkeypatch):
     smi = make_smi("h100-sxm-8")
     assert smi("mig", "-i", "0", "-cgi", "19") == ("No MIG-enabled devices found.\n", 6)
     smi("-i", "0", "-mig", "1")
-    smi = Smi(smi.path, smi.capsys)
-    os.geteuid = lambda: 1000  # restored by the fixture's monkeypatch
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
     out, rc = smi("mig", "-i", "0", "-cgi", "19")
     assert out == ("Unable to create a GPU instance on GPU  0 using profile 19: Insufficient Permissions\n"
                    "Failed to create GPU instances: Insufficient Permissions\n")  # fmt: skip

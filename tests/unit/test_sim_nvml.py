@@ -4,13 +4,11 @@ The library is built once per session into a temporary directory; every scenario
 Python subprocess (LD_LIBRARY_PATH=<build dir>, GPUFLEET_SIM_STATE, GPUFLEET_SIM_DRIVER_VERSION_FILE) so
 that nothing cached by ctypes/pynvml leaks between scenarios.
 
-States come from ``gpufleet.sim.hardware.build_state`` when that module exists, else from the small
-hand-made profiles below.
+States come from the hardware profiles (``gpufleet.sim.hardware.build_state``) with the driver loaded.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -18,112 +16,27 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import uuid
 from pathlib import Path
 
 import pytest
 
 from gpufleet.sim.gpu import state as simstate
 from gpufleet.sim.gpu.build_nvml import build
+from gpufleet.sim.hardware import build_state
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is needed to build the simulated NVML")
 
 DRIVER = "570.172.08"
 PROFILES = ["h100-sxm-8", "h200-8", "a100-80gb-8", "a100-40gb-1", "l40s-4", "rtx4090-1"]
 
-# --------------------------------------------------------------------------------------------------------------
-# Hand-made hardware states (used until gpufleet.sim.hardware.build_state exists)
-# --------------------------------------------------------------------------------------------------------------
-
-_H100_GIP = {
-    "19": "1g.10gb,0,7,9984,9.75,1,1,16,1,1,0,1,0,0,0:1;1:1;2:1;3:1;4:1;5:1;6:1",
-    "20": "1g.10gb+me,7,1,9984,9.75,1,1,16,1,1,0,1,1,0,0:1;1:1;2:1;3:1;4:1;5:1;6:1",
-    "15": "1g.20gb,9,4,20096,19.62,1,2,26,1,1,0,1,0,0,0:2;2:2;4:2;6:2",
-    "14": "2g.20gb,1,3,20096,19.62,2,2,32,2,2,0,2,0,0,0:2;2:2;4:2",
-    "9": "3g.40gb,2,2,40320,39.38,3,4,60,3,3,0,3,0,0,0:4;4:4",
-    "5": "4g.40gb,3,1,40320,39.38,4,4,64,4,4,0,4,0,0,0:4",
-    "0": "7g.80gb,4,1,80896,79.00,7,8,132,8,7,0,7,1,0,0:8",
-}
-_A100_40_GIP = {
-    "19": "1g.5gb,0,7,4864,4.75,1,1,14,1,0,0,0,0,0,0:1;1:1;2:1;3:1;4:1;5:1;6:1",
-    "14": "2g.10gb,1,3,9856,9.62,2,2,28,2,1,0,0,0,0,0:2;2:2;4:2",
-    "9": "3g.20gb,2,2,19968,19.50,3,4,42,3,2,0,0,0,0,0:4;4:4",
-    "0": "7g.40gb,4,1,40192,39.25,7,8,98,7,5,0,1,1,0,0:8",
-}
-
-_MODELS = {
-    # name, brand, arch, cc, device id, mem MiB, reserved, power default/min/max W, max clocks (gr, sm, mem, video),
-    # nvlinks, pcie gen, fan, mig gip table, ecc, remap
-    "h100": ("NVIDIA H100 80GB HBM3", "NVIDIA", "Hopper", "9.0", "0x233010DE", 81559, 480, (700, 200, 700),
-             (1980, 1980, 2619, 1545), 18, 5, "", _H100_GIP, 1, 1),
-    "h200": ("NVIDIA H200", "NVIDIA", "Hopper", "9.0", "0x233510DE", 143771, 547, (700, 200, 700),
-             (1980, 1980, 3201, 1545), 18, 5, "", _H100_GIP, 1, 1),
-    "a100-80gb": ("NVIDIA A100-SXM4-80GB", "NVIDIA", "Ampere", "8.0", "0x20B210DE", 81920, 571, (400, 100, 400),
-                  (1410, 1410, 1593, 1290), 12, 4, "", _A100_40_GIP, 1, 1),
-    "a100-40gb": ("NVIDIA A100-SXM4-40GB", "NVIDIA", "Ampere", "8.0", "0x20B010DE", 40960, 518, (400, 100, 400),
-                  (1410, 1410, 1215, 1290), 12, 4, "", _A100_40_GIP, 1, 1),
-    "l40s": ("NVIDIA L40S", "NVIDIA", "Ada Lovelace", "8.9", "0x26B910DE", 46068, 609, (350, 100, 350),
-             (2520, 2520, 9001, 1965), 0, 4, "", None, 1, 1),
-    "rtx4090": ("NVIDIA GeForce RTX 4090", "GeForce", "Ada Lovelace", "8.9", "0x268410DE", 24564, 370,
-                (450, 150, 600), (3120, 3120, 10501, 2415), 0, 4, "30", None, 0, 0),
-}
-_HAND_PROFILES = {
-    "h100-sxm-8": ("h100", 8, 4), "h200-8": ("h200", 8, 4), "a100-80gb-8": ("a100-80gb", 8, 6),
-    "a100-40gb-1": ("a100-40gb", 1, 0), "l40s-4": ("l40s", 4, 0), "rtx4090-1": ("rtx4090", 1, 0),
-}
-_BUSES = ["18", "2A", "3A", "5D", "9A", "AB", "BA", "DB"]
-
-
-def _hand_state(profile: str, hostname: str) -> dict[str, str]:
-    model, count, nvswitches = _HAND_PROFILES[profile]
-    (name, brand, arch, cc, devid, mem, reserved, (pdef, pmin, pmax), clocks, nvlinks, gen, fan, gip, ecc,
-     remap) = _MODELS[model]
-    s = {"schema": "1", "profile": profile, "hostname": hostname, "nvswitch.count": str(nvswitches),
-         "driver.loaded": "1", "driver.version": DRIVER, "driver.cuda_version": "12.8",
-         "fabric.state": "completed" if nvswitches else "none", "gpu.count": str(count)}
-    for i in range(count):
-        g = {
-            "model": model, "name": name, "brand": brand, "architecture": arch, "compute_cap": cc,
-            "uuid": f"GPU-{i:02x}{len(hostname):02x}1234-5678-9abc-def0-{i:04x}56789abc",
-            "serial": "" if brand == "GeForce" else f"165422{i:07d}", "vbios": "96.00.74.00.0D", "minor": str(i),
-            "pci.bus_id": f"00000000:{_BUSES[i] if count > 1 else '01'}:00.0", "pci.device_id": devid,
-            "pci.sub_device_id": "0x16C110DE", "pcie.gen_current": str(gen), "pcie.gen_max": str(gen),
-            "pcie.width_current": "16", "pcie.width_max": "16", "memory.total_mib": str(mem),
-            "memory.reserved_mib": str(reserved), "memory.used_mib": "0", "power.default_mw": str(pdef * 1000),
-            "power.min_mw": str(pmin * 1000), "power.max_mw": str(pmax * 1000), "power.limit_mw": str(pdef * 1000),
-            "power.draw_mw": str(69000 + i * 1000), "persistence": "1", "persistence.supported": "1",
-            "temp.gpu": str(31 + i), "temp.memory": "" if brand == "GeForce" else str(40 + i),
-            "temp.slowdown": "87", "temp.shutdown": "92", "temp.max_operating": "85",
-            "temp.target": "84" if brand == "GeForce" else "", "fan": fan, "pstate": "P0",
-            "util.gpu": str(i), "util.memory": "0", "clocks.graphics": "345", "clocks.sm": "345",
-            "clocks.mem": str(clocks[2]), "clocks.video": "765", "clocks.max.graphics": str(clocks[0]),
-            "clocks.max.sm": str(clocks[1]), "clocks.max.mem": str(clocks[2]), "clocks.max.video": str(clocks[3]),
-            "clocks.locked.min": "0", "clocks.locked.max": "0", "clocks.event_reasons": "0x0000000000000001",
-            "compute_mode": "Default", "ecc.supported": str(ecc), "ecc.current": str(ecc), "ecc.pending": str(ecc),
-            "ecc.volatile.corrected": "0", "ecc.volatile.uncorrected": "0", "ecc.aggregate.corrected": "0",
-            "ecc.aggregate.uncorrected": "0", "remap.supported": str(remap), "remap.correctable": "0",
-            "remap.uncorrectable": "0", "remap.pending": "0", "remap.failure": "0", "nvlink.count": str(nvlinks),
-            "nvlink.down": "", "nvlink.speed_gbps": "26.562" if nvlinks else "", "mig.supported": "1" if gip else "0",
-            "mig.current": "0", "mig.pending": "0", "lost": "0",
-        }
-        if gip:
-            g["mig.slices.compute"] = "7"
-            g["mig.slices.memory"] = "8"
-            g.update({f"mig.gip.{pid}": row for pid, row in gip.items()})
-        s.update({f"gpu.{i}.{k}": v for k, v in g.items()})
-    return s
-
 
 def make_state(profile: str, hostname: str = "node1") -> dict[str, str]:
-    if importlib.util.find_spec("gpufleet.sim.hardware") is not None:
-        from gpufleet.sim.hardware import build_state
-
-        state = dict(build_state(profile, hostname))
-    else:
-        state = _hand_state(profile, hostname)
+    state = dict(build_state(profile, hostname))
     # Boot state: driver loaded, the package's version, no processes.
     state["driver.loaded"] = "1"
     state["driver.version"] = DRIVER
-    state.setdefault("driver.cuda_version", "12.8")
+    state["driver.cuda_version"] = "12.8"
     for key in [k for k in state if ".client." in k or ".proc." in k]:
         del state[key]
     return state
@@ -200,7 +113,7 @@ _EPILOGUE = "\nprint(json.dumps(out, default=str))\n"
 
 
 @pytest.fixture
-def sim(libdir, tmp_path):
+def sim(libdir):
     root = Path(tempfile.mkdtemp(prefix="simstate-"))
     root.chmod(0o755)
     yield Sim(libdir, root)
@@ -397,7 +310,9 @@ def test_profile_reads_equal_state(sim, profile):
 
 
 def test_geforce_not_supported_fields(sim):
-    sim.write(make_state("rtx4090-1"))
+    state = make_state("rtx4090-1")
+    state["gpu.0.ecc.supported"] = "0"  # like the RTX 4080 SUPER capture: ECC Mode N/A
+    sim.write(state)
     out = sim.run('''
         nvmlInit()
         h = nvmlDeviceGetHandleByIndex(0)
@@ -477,6 +392,46 @@ def test_unknown_handles_lookup(sim):
     assert out["bad_index"] == "NVMLError_InvalidArgument"
     assert out["bad_uuid"] == out["bad_bus"] == "NVMLError_NotFound"
     assert out["after_shutdown"] == out["shutdown_twice"] == "NVMLError_Uninitialized"
+
+
+@pytest.mark.parametrize(("cuda", "driver", "expected"), [
+    ("12.9", DRIVER, 12090),
+    ("", DRIVER, 12080),  # empty: the branch map (simgpu.state.CUDA_BY_BRANCH), 570 -> 12.8
+    ("", "590.48.01", 13010),
+])
+def test_cuda_driver_version(sim, cuda, driver, expected):
+    state = make_state("a100-40gb-1")
+    state["driver.cuda_version"] = cuda
+    state["driver.version"] = driver
+    sim.write(state)
+    sim.version_file.write_text(driver + "\n")
+    out = sim.run('nvmlInit(); out["v"] = nvmlSystemGetCudaDriverVersion(); '
+                  'out["nvml"] = s(nvmlSystemGetNVMLVersion())')
+    assert out["v"] == expected
+    assert out["nvml"] == f"{expected // 1000}.{driver}"
+    if hasattr(simstate, "cuda_version_for") and not cuda:
+        major, minor = simstate.cuda_version_for(driver).split(".")
+        assert expected == int(major) * 1000 + int(minor) * 10
+
+
+def test_bar1_and_pcie_host_max(sim):
+    state = make_state("h100-sxm-8")
+    state["gpu.0.bar1.total_mib"] = "131072"
+    state["gpu.1.bar1.total_mib"] = ""
+    state["gpu.0.pcie.gen_hostmax"] = "4"
+    sim.write(state)
+    out = sim.run('''
+        nvmlInit()
+        h = nvmlDeviceGetHandleByIndex(0)
+        b = nvmlDeviceGetBAR1MemoryInfo(h)
+        out["bar1"] = [b.bar1Total, b.bar1Used, b.bar1Free]
+        out["none"] = err(nvmlDeviceGetBAR1MemoryInfo, nvmlDeviceGetHandleByIndex(1))
+        out["gen"] = [nvmlDeviceGetMaxPcieLinkGeneration(h), nvmlDeviceGetGpuMaxPcieLinkGeneration(h)]
+    ''')
+    mib = 1024 * 1024
+    assert out["bar1"] == [131072 * mib, mib, 131071 * mib]
+    assert out["none"] == "NVMLError_NotSupported"
+    assert out["gen"] == [4, int(state["gpu.0.pcie.gen_max"])]
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -661,26 +616,32 @@ def test_exit_without_shutdown_unregisters(sim):
     assert f"gpu.0.client.{out['pid']}" not in sim.read()
 
 
-def test_compute_processes(sim):
+def test_processes(sim):
     state = make_state("h100-sxm-8")
-    live = _live_process()
+    live, xorg = _live_process(), _live_process()
     try:
         state[f"gpu.0.proc.{live.pid}"] = "python3,2048"
+        state[f"gpu.0.proc.{xorg.pid}"] = "/usr/lib/xorg/Xorg,100,,,G"
         state[f"gpu.0.proc.{_dead_pid()}"] = "ghost,4096"
         sim.write(state)
         out = sim.run(f'''
             nvmlInit()
             h = nvmlDeviceGetHandleByIndex(0)
-            out["procs"] = [(p.pid, p.usedGpuMemory, p.gpuInstanceId) for p in nvmlDeviceGetComputeRunningProcesses(h)]
+            out["procs"] = [(p.pid, p.usedGpuMemory, p.gpuInstanceId, p.computeInstanceId)
+                            for p in nvmlDeviceGetComputeRunningProcesses(h)]
+            out["gprocs"] = [(p.pid, p.usedGpuMemory) for p in nvmlDeviceGetGraphicsRunningProcesses(h)]
             out["used"] = nvmlDeviceGetMemoryInfo(h, version=nvmlMemory_v2).used
             out["name"] = s(nvmlSystemGetProcessName({live.pid}))
             out["other"] = nvmlDeviceGetComputeRunningProcesses(nvmlDeviceGetHandleByIndex(1))
         ''')
     finally:
-        live.kill()
-        live.wait()
-    assert out["procs"] == [[live.pid, 2048 * 1024 * 1024, 0xFFFFFFFF]]
-    assert out["used"] == (int(state["gpu.0.memory.used_mib"]) + 2048) * 1024 * 1024
+        for proc in (live, xorg):
+            proc.kill()
+            proc.wait()
+    mib = 1024 * 1024
+    assert out["procs"] == [[live.pid, 2048 * mib, 0xFFFFFFFF, 0xFFFFFFFF]]
+    assert out["gprocs"] == [[xorg.pid, 100 * mib]]
+    assert out["used"] == (int(state["gpu.0.memory.used_mib"]) + 2048 + 100) * mib
     assert out["name"] == "python3"
     assert out["other"] == []
 
@@ -690,14 +651,22 @@ def test_compute_processes(sim):
 # --------------------------------------------------------------------------------------------------------------
 
 
+_STATE_MIG_UUID = "MIG-0e3a1c55-7d1f-5b8a-9a1e-3f4c2b1d0a99"
+
+
+def _mig_uuid(gpu_uuid: str, gi: int, ci: int) -> str:
+    """nvidia-smi's fallback (smi_common.mig_uuid) when a CI has no uuid field."""
+    return "MIG-" + str(uuid.uuid5(uuid.NAMESPACE_URL, f"{gpu_uuid}/{gi}/{ci}"))
+
+
 def _mig_state(profile: str = "h100-sxm-8") -> dict[str, str]:
     state = make_state(profile)
     state["gpu.0.mig.current"] = state["gpu.0.mig.pending"] = "1"
     # 3g (profile 9) GI 2 at 0:4 with CIs 0 (1c) and 1 (2c); 2g (profile 14) GI 3 at 4:2 with one 2g CI;
     # 1g (profile 19) GI 13 at 6:1 with one 1g CI.
     state["gpu.0.mig.gi.2"] = "9,0,4"
-    state["gpu.0.mig.ci.2.0"] = "0,1"
-    state["gpu.0.mig.ci.2.1"] = "1,2"
+    state["gpu.0.mig.ci.2.0"] = f"0,1,0,{_STATE_MIG_UUID}"
+    state["gpu.0.mig.ci.2.1"] = "1,2,1"
     state["gpu.0.mig.gi.3"] = "14,4,2"
     state["gpu.0.mig.ci.3.0"] = "1,2"
     state["gpu.0.mig.gi.13"] = "19,6,1"
@@ -757,15 +726,16 @@ for k in range(out["max"]):
     if isinstance(m, str):
         migs.append(m)
         continue
-    mem = nvmlDeviceGetMemoryInfo(m)
+    mem = nvmlDeviceGetMemoryInfo(m, version=nvmlMemory_v2)
     uuid = s(nvmlDeviceGetUUID(m))
     migs.append({"is_mig": int(nvmlDeviceIsMigDeviceHandle(m).value), "gi": nvmlDeviceGetGpuInstanceId(m),
                  "ci": nvmlDeviceGetComputeInstanceId(m), "name": s(nvmlDeviceGetName(m)), "uuid": uuid,
-                 "mem": mem.total, "sm": nvmlDeviceGetAttributes(m).multiprocessorCount,
+                 "mem": mem.total, "used": mem.used, "sm": nvmlDeviceGetAttributes(m).multiprocessorCount,
                  "parent": nvmlDeviceGetIndex(nvmlDeviceGetDeviceHandleFromMigDeviceHandle(m)),
                  "by_uuid": nvmlDeviceGetGpuInstanceId(nvmlDeviceGetHandleByUUID(uuid)),
                  "temp": err(nvmlDeviceGetTemperature, m, 0)})
 out["migs"] = migs
+out["full_used"] = nvmlDeviceGetMemoryInfo(h, version=nvmlMemory_v2).used
 out["full_is_mig"] = int(nvmlDeviceIsMigDeviceHandle(h).value)
 out["full_gi"] = err(nvmlDeviceGetGpuInstanceId, h)
 out["util"] = err(nvmlDeviceGetUtilizationRates, h)
@@ -813,10 +783,17 @@ def test_mig_instances_and_devices(sim):
         f"{state['gpu.0.name']} MIG " + (g["name"] if n == g["slices"] else f"{n}c.{g['name']}")
         for _, _, g, n in expected]
     gpu_uuid = state["gpu.0.uuid"]
-    assert [m["uuid"] for m in migs] == ["MIG-" + gpu_uuid[4:-4] + f"{gi:02x}{ci:02x}" for gi, ci, _, _ in expected]
+    assert [m["uuid"] for m in migs] == [_STATE_MIG_UUID] + [_mig_uuid(gpu_uuid, gi, ci) for gi, ci, _, _ in
+                                                             expected[1:]]
     assert [m["by_uuid"] for m in migs] == [2, 2, 3, 13]
     assert [m["mem"] for m in migs] == [g["mem"] * 1024 * 1024 for _, _, g, _ in expected]
-    assert [m["sm"] for m in migs] == [g["sm"] * n // g["slices"] for _, _, g, n in expected]
+    assert [m["used"] for m in migs] == [round(8.67 * g["slices"]) * 1024 * 1024 for _, _, g, _ in expected]
+    one_slice_sm = g1["sm"]
+    assert [m["sm"] for m in migs] == [g["sm"] if n == g["slices"] else min(one_slice_sm * n, g["sm"])
+                                       for _, _, g, n in expected]
+    # the whole GPU's used memory includes every GPU instance's overhead (as nvidia-smi prints it)
+    overhead = sum(round(8.67 * g["slices"]) for g in (g3, g2, g1))
+    assert out["full_used"] == (int(state["gpu.0.memory.used_mib"]) + overhead) * 1024 * 1024
     assert migs[0]["temp"] == "NVMLError_NotSupported"
     assert out["full_is_mig"] == 0 and out["full_gi"] == "NVMLError_NotSupported"
     assert out["util"] == "NVMLError_NotSupported"
@@ -857,8 +834,9 @@ def test_set_mig_mode_without_holders_applies(sim):
     assert after["gpu.4.mig.current"] == "0"
 
 
-def test_set_mig_mode_refused_while_another_process_holds_the_gpu(sim):
-    state = make_state("h100-sxm-8")
+@pytest.mark.parametrize("profile", ["h100-sxm-8", "a100-80gb-8"])
+def test_set_mig_mode_while_another_process_holds_the_gpu(sim, profile):
+    state = make_state(profile)
     holder = _live_process()
     try:
         state[f"gpu.0.client.{holder.pid}"] = "nv-hostengine"
@@ -866,7 +844,7 @@ def test_set_mig_mode_refused_while_another_process_holds_the_gpu(sim):
         sim.write(state)
         out = sim.run('''
             nvmlInit()
-            out["held"] = nvmlDeviceSetMigMode(nvmlDeviceGetHandleByIndex(0), 1)
+            out["held"] = err(nvmlDeviceSetMigMode, nvmlDeviceGetHandleByIndex(0), 1)
             out["held_mode"] = nvmlDeviceGetMigMode(nvmlDeviceGetHandleByIndex(0))
             out["free"] = nvmlDeviceSetMigMode(nvmlDeviceGetHandleByIndex(1), 1)
             out["free_mode"] = nvmlDeviceGetMigMode(nvmlDeviceGetHandleByIndex(1))
@@ -875,12 +853,18 @@ def test_set_mig_mode_refused_while_another_process_holds_the_gpu(sim):
     finally:
         holder.kill()
         holder.wait()
-    assert out["held"] == 19  # activationStatus NVML_ERROR_IN_USE: pending only
-    assert out["held_mode"] == [0, 1]
+    after = sim.read()
+    if state["gpu.0.architecture"] == "Ampere":
+        # stored as pending; activationStatus NVML_ERROR_IN_USE (nvidia-smi: "MIG mode is in pending enable state")
+        assert out["held"] == 19
+        assert out["held_mode"] == [0, 1]
+        assert (after["gpu.0.mig.current"], after["gpu.0.mig.pending"]) == ("0", "1")
+    else:
+        assert out["held"] == "NVMLError_InUse"
+        assert out["held_mode"] == [0, 0]
+        assert (after["gpu.0.mig.current"], after["gpu.0.mig.pending"]) == ("0", "0")
     assert out["free"] == 0 and out["free_mode"] == [1, 1]
     assert out["in_use_str"] == "In use by another client"
-    after = sim.read()
-    assert (after["gpu.0.mig.current"], after["gpu.0.mig.pending"]) == ("0", "1")
 
 
 def test_disable_mig_with_instances_is_in_use(sim):

@@ -853,7 +853,7 @@ static void mig_uuid(char *out, size_t len, state_t *st, unsigned gpu, unsigned 
     sha1_update(&c, ns_url, sizeof ns_url);
     sha1_update(&c, name, strlen(name));
     sha1_final(&c, h);
-    h[6] = (unsigned char)((h[6] & 0x0f) | 0x50);
+    ;
     h[8] = (unsigned char)((h[8] & 0x3f) | 0x80);
     snprintf(out, len, "MIG-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", h[0], h[1], h[2],
              h[3], h[4], h[5], h[6], h[7], h[8], h[9], h[10], h[11], h[12], h[13], h[14], h[15]);

@@ -134,7 +134,7 @@ def lgip(gpus: list[Gpu], version: str) -> list[str]:
                 f"|{g.index:>4}  {'MIG ' + prof['name']:<{name_w}}{prof['id']:>3}     {f'{free}/{total}':<11}"
                 f"{mem:<11}{p2p:<7}{prof['sm']:<7}{prof['dec']:<6}{prof['enc']:<4}|"
             )
-            out.append(f"|{'':{name_w + 44}}{prof['ce']:>2}     {prof['jpeg']:<6}{prof['ofa']:<4}|")
+            out.append(f"|{'':{name_w + 43}}{prof['ce']:>2}     {prof['jpeg']:<6}{prof['ofa']:<4}|")
             out.append(border)
     return out
 
