@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-os.environ["GPUFLEET_SIM_DIR"] = "/tmp/gpufleet-test-sim"
-os.environ["GPUFLEET_SIM_NET"] = "10.77.9"
+os.environ.setdefault("GPUFLEET_SIM_DIR", "/tmp/gpufleet-test-sim")
+os.environ.setdefault("GPUFLEET_SIM_NET", "10.77.9")
 
 from gpufleet.sim import hosts  # noqa: E402
 
@@ -28,15 +28,21 @@ def _can_simulate() -> str | None:
     return f"missing {missing}" if missing else None
 
 
-@pytest.fixture(scope="session")
-def fleet(tmp_path_factory):
+def bring_up(tmp_path_factory, profiles: list[str], driver: str | None = None):
+    """A fresh simulated fleet for one test module (bring-up takes seconds); down it when done."""
     reason = _can_simulate()
     if reason:
         pytest.fail(f"the simulated fleet cannot run here: {reason} (make test installs the system packages)")
     inventory = tmp_path_factory.mktemp("sim") / "inventory.py"
     hosts.down(log=lambda *_: None)
-    fleet = hosts.up(2, ["h100-sxm-8", "a100-40gb-1"], inventory=inventory, force=True, log=lambda *_: None)
+    fleet = hosts.up(len(profiles), profiles, driver=driver, inventory=inventory, force=True, log=lambda *_: None)
     fleet.inventory = inventory
+    return fleet
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    fleet = bring_up(tmp_path_factory, ["h100-sxm-8", "a100-40gb-1"])
     yield fleet
     hosts.down(log=lambda *_: None)
 
