@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
 import time
 
 import pytest
@@ -174,3 +175,7 @@ def test_zz_down_leaves_nothing_behind(fleet):
     assert hosts.down() == []
     assert hosts.leftovers() == []
     assert hosts.status() == []
+    leftover = subprocess.run(["pgrep", "-af", str(hosts.sim_dir())], capture_output=True, text=True).stdout
+    assert leftover == ""
+    mounts = open("/proc/mounts").read()
+    assert str(hosts.sim_dir()) not in mounts

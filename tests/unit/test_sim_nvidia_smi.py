@@ -478,6 +478,9 @@ def test_default_table_truncates_long_names_like_the_real_tool(make_smi):
     assert "|   0  NVIDIA GeForce RTX 4080 ...    Off |" in out
     assert re.search(r"^\|  0%   \d\dC    P8 +\d+W /  450W \|", out, re.M)  # GeForce: fan %, P8 idle
     assert out.split("\n")[8].endswith("|                  Off |")  # ECC supported but off on GeForce
+    smi.set("gpu.0.display.active", "1")  # a desktop on it: Disp.A On, like the real RTX 4080 SUPER capture
+    assert "|   00000000:01:00.0  On |" in smi()[0]
+    assert smi("--query-gpu=display_active", "--format=csv,noheader")[0] == "Enabled\n"
 
 
 def test_mig_table_has_the_real_h100_mig_structure(make_smi):
@@ -494,6 +497,45 @@ def test_mig_table_has_the_real_h100_mig_structure(make_smi):
                  "| 60      0 |  3   0    3    0    3 |", "| 16      0 |  1   0    1    0    1 |",
                  "|              26MiB / 40448MiB    |", "|               9MiB /  9984MiB    |"):  # fmt: skip
         assert real in out
+
+
+# captures/linux-x86_64__nvidia-h100-mig__590.48.01.txt, -q: the first MIG device (GI 2, 3g.40gb), up to FB usage
+REAL_Q_MIG_DEVICE = """\
+    MIG Device
+        Index                                          : 0
+        GPU Instance ID                                : 2
+        Compute Instance ID                            : 0
+        Device Attributes
+            Shared
+                Multiprocessor count                   : 60
+                Copy Engine count                      : 3
+                Encoder count                          : 0
+                Decoder count                          : 3
+                OFA count                              : 0
+                JPG count                              : 3
+        ECC Errors
+            Volatile
+                SRAM Uncorrectable                     : 0
+        Shared FB Memory Usage
+            Total                                      : 40448 MiB
+            Reserved                                   : 0 MiB
+            Used                                       : 26 MiB
+            Free                                       : 40423 MiB
+        Shared BAR1 Memory
+"""
+
+
+def test_q_mig_devices_like_real(make_smi):
+    smi = make_smi("h100-sxm-8")
+    smi("-i", "0", "-mig", "1")
+    smi("mig", "-i", "0", "-cgi", "9,14,19,19", "-C")
+    out, rc = smi("-q", "-i", "0")
+    assert rc == 0
+    assert "    MIG Mode\n        Current                                        : Enabled\n" in out
+    assert "\n" + REAL_Q_MIG_DEVICE in out
+    assert out.count("    MIG Device\n") == 4
+    assert "    Remapped Rows                                      : N/A\n" in out  # real MIG capture
+    assert "        GPU                                            : N/A\n" in out  # utilization in MIG mode
 
 
 def test_process_rows_match_real_layout(make_smi, holder):
@@ -727,7 +769,10 @@ def test_q_temperature_and_clock_sections(make_smi):
 @needs_reference
 @pytest.mark.parametrize(
     ("capture", "mig"),
-    [("linux-x86_64__nvidia-h100-80gb-hbm3__590.48.01.txt", False), ("linux-x86_64__nvidia-h100-mig__590.48.01.txt", True)],
+    [
+        ("linux-x86_64__nvidia-h100-80gb-hbm3__590.48.01.txt", False),
+        ("linux-x86_64__nvidia-h100-mig__590.48.01.txt", True),
+    ],
 )
 def test_full_q_layout_identical_to_real(make_smi, capture, mig):
     smi = h100_like_capture(make_smi)
@@ -779,8 +824,10 @@ def test_power_limit_set_with_580_persistence_warning(make_smi):
 def test_power_limit_old_driver_wording_and_persistence_on(make_smi):
     smi = make_smi("h100-sxm-8", driver=DRIVER_570)
     out, _ = smi("-i", "0", "-pl", "300")
-    assert "Warning: persistence mode is disabled on this device. This settings will go back to default as soon as " \
-           "driver unloads (e.g. last application like nvidia-smi or cuda application terminates)." in out
+    assert (
+        "Warning: persistence mode is disabled on this device. This settings will go back to default as soon as "
+        "driver unloads (e.g. last application like nvidia-smi or cuda application terminates)." in out
+    )
     smi.set("gpu.0.persistence", "1")
     out, rc = smi("-i", "0", "-pl", "400")
     assert (out, rc) == ("Power limit for GPU 00000000:18:00.0 was set to 400.00 W from 300.00 W.\nAll done.\n", 0)
@@ -889,7 +936,10 @@ def test_gpu_reset(make_smi, holder):
 def test_lock_and_reset_gpu_clocks(make_smi):
     smi = make_smi("h100-sxm-8")
     out, rc = smi("-i", "0", "-lgc", "1500,1980")
-    assert (out, rc) == ('GPU clocks set to "(gpuClkMin 1500, gpuClkMax 1980)" for GPU 00000000:18:00.0\nAll done.\n', 0)
+    assert (out, rc) == (
+        'GPU clocks set to "(gpuClkMin 1500, gpuClkMax 1980)" for GPU 00000000:18:00.0\nAll done.\n',
+        0,
+    )
     assert smi.state()["gpu.0.clocks.locked.min"] == "1500"
     out, rc = smi("-i", "0", "-rgc")
     assert (out, rc) == ("All done.\n", 0)
@@ -929,7 +979,9 @@ def test_driver_library_version_mismatch(make_smi):
 def test_lost_gpu(make_smi):
     smi = make_smi("h100-sxm-8")
     smi.set("gpu.2.lost", "1")
-    lost = "Unable to determine the device handle for GPU0000:3A:00.0: GPU is lost.  Reboot the system to recover this GPU"
+    lost = (
+        "Unable to determine the device handle for GPU0000:3A:00.0: GPU is lost.  Reboot the system to recover this GPU"
+    )
     out, rc = smi()
     assert out.split("\n")[0] == lost and rc == 15
     assert "00000000:3A:00.0" not in out and "00000000:5D:00.0" in out  # the other GPUs still print
@@ -958,8 +1010,9 @@ def test_bad_options_and_ids(make_smi):
 def test_version_and_help(make_smi):
     smi = make_smi("h100-sxm-8")
     out, rc = smi("--version")
-    assert (out, rc) == ("NVIDIA-SMI version  : 590.48.01\nNVML version        : 590.48\nDRIVER version      : 590.48.01\n"
-                         "CUDA Version        : 13.1\n", 0)  # fmt: skip
+    banner = ["NVIDIA-SMI version  : 590.48.01", "NVML version        : 590.48", "DRIVER version      : 590.48.01",
+              "CUDA Version        : 13.1"]  # fmt: skip
+    assert (out, rc) == ("\n".join(banner) + "\n", 0)
     out, rc = smi("-h")
     assert rc == 0 and out.startswith("NVIDIA System Management Interface -- v590.48.01\n")
     assert "    -pl   --power-limit=        Specifies maximum power management limit in watts." in out
@@ -1047,7 +1100,9 @@ def test_create_list_destroy_round_trip(make_smi):
                    "Failed to destroy GPU instances: In use by another client\n")  # fmt: skip
     assert rc != 0
     out, rc = smi("mig", "-i", "0", "-dci")
-    assert rc == 0 and out.split("\n")[0] == "Successfully destroyed compute instance ID  0 from GPU  0 GPU instance ID  7"
+    assert (
+        rc == 0 and out.split("\n")[0] == "Successfully destroyed compute instance ID  0 from GPU  0 GPU instance ID  7"
+    )
     assert out.count("Successfully destroyed compute instance") == 7
     out, rc = smi("mig", "-i", "0", "-dgi")
     assert rc == 0 and out.split("\n")[0] == "Successfully destroyed GPU instance ID  7 from GPU  0"
@@ -1057,9 +1112,14 @@ def test_create_list_destroy_round_trip(make_smi):
     out, _ = smi("mig", "-i", "0", "-cgi", "3g.40gb,MIG 2g.20gb,1g.10gb,19")
     assert re.findall(r"GPU instance ID +(\d+)", out) == ["2", "3", "9", "10"]
     out, _ = smi("mig", "-i", "0", "-cci", "-gi", "2")
-    assert out == "Successfully created compute instance on GPU  0 GPU instance ID  2 using profile MIG 3g.40gb (ID  2)\n"
+    assert (
+        out == "Successfully created compute instance on GPU  0 GPU instance ID  2 using profile MIG 3g.40gb (ID  2)\n"
+    )
     out, rc = smi("mig", "-i", "0", "-cci", "0", "-gi", "3")
-    assert out == "Successfully created compute instance on GPU  0 GPU instance ID  3 using profile MIG 1c.2g.20gb (ID  0)\n"
+    assert (
+        out
+        == "Successfully created compute instance on GPU  0 GPU instance ID  3 using profile MIG 1c.2g.20gb (ID  0)\n"
+    )
 
 
 def test_cgi_insufficient_resources_like_the_mig_guide(make_smi):
@@ -1103,7 +1163,7 @@ def test_every_profile_prints_list_table_and_query(make_smi, profile):
     count = PROFILES[profile].gpu_count
     out, rc = smi("-L")
     assert rc == 0
-    assert re.fullmatch(r"(GPU \d: NVIDIA [^\n]+ \(UUID: GPU-[0-9a-f-]{36}\)\n){%d}" % count, out)
+    assert re.fullmatch(rf"(GPU \d: NVIDIA [^\n]+ \(UUID: GPU-[0-9a-f-]{{36}}\)\n){{{count}}}", out)
     out, rc = smi()
     assert rc == 0
     assert all(len(line) == 91 for line in out.split("\n")[1:] if line.startswith(("|", "+")))

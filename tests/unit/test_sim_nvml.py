@@ -375,6 +375,28 @@ def test_clock_event_reasons_and_nvlink(sim):
     assert out["version"] == 6  # NVML_NVLINK_VERSION_4_0 (Hopper)
 
 
+def test_ecc_compute_mode_setters_and_display(sim):
+    state = make_state("l40s-4")
+    state["gpu.2.display.active"] = "1"
+    sim.write(state)
+    out = sim.run('''
+        nvmlInit()
+        h = nvmlDeviceGetHandleByIndex(2)
+        nvmlDeviceSetEccMode(h, 0)
+        out["ecc"] = nvmlDeviceGetEccMode(h)
+        nvmlDeviceSetComputeMode(h, NVML_COMPUTEMODE_EXCLUSIVE_PROCESS)
+        out["cm"] = nvmlDeviceGetComputeMode(h)
+        out["bad_cm"] = err(nvmlDeviceSetComputeMode, h, NVML_COMPUTEMODE_EXCLUSIVE_THREAD)
+        out["display"] = [nvmlDeviceGetDisplayActive(h), nvmlDeviceGetDisplayActive(nvmlDeviceGetHandleByIndex(0))]
+    ''')
+    assert out["ecc"] == [1, 0]  # pending until reboot
+    assert out["cm"] == 3 and out["bad_cm"] == "NVMLError_InvalidArgument"
+    assert out["display"] == [1, 0]
+    after = sim.read()
+    assert (after["gpu.2.ecc.current"], after["gpu.2.ecc.pending"]) == ("1", "0")
+    assert after["gpu.2.compute_mode"] == "Exclusive_Process"
+
+
 def test_unknown_handles_lookup(sim):
     sim.write(make_state("l40s-4"))
     out = sim.run('''
@@ -432,6 +454,29 @@ def test_bar1_and_pcie_host_max(sim):
     assert out["bar1"] == [131072 * mib, mib, 131071 * mib]
     assert out["none"] == "NVMLError_NotSupported"
     assert out["gen"] == [4, int(state["gpu.0.pcie.gen_max"])]
+
+
+@pytest.mark.parametrize(("profile", "fabric", "expected"), [
+    ("h100-sxm-8", "not_started", [1, 27]),
+    ("h100-sxm-8", "in_progress", [2, 27]),
+    ("h100-sxm-8", "completed", [3, 0]),
+    ("l40s-4", "none", "NVMLError_NotSupported"),
+])
+def test_gpu_fabric_info(sim, profile, fabric, expected):
+    state = make_state(profile)
+    state["fabric.state"] = fabric
+    sim.write(state)
+    out = sim.run('''
+        nvmlInit()
+        h = nvmlDeviceGetHandleByIndex(0)
+        info = c_nvmlGpuFabricInfo_t()
+        r = err(nvmlDeviceGetGpuFabricInfo, h, byref(info))
+        out["v1"] = r if isinstance(r, str) else [info.state, info.status]
+        info3 = c_nvmlGpuFabricInfo_v3_t()
+        r = err(nvmlDeviceGetGpuFabricInfoV, h, byref(info3))
+        out["v3"] = r if isinstance(r, str) else [info3.state, info3.status]
+    ''')
+    assert out["v1"] == out["v3"] == expected
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -1,0 +1,63 @@
+"""The simulated hosts' control-side pieces that need no containers."""
+
+from __future__ import annotations
+
+import pytest
+from pyinfra.api import State
+from pyinfra.context import ctx_state
+from pyinfra_cli.inventory import make_inventory
+
+from gpufleet.sim import hosts, network, repo
+
+
+def test_requirements_name_the_package_to_install(monkeypatch):
+    monkeypatch.setattr(hosts.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(hosts.shutil, "which", lambda cmd: None if cmd in ("systemd-nspawn", "lxcfs") else "/x")
+    with pytest.raises(hosts.SimError, match="missing system packages: apt-get install lxcfs systemd-container"):
+        hosts.check_requirements()
+
+
+def test_requirements_need_root(monkeypatch):
+    monkeypatch.setattr(hosts.os, "geteuid", lambda: 1000)
+    with pytest.raises(hosts.SimError, match="needs root"):
+        hosts.check_requirements()
+
+
+@pytest.mark.parametrize("option, branch", [(None, None), ("none", None), ("preinstalled", repo.DEFAULT_BRANCH),
+                                            ("preinstalled:570", "570")])
+def test_driver_option(option, branch):
+    assert repo.parse_driver_option(option) == branch
+
+
+@pytest.mark.parametrize("option", ["preinstalled:999", "installed", "preinstalled:"])
+def test_driver_option_rejects_unknown(option):
+    if option == "preinstalled:":
+        assert repo.parse_driver_option(option) == repo.DEFAULT_BRANCH
+        return
+    with pytest.raises(ValueError, match="allowed none, preinstalled, preinstalled:570, preinstalled:580"):
+        repo.parse_driver_option(option)
+
+
+def test_network_names_fit_linux_limits_and_differ_per_fleet():
+    for net in ("10.77.0", "10.77.255"):
+        assert len(network.veth_name(31, net)) <= 15 and len(network.bridge_name(net)) <= 15
+    assert network.netns_name("node01", "10.77.0") != network.netns_name("node01", "10.77.9")
+    assert network.host_address("10.77.0", 0) == "10.77.0.11"
+
+
+def test_written_inventory_loads_in_pyinfra_with_profile_groups(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPUFLEET_SIM_DIR", str(tmp_path))
+    fleet = hosts.Fleet(
+        hosts=[hosts.Host("node01", 0, "10.77.0.11", "h100-sxm-8"), hosts.Host("node02", 1, "10.77.0.12", "rtx4090-1"),
+               hosts.Host("node03", 2, "10.77.0.13", "h100-sxm-8")],
+        net="10.77.0", repo_url="http://10.77.0.1:8731", driver=None)
+    path = tmp_path / "inventory.py"
+    hosts.write_inventory(fleet, path)
+    with ctx_state.use(State()):
+        inventory = make_inventory(str(path), cwd=str(tmp_path))
+    node02 = inventory.get_host("node02")
+    assert node02.data.ssh_hostname == "10.77.0.12"
+    assert node02.data.gpufleet_sim_profile == "rtx4090-1"
+    assert node02.data.ssh_known_hosts_file == str(tmp_path / "known_hosts")
+    assert sorted(h.name for h in inventory.get_group("sim_h100_sxm_8")) == ["node01", "node03"]
+    assert sorted(h.name for h in inventory.get_group("gpu_nodes")) == ["node01", "node02", "node03"]
