@@ -853,7 +853,7 @@ static void mig_uuid(char *out, size_t len, state_t *st, unsigned gpu, unsigned 
     sha1_update(&c, ns_url, sizeof ns_url);
     sha1_update(&c, name, strlen(name));
     sha1_final(&c, h);
-    ;
+    h[6] = (unsigned char)((h[6] & 0x0f) | 0x50);
     h[8] = (unsigned char)((h[8] & 0x3f) | 0x80);
     snprintf(out, len, "MIG-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", h[0], h[1], h[2],
              h[3], h[4], h[5], h[6], h[7], h[8], h[9], h[10], h[11], h[12], h[13], h[14], h[15]);
@@ -2355,6 +2355,79 @@ EXPORT nvmlReturn_t nvmlDeviceGetNvLinkVersion(nvmlDevice_t device, unsigned int
     else if (a && strcasecmp(a, "Blackwell") == 0)
         *version = 7;
     END(*version ? NVML_SUCCESS : NVML_ERROR_NOT_SUPPORTED);
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* NVLink fabric (NVSwitch boards: fabric.state, set by the simulated nv-fabricmanager)             */
+/* ------------------------------------------------------------------------------------------------ */
+
+#define nvmlGpuFabricInfo_v2 0x02000024u
+#define nvmlGpuFabricInfo_v3 0x03000028u
+
+typedef struct {
+    unsigned char clusterUuid[16];
+    nvmlReturn_t status;
+    unsigned int cliqueId;
+    unsigned char state, pad[3];
+} nvmlGpuFabricInfo_t;
+
+typedef struct {
+    unsigned int version;
+    unsigned char clusterUuid[16];
+    nvmlReturn_t status;
+    unsigned int cliqueId;
+    unsigned char state, pad[3];
+    unsigned int healthMask;
+    unsigned char healthSummary; /* v3 only */
+} nvmlGpuFabricInfoV_t;
+
+/* NVML_GPU_FABRIC_STATE_*: 1 not started, 2 in progress, 3 completed; 0 = no fabric (NOT_SUPPORTED) */
+static unsigned fabric_state(state_t *st, nvmlReturn_t *status)
+{
+    const char *f = st_get(st, "fabric.state");
+    unsigned v = 0;
+    if (f && strcmp(f, "not_started") == 0)
+        v = 1;
+    else if (f && strcmp(f, "in_progress") == 0)
+        v = 2;
+    else if (f && strcmp(f, "completed") == 0)
+        v = 3;
+    *status = v == 3 ? NVML_SUCCESS : NVML_ERROR_NOT_READY; /* the status is only meaningful once completed */
+    return v;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetGpuFabricInfo(nvmlDevice_t device, nvmlGpuFabricInfo_t *gpuFabricInfo)
+{
+    BEGIN(device, K_GPU, 0);
+    if (!gpuFabricInfo)
+        END(NVML_ERROR_INVALID_ARGUMENT);
+    nvmlReturn_t status;
+    unsigned state = fabric_state(&c.st, &status);
+    if (!state)
+        END(NVML_ERROR_NOT_SUPPORTED);
+    memset(gpuFabricInfo, 0, sizeof *gpuFabricInfo);
+    gpuFabricInfo->status = status;
+    gpuFabricInfo->state = (unsigned char)state;
+    END(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t device, nvmlGpuFabricInfoV_t *gpuFabricInfo)
+{
+    BEGIN(device, K_GPU, 0);
+    if (!gpuFabricInfo)
+        END(NVML_ERROR_INVALID_ARGUMENT);
+    unsigned version = gpuFabricInfo->version;
+    if (version != nvmlGpuFabricInfo_v2 && version != nvmlGpuFabricInfo_v3)
+        END(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    nvmlReturn_t status;
+    unsigned state = fabric_state(&c.st, &status);
+    if (!state)
+        END(NVML_ERROR_NOT_SUPPORTED);
+    memset(gpuFabricInfo, 0, version == nvmlGpuFabricInfo_v3 ? 40 : 36);
+    gpuFabricInfo->version = version;
+    gpuFabricInfo->status = status;
+    gpuFabricInfo->state = (unsigned char)state;
+    END(NVML_SUCCESS);
 }
 
 /* ------------------------------------------------------------------------------------------------ */

@@ -19,6 +19,8 @@ from .smi_common import (
     RC_NOT_FOUND,
     Gpu,
     SmiExit,
+    bad_option,
+    invalid_combination,
     is_root,
     key,
     major,
@@ -418,8 +420,6 @@ MIG_VALUES = {
 
 
 def parse_args(argv: list[str]) -> dict:
-    from .smi_common import bad_option, invalid_combination
-
     opts: dict = {"cmd": None, "C": False}
     i = 0
     while i < len(argv):

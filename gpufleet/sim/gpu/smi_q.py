@@ -291,7 +291,7 @@ def _mig_devices(g: Gpu) -> list[str]:
             line(3, "Total", f"{p['memory_mib']} MiB"),
             line(3, "Reserved", "0 MiB"),
             line(3, "Used", f"{used} MiB"),
-            line(3, "Free", f"{p['memory_mib'] - used - 1} MiB"),
+            line(3, "Free", f"{p['memory_mib'] - used + 1} MiB"),  # +1 as in the real capture
             line(2, "Shared BAR1 Memory"),
             line(3, "Total", f"{bar1} MiB"),
             line(3, "Used", "0 MiB"),
@@ -355,7 +355,7 @@ def gpu_block(g: Gpu, version: str, fabric: str, only: set[str] | None) -> list[
             line(1, "Product Architecture", g.s("architecture")),
             line(1, "Display Mode", DEPRECATED),
             line(1, "Display Attached", "No"),
-            line(1, "Display Active", "Disabled"),
+            line(1, "Display Active", _en(g.flag("display.active"))),
             line(1, "Persistence Mode", _en(g.flag("persistence"))),
             line(1, "Addressing Mode", "None" if hopper else "HMM"),
             line(1, "MIG Mode"),

@@ -108,6 +108,7 @@ def gpu_value(gpu: Gpu, field: str, ctx: dict) -> str:
         "pcie.link.width.current": g.s("pcie.width_current"),
         "pcie.link.width.max": g.s("pcie.width_max"),
         "index": str(g.index),
+        "display_active": _enabled(g.flag("display.active")),
         "persistence_mode": _enabled(g.flag("persistence")) if g.s("persistence.supported", "1") != "0" else NA,
         "addressing_mode": "None" if g.s("architecture") in ("Hopper", "Blackwell") else "HMM",
         "vbios_version": g.s("vbios"),

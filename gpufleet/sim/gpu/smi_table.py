@@ -84,10 +84,11 @@ def gpu_rows(gpu: Gpu) -> list[str]:
     util = "N/A" if gpu.mig_on else f"{gpu.i('util.gpu')}%"
     compute = COMPUTE_MODE_SHORT.get(gpu.s("compute_mode", "Default"), gpu.s("compute_mode"))
     mig = ("Enabled" if gpu.flag("mig.current") else "Disabled") if gpu.flag("mig.supported") else "N/A"
+    disp = "On" if gpu.flag("display.active") else "Off"
     used = f"{used_mib(gpu)}MiB"
     total = f"{gpu.i('memory.total_mib')}MiB"
     return [
-        f"|{gpu.index:>4}  {display_name(gpu.name):<31}{pm:<3} |{gpu.bus_id:>19} {'Off':>3} |{ecc_cell(gpu):>21} |",
+        f"|{gpu.index:>4}  {display_name(gpu.name):<31}{pm:<3} |{gpu.bus_id:>19} {disp:>3} |{ecc_cell(gpu):>21} |",
         f"|{fan:>4} {temp:>4}C    {gpu.s('pstate', 'P0'):<3}{usage:>15} / {cap:>5} |{used:>11} / {total:>9} |"
         f"{util:>8}{compute:>13} |",
         f"|{'':41}|{'':24}|{mig:>21} |",

@@ -157,7 +157,6 @@ def reset_for_boot(state: dict[str, str], installed_version: str, installed_cuda
         state[g + "ecc.volatile.corrected"] = "0"
         state[g + "ecc.volatile.uncorrected"] = "0"
         state[g + "remap.pending"] = "0"
-    load_driver(state, installed_version, installed_cuda)
-    state["driver.cuda_version"] = cuda_version_for(installed_version)
+    load_driver(state, installed_version, installed_cuda or cuda_version_for(installed_version))
     if int(state.get("nvswitch.count", "0")):
         state["fabric.state"] = "not_started"
