@@ -8,6 +8,8 @@ cgroup would share (and fight over) the same ``system.slice/*`` cgroups, failing
 from __future__ import annotations
 
 import os
+import signal
+import time
 from pathlib import Path
 
 
@@ -29,8 +31,7 @@ def host_cgroups(tag: str, host: str) -> list[Path]:
     return [c / host for c in fleet_cgroups(tag)]
 
 
-def remove(tag: str) -> list[str]:
-    """Remove the fleet's cgroups bottom-up; return those that are still in use."""
+def _remove_once(tag: str) -> list[str]:
     busy = []
     for top in fleet_cgroups(tag):
         if not top.exists():
@@ -41,3 +42,27 @@ def remove(tag: str) -> list[str]:
             except OSError:
                 busy.append(dirpath)
     return busy
+
+
+def _kill_members(cgroup: str) -> None:
+    try:
+        pids = Path(cgroup, "cgroup.procs").read_text().split()
+    except OSError:
+        return
+    for pid in pids:
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def remove(tag: str, timeout: float = 10) -> list[str]:
+    """Remove the fleet's cgroups bottom-up, killing stragglers of stopped hosts; return those still in use."""
+    deadline = time.monotonic() + timeout
+    while True:
+        busy = _remove_once(tag)
+        if not busy or time.monotonic() > deadline:
+            return busy
+        for cgroup in busy:
+            _kill_members(cgroup)
+        time.sleep(0.1)

@@ -324,6 +324,14 @@ def status() -> list[dict]:
     return rows
 
 
+def _signal(pid: int, signum: int, group: bool = False) -> None:
+    """Signal a process of ours that may have exited since we read its pid file."""
+    try:
+        os.killpg(pid, signum) if group else os.kill(pid, signum)
+    except ProcessLookupError:
+        pass
+
+
 def _systemd_state(host: Host) -> str | None:
     try:
         result = run_on(host, ["systemctl", "is-system-running"], timeout=5)
@@ -340,12 +348,12 @@ def reboot(name: str, wait: bool = True) -> None:
     if pid is None:
         raise SimError(f"{host.name} is not running")
     (host.dir / "power-cycle").touch()
-    os.kill(pid, signal.SIGTERM)
+    _signal(pid, signal.SIGTERM)
     deadline = time.monotonic() + STOP_TIMEOUT_S
     while _pid(host.dir / "nspawn.pid") == pid and time.monotonic() < deadline:
         time.sleep(0.05)
     if _pid(host.dir / "nspawn.pid") == pid:
-        os.kill(pid, signal.SIGKILL)
+        _signal(pid, signal.SIGKILL)
     if wait:
         time.sleep(0.2)
         _wait_ready(host)
@@ -370,7 +378,7 @@ def down(log=print) -> list[str]:
         (host_dir(name) / "stop").touch()
     pids = {name: _pid(host_dir(name) / "nspawn.pid") for name in names}
     for pid in filter(None, pids.values()):
-        os.kill(pid, signal.SIGTERM)
+        _signal(pid, signal.SIGTERM)
     deadline = time.monotonic() + STOP_TIMEOUT_S
     while any(_pid(host_dir(n) / "loop.pid") for n in names) and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -378,7 +386,7 @@ def down(log=print) -> list[str]:
         for pidfile in ("nspawn.pid", "loop.pid"):
             pid = _pid(host_dir(name) / pidfile)
             if pid:
-                os.killpg(pid, signal.SIGKILL) if pidfile == "loop.pid" else os.kill(pid, signal.SIGKILL)
+                _signal(pid, signal.SIGKILL, group=pidfile == "loop.pid")
     time.sleep(0.2) if names else None
     for index, name in enumerate(names):
         root = host_dir(name) / "root"
@@ -412,7 +420,7 @@ def _stop_lxcfs() -> None:
     if os.path.ismount(mountpoint):
         subprocess.run(["umount", str(mountpoint)], check=False, capture_output=True)
     if pid:
-        os.kill(pid, signal.SIGTERM)
+        _signal(pid, signal.SIGTERM)
         for _ in range(50):
             if _pid(sim_dir() / "lxcfs.pid") is None:
                 break

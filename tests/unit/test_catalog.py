@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import re
 from importlib import resources
-from pathlib import Path
 
 import pytest
+from reference import REFERENCE
 
 from gpufleet.catalog import (
     PRECISIONS,
@@ -67,21 +66,7 @@ H100_MIG_CAPTURED = {
 }
 
 
-def _reference_dir() -> Path | None:
-    repo = Path(__file__).resolve().parents[2]
-    candidates = [
-        os.environ.get("GPUFLEET_REFERENCE_DIR"),
-        repo / "shared" / "reference",
-        repo.parent / "shared" / "reference",
-    ]
-    for cand in candidates:
-        if cand and (Path(cand) / "captures").is_dir():
-            return Path(cand)
-    return None
-
-
-REFERENCE = _reference_dir()
-needs_reference = pytest.mark.skipif(REFERENCE is None, reason="reference/ captures not available")
+needs_reference = pytest.mark.reference  # real captures: always present in tests/fixtures/reference
 
 
 @pytest.fixture(scope="module")

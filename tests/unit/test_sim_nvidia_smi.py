@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from reference import REFERENCE
 
 from gpufleet.sim.gpu import nvidia_smi
 from gpufleet.sim.gpu import state as simstate
@@ -331,20 +332,7 @@ REAL_H100_QUERY = {
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _reference_dir() -> Path | None:
-    repo = Path(__file__).resolve().parents[2]
-    for candidate in (
-        os.environ.get("GPUFLEET_REFERENCE_DIR"),
-        repo / "shared" / "reference",
-        repo.parent / "shared" / "reference",
-    ):
-        if candidate and (Path(candidate) / "captures").is_dir():
-            return Path(candidate)
-    return None
-
-
-REFERENCE = _reference_dir()
-needs_reference = pytest.mark.skipif(REFERENCE is None, reason="reference/ captures not available")
+needs_reference = pytest.mark.reference  # real captures: always present in tests/fixtures/reference
 
 
 def capture_section(filename: str, title: str) -> list[str]:

@@ -25,8 +25,6 @@ from gpufleet.sim.gpu import state as simstate
 from gpufleet.sim.gpu.build_nvml import build
 from gpufleet.sim.hardware import build_state
 
-pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is needed to build the simulated NVML")
-
 DRIVER = "570.172.08"
 PROFILES = ["h100-sxm-8", "h200-8", "a100-80gb-8", "a100-40gb-1", "l40s-4", "rtx4090-1"]
 
