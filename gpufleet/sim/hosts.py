@@ -181,7 +181,8 @@ def _start_lxcfs() -> None:
     if os.path.ismount(mountpoint):
         return
     with open(sim_dir() / "lxcfs.log", "ab") as out:
-        proc = subprocess.Popen(["lxcfs", str(mountpoint)], stdout=out, stderr=out, stdin=subprocess.DEVNULL,
+        command = ["lxcfs", "--foreground", f"--pidfile={sim_dir() / 'lxcfs.lock'}", str(mountpoint)]
+        proc = subprocess.Popen(command, stdout=out, stderr=out, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
     (sim_dir() / "lxcfs.pid").write_text(str(proc.pid))
     deadline = time.monotonic() + 10
@@ -401,8 +402,8 @@ def down(log=print) -> list[str]:
     network.teardown_bridge(net)
     cgroups.remove(network.net_tag(net))
     nspawn_run = Path("/run/systemd/nspawn")
-    if os.path.ismount(nspawn_run):
-        subprocess.run(["umount", str(nspawn_run)], check=False)
+    if os.path.ismount(nspawn_run):  # shared with other fleets: stays while one of them runs
+        subprocess.run(["umount", str(nspawn_run)], check=False, capture_output=True)
     problems = leftovers(net)
     if not problems:
         if hosts_root.exists():
@@ -426,6 +427,7 @@ def _stop_lxcfs() -> None:
                 break
             time.sleep(0.05)
     (sim_dir() / "lxcfs.pid").unlink(missing_ok=True)
+    (sim_dir() / "lxcfs.lock").unlink(missing_ok=True)
 
 
 def leftovers(net: str | None = None) -> list[str]:
