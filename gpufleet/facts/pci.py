@@ -1,0 +1,114 @@
+"""NVIDIA PCI devices (GPUs, NVSwitches) from ``lspci -n -D -d 10de:``: parse, never decide.
+
+Works without a driver: this is how gpufleet knows which GPU models a bare server has (device id ->
+``catalog.by_pci_device_id``). Where ``lspci`` (pciutils) is not installed, the same lines are produced
+from sysfs (``/sys/bus/pci/devices/*/{vendor,device,class,revision}``) and parsed the same way.
+"""
+
+from __future__ import annotations
+
+import re
+
+from pyinfra.api import FactBase
+
+from ._sections import parse_sections, section
+
+NVIDIA_VENDOR = "10de"
+# PCI class codes (base class + subclass)
+GPU_CLASSES = {"0300": "vga", "0302": "3d", "0380": "display"}
+NVSWITCH_CLASS = "0680"  # "Bridge: other" - NVSwitch chips on HGX/DGX baseboards
+_LINE_RE = re.compile(
+    r"^(?P<address>(?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])\s+"
+    r"(?P<cls>[0-9a-fA-F]{4}):\s+(?P<vendor>[0-9a-fA-F]{4}):(?P<device>[0-9a-fA-F]{4})"
+    r"(?:\s+\(rev\s+(?P<rev>[0-9a-fA-F]{2})\))?"
+)
+# sysfs fallback: print lspci -n -D's format
+_SYSFS_SCRIPT = (
+    "for d in /sys/bus/pci/devices/*; do "
+    '[ "$(cat "$d/vendor" 2>/dev/null)" = "0x10de" ] || continue; '
+    'printf "%s %s: 10de:%s (rev %s)\\n" "${d##*/}" "$(cut -c3-6 "$d/class")" '
+    '"$(cut -c3-6 "$d/device")" "$(cut -c3-4 "$d/revision")"; '
+    "done"
+)
+
+
+def _kind(cls: str) -> str:
+    if cls in GPU_CLASSES:
+        return "gpu"
+    if cls == NVSWITCH_CLASS:
+        return "nvswitch"
+    if cls == "0403":
+        return "audio"
+    if cls.startswith("0c"):
+        return "serial-bus"  # USB / UCSI controllers on GeForce boards
+    return "other"
+
+
+def parse_lspci(lines: list[str]) -> list[dict]:
+    """``lspci -n -D`` lines -> device dicts (NVIDIA vendor only), sorted by PCI address."""
+    devices = []
+    for line in lines:
+        m = _LINE_RE.match(line.strip())
+        if not m or m["vendor"].lower() != NVIDIA_VENDOR:
+            continue
+        address = m["address"].lower()
+        if address.count(":") == 1:
+            address = "0000:" + address
+        device = m["device"].lower()
+        cls = m["cls"].lower()
+        devices.append({
+            "address": address,
+            "class": cls,
+            "vendor": NVIDIA_VENDOR,
+            "device": device,
+            "pci_device_id": f"0x{device.upper()}10DE",  # nvidia-smi's pci.device_id form
+            "revision": m["rev"].lower() if m["rev"] else None,
+            "kind": _kind(cls),
+        })
+    return sorted(devices, key=lambda d: d["address"])
+
+
+class NvidiaPciDevices(FactBase):
+    """
+    NVIDIA PCI functions of the host.
+
+    .. code:: python
+
+        {
+            "source": "lspci",          # lspci | sysfs | None
+            "devices": [{"address": "0000:18:00.0", "class": "0302", "vendor": "10de", "device": "2330",
+                         "pci_device_id": "0x233010DE", "revision": "a1", "kind": "gpu"}, ...],
+            "gpus": [...],              # kind == "gpu" (class 0300 / 0302 / 0380), by address
+            "nvswitches": [...],        # class 0680 bridges
+            "nvswitch_present": True,
+            "error": None,
+        }
+
+    GPU order is PCI address order, which is nvidia-smi's index order.
+    """
+
+    @staticmethod
+    def default():
+        return {"source": None, "devices": [], "gpus": [], "nvswitches": [], "nvswitch_present": False,
+                "error": None}
+
+    def command(self) -> str:
+        lspci = section("lspci", "lspci -n -D -d 10de:")
+        sysfs = section("sysfs", _SYSFS_SCRIPT)
+        return f"if command -v lspci >/dev/null 2>&1; then {lspci}; else {sysfs}; fi"
+
+    def process(self, output):
+        sections = parse_sections(output)
+        result = self.default()
+        sec = sections.get("lspci") or sections.get("sysfs")
+        if sec is None:
+            return {**result, "error": "no output from lspci"}
+        result["source"] = sec.name
+        if sec.rc != 0:
+            result["error"] = sec.text or f"{sec.name} exited {sec.rc}"
+        devices = parse_lspci(sec.lines)
+        result["devices"] = devices
+        result["gpus"] = [d for d in devices if d["kind"] == "gpu"]
+        result["nvswitches"] = [d for d in devices if d["kind"] == "nvswitch"]
+        result["nvswitch_present"] = bool(result["nvswitches"])
+        return result

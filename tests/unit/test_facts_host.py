@@ -1,0 +1,249 @@
+"""Host facts: packages, systemd units, PCI devices, OS, Secure Boot (fixtures: tests/fixtures/facts)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from gpufleet.facts import (
+    NvidiaPackages,
+    NvidiaPciDevices,
+    NvidiaPersistenced,
+    OsInfo,
+    SecureBoot,
+    SystemdUnit,
+    upstream_version,
+)
+from gpufleet.facts.packages import parse_versionlock
+
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "facts"
+
+
+def fixture(name: str) -> str:
+    return (FIXTURES / name).read_text(encoding="utf-8")
+
+
+def wrap(name: str, text: str | None, rc: int = 0) -> list[str]:
+    if text is None:
+        return [f"@@gpufleet absent {name}"]
+    return [f"@@gpufleet begin {name}", *text.splitlines(), f"@@gpufleet end {name} rc={rc}"]
+
+
+# ------------------------------------------------------------------------------------------------ packages
+
+
+def test_packages_dpkg_with_holds():
+    fact = NvidiaPackages().process(
+        wrap("dpkg", fixture("dpkg_query_ubuntu_580.txt"), 0) + wrap("apt-holds", fixture("apt_mark_showhold.txt")))
+    assert fact["manager"] == "dpkg" and fact["error"] is None
+    assert fact["packages"] == {
+        "libnvidia-compute-580-server": {"version": "580.95.05-0ubuntu1", "status": "ii", "installed": True,
+                                         "held": False},
+        "nvidia-driver-580-server-open": {"version": "580.95.05-0ubuntu1", "status": "ii", "installed": True,
+                                          "held": True},
+        "nvidia-fabricmanager-580": {"version": "580.95.05-1", "status": "hi", "installed": True, "held": True},
+    }
+    assert fact["held"] == ["nvidia-driver-580-server-open", "nvidia-fabricmanager-580"]
+
+
+def test_packages_dpkg_nothing_installed():
+    fact = NvidiaPackages().process(wrap("dpkg", "", 1) + wrap("apt-holds", ""))
+    assert fact == {"manager": "dpkg", "packages": {}, "held": [], "error": None}
+
+
+def test_packages_dpkg_failure_reported():
+    fact = NvidiaPackages().process(wrap("dpkg", "dpkg-query: error: parsing file '/var/lib/dpkg/status'", 2))
+    assert fact["error"] == "dpkg-query: error: parsing file '/var/lib/dpkg/status'"
+
+
+def test_packages_rpm_with_versionlock():
+    rpm = ("nvidia-driver\t3\t580.95.05\t1.el9\nkmod-nvidia-open-dkms\t3\t580.95.05\t1.el9\n"
+           "nvidia-fabric-manager\t(none)\t580.95.05\t1\n")
+    lock = ("Last metadata expiration check: 0:01:02 ago.\nnvidia-driver-3:580.95.05-1.el9.*\n"
+            "kmod-nvidia-open-dkms-3:580.95.05-1.el9.*\n")
+    fact = NvidiaPackages().process(wrap("rpm", rpm) + wrap("versionlock", lock))
+    assert fact["manager"] == "rpm"
+    assert fact["packages"]["nvidia-driver"]["version"] == "3:580.95.05-1.el9"
+    assert fact["packages"]["nvidia-fabric-manager"]["version"] == "580.95.05-1"
+    assert fact["held"] == ["kmod-nvidia-open-dkms", "nvidia-driver"]
+
+
+def test_versionlock_dnf5_format():
+    assert parse_versionlock(["# Added by 'versionlock add' command", "Package name: nvidia-driver",
+                              "evr = 3:580.95.05-1.el9"]) == ["nvidia-driver"]
+
+
+def test_packages_no_manager():
+    assert NvidiaPackages().process(wrap("rpm", None) + wrap("versionlock", None))["error"] == \
+        "neither dpkg-query nor rpm found"
+
+
+def test_upstream_version():
+    assert upstream_version("580.95.05-0ubuntu1") == "580.95.05"
+    assert upstream_version("3:580.95.05-1.el9") == "580.95.05"
+    assert upstream_version("580.95.05") == "580.95.05"
+    assert upstream_version(None) is None
+
+
+def test_packages_command_shape():
+    command = NvidiaPackages().command()
+    assert "dpkg-query -W -f='${db:Status-Abbrev}\\t${Package}\\t${Version}\\n' 'nvidia-*'" in command
+    assert "apt-mark showhold" in command and "rpm -qa" in command and "dnf -q versionlock list" in command
+
+
+# ------------------------------------------------------------------------------------------------ systemd
+
+
+def test_persistenced_packaged_unit():
+    fact = NvidiaPersistenced().process(wrap("show", fixture("systemctl_show_persistenced_packaged.txt")))
+    assert fact["systemd"] and fact["exists"] and fact["active"] and fact["enabled"]
+    assert fact["exec_start"] == [{
+        "path": "/usr/bin/nvidia-persistenced",
+        "argv": ["/usr/bin/nvidia-persistenced", "--user", "nvidia-persistenced", "--no-persistence-mode",
+                 "--verbose"],
+    }]
+    assert fact["persistence_flag"] == "--no-persistence-mode"
+    assert fact["drop_in_paths"] == [] and fact["need_daemon_reload"] is False
+    assert fact["exec_start_raw"].startswith("{ path=/usr/bin/nvidia-persistenced ; argv[]=")
+
+
+def test_persistenced_with_drop_in():
+    text = fixture("systemctl_show_persistenced_packaged.txt").replace(
+        "--no-persistence-mode", "--persistence-mode").replace(
+        "DropInPaths=", "DropInPaths=/etc/systemd/system/nvidia-persistenced.service.d/gpufleet.conf")
+    fact = NvidiaPersistenced().process(wrap("show", text))
+    assert fact["persistence_flag"] == "--persistence-mode"
+    assert fact["drop_in_paths"] == ["/etc/systemd/system/nvidia-persistenced.service.d/gpufleet.conf"]
+
+
+def test_unit_not_found():
+    fact = SystemdUnit().process(wrap("show", fixture("systemctl_show_not_found.txt")))
+    assert fact["systemd"] is True and fact["exists"] is False and fact["active"] is False
+    assert fact["exec_start"] == [] and fact["error"] is None
+
+
+def test_systemd_not_running_and_absent():
+    text = ("System has not been booted with systemd as init system (PID 1). Can't operate.\n"
+            "Failed to connect to bus: Host is down")
+    fact = SystemdUnit().process(wrap("show", text, 1))
+    assert fact["systemd"] is False and fact["error"] == text
+    assert SystemdUnit().process(wrap("show", None)) == SystemdUnit.default()
+
+
+def test_systemd_command_quotes_and_checks_unit():
+    assert "systemctl show --no-pager -p LoadState" in SystemdUnit().command(unit="nvidia-fabricmanager.service")
+    assert NvidiaPersistenced().command().endswith(
+        "nvidia-persistenced.service ; } 2>&1; echo \"@@gpufleet end show rc=$?\"; "
+        "else echo '@@gpufleet absent show'; fi")
+    with pytest.raises(ValueError):
+        SystemdUnit().command(unit="x; rm -rf /")
+
+
+# ---------------------------------------------------------------------------------------------------- PCI
+
+
+def test_pci_hgx_h100():
+    fact = NvidiaPciDevices().process(wrap("lspci", fixture("lspci_hgx_h100.txt")))
+    assert fact["source"] == "lspci" and fact["error"] is None
+    assert len(fact["gpus"]) == 8 and len(fact["nvswitches"]) == 4 and fact["nvswitch_present"] is True
+    assert fact["gpus"][0] == {"address": "0000:18:00.0", "class": "0302", "vendor": "10de", "device": "2330",
+                               "pci_device_id": "0x233010DE", "revision": "a1", "kind": "gpu"}
+    assert [d["address"] for d in fact["devices"]][:2] == ["0000:05:00.0", "0000:06:00.0"]  # address order
+
+
+def test_pci_workstation_without_nvswitch():
+    fact = NvidiaPciDevices().process(wrap("lspci", fixture("lspci_rtx4090_workstation.txt")))
+    assert [d["kind"] for d in fact["devices"]] == ["gpu", "audio"]
+    assert fact["gpus"][0]["pci_device_id"] == "0x268410DE" and fact["nvswitch_present"] is False
+
+
+def test_pci_ignores_other_vendors_and_short_addresses():
+    fact = NvidiaPciDevices().process(wrap("lspci", "00:02.0 0300: 8086:3e92\n3b:00.0 0302: 10de:2335 (rev a1)\n"))
+    assert [d["address"] for d in fact["devices"]] == ["0000:3b:00.0"]
+
+
+def test_pci_no_devices_and_sysfs_source():
+    assert NvidiaPciDevices().process(wrap("sysfs", ""))["source"] == "sysfs"
+    assert NvidiaPciDevices().process(wrap("sysfs", ""))["gpus"] == []
+
+
+def test_pci_sysfs_fallback_prints_lspci_format(tmp_path):
+    device = tmp_path / "sys/bus/pci/devices/0000:18:00.0"
+    device.mkdir(parents=True)
+    for name, value in {"vendor": "0x10de", "device": "0x2330", "class": "0x030200", "revision": "0xa1"}.items():
+        (device / name).write_text(value + "\n")
+    command = NvidiaPciDevices().command().replace("/sys/bus/pci/devices", str(tmp_path / "sys/bus/pci/devices"))
+    command = command.replace("if command -v lspci", "if false")
+    out = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
+    fact = NvidiaPciDevices().process(out.stdout.splitlines())
+    assert fact["gpus"] == [{"address": "0000:18:00.0", "class": "0302", "vendor": "10de", "device": "2330",
+                             "pci_device_id": "0x233010DE", "revision": "a1", "kind": "gpu"}]
+
+
+# ----------------------------------------------------------------------------------------------------- OS
+
+
+def os_fact(release: str) -> dict:
+    return OsInfo().process(wrap("os-release", release) + wrap("kernel", "5.15.0-185-generic\n")
+                            + wrap("arch", "x86_64\n"))
+
+
+def test_os_ubuntu():
+    fact = os_fact(fixture("os_release_ubuntu_2204.txt"))
+    assert fact == {"id": "ubuntu", "version_id": "22.04", "version_codename": "jammy", "id_like": ["debian"],
+                    "pretty_name": "Ubuntu 22.04.5 LTS", "family": "debian", "kernel": "5.15.0-185-generic",
+                    "arch": "x86_64", "error": None}
+
+
+def test_os_rocky():
+    fact = os_fact(fixture("os_release_rocky_9.txt"))
+    assert (fact["id"], fact["version_id"], fact["family"]) == ("rocky", "9.4", "rhel")
+    assert fact["id_like"] == ["rhel", "centos", "fedora"]
+
+
+def test_os_missing_release():
+    fact = OsInfo().process(wrap("os-release", "cat: /usr/lib/os-release: No such file or directory", 1))
+    assert fact["id"] is None and fact["error"] == "cat: /usr/lib/os-release: No such file or directory"
+
+
+def test_os_command_runs_here():
+    out = subprocess.run(["sh", "-c", OsInfo().command()], capture_output=True, text=True, check=True)
+    fact = OsInfo().process(out.stdout.splitlines())
+    assert fact["kernel"] and fact["arch"]
+
+
+# ------------------------------------------------------------------------------------------- Secure Boot
+
+
+def sb(mokutil: str | None, rc: int = 0, efi: str = "uefi", efivar: str | None = None) -> dict:
+    lines = wrap("mokutil", mokutil, rc) + wrap("efi", efi)
+    lines += wrap("efivar", efivar) if efivar is not None else wrap("efivar", "od: no such file", 1)
+    return SecureBoot().process(lines)
+
+
+@pytest.mark.parametrize(("text", "rc", "state"), [
+    ("SecureBoot enabled", 0, "enabled"),
+    ("SecureBoot disabled", 0, "disabled"),
+    ("SecureBoot disabled\nPlatform is in Setup Mode", 0, "disabled"),
+    ("This system doesn't support Secure Boot", 255, "unsupported"),
+    ("EFI variables are not supported on this system", 1, "unsupported"),
+])
+def test_secure_boot_mokutil(text, rc, state):
+    fact = sb(text, rc)
+    assert (fact["state"], fact["source"], fact["mokutil"]) == (state, "mokutil", True)
+    assert fact["raw"] == text
+
+
+def test_secure_boot_setup_mode():
+    assert sb("SecureBoot disabled\nPlatform is in Setup Mode")["setup_mode"] is True
+
+
+def test_secure_boot_without_mokutil():
+    assert sb(None, efivar=" 6 0 0 0 1\n")["state"] == "enabled"
+    assert sb(None, efivar=" 6 0 0 0 0\n")["state"] == "disabled"
+    bios = sb(None, efi="bios")
+    assert (bios["state"], bios["source"]) == ("unsupported", "firmware")
+    unknown = sb(None)
+    assert (unknown["state"], unknown["source"], unknown["mokutil"]) == ("unknown", None, False)
