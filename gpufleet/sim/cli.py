@@ -98,7 +98,8 @@ def ssh(host, command):
         target = _fleet().host(host)
     except SimError as error:
         _fail(str(error))
-    args = hosts.ssh_command(target, list(command) or None, tty=not command and sys.stdin.isatty())
+    # like ssh itself: the words of COMMAND are joined and run by the host's shell
+    args = hosts.ssh_command(target, " ".join(command) or None, tty=not command and sys.stdin.isatty())
     os.execvp(args[0], args)
 
 

@@ -20,11 +20,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from . import cgroups, hardware, image, network, repo
+from . import cgroups, hardware, image, network, pci, repo
 from .gpu import state as gpu_state
+from .hosts_paths import HW_MOUNT
 from .paths import host_dir, sim_dir
 
-HW_MOUNT = "/var/lib/gpufleet-sim/hw"
 REQUIRED_COMMANDS = {
     "systemd-nspawn": "systemd-container",
     "debootstrap": "debootstrap",
@@ -98,13 +98,14 @@ def known_hosts() -> Path:
     return sim_dir() / "known_hosts"
 
 
-def ssh_command(host: Host, command: list[str] | None = None, tty: bool = False) -> list[str]:
+def ssh_command(host: Host, command: list[str] | str | None = None, tty: bool = False) -> list[str]:
+    """ssh to a host; a list is quoted word by word, a string goes to the remote shell as ssh passes it."""
     args = ["ssh", "-i", str(ssh_key()), "-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={known_hosts()}",
             "-o", "LogLevel=ERROR", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5"]
     args.append("-t" if tty else "-T")
     args.append(f"root@{host.address}")
     if command:
-        args.append(shlex.join(command))
+        args.append(command if isinstance(command, str) else shlex.join(command))
     return args
 
 
@@ -215,6 +216,8 @@ def _prepare_host(fleet: Fleet, host: Host, driver_branch: str | None) -> None:
     shutil.copy("/etc/ssl/certs/ca-certificates.crt", root / "etc/ssl/certs/ca-certificates.crt")
     (root / HW_MOUNT.lstrip("/")).mkdir(parents=True, exist_ok=True)
     gpu_state.write_state(str(h / "hw/gpus.state"), hardware.build_state(host.profile, host.name))
+    pci.write_devices(gpu_state.read_state(str(h / "hw/gpus.state")), h / "hw/pci")
+    pci.install_mount_unit(root)
     if driver_branch is not None:
         repo.preinstall_driver(root, driver_branch, nvswitch=hardware.PROFILES[host.profile].nvswitch_count > 0)
 

@@ -24,6 +24,14 @@ def test_hosts_boot_with_their_own_identity(fleet):
     assert [h["profile"] for h in status] == ["h100-sxm-8", "a100-40gb-1"]
 
 
+def test_gpus_and_nvswitches_are_on_the_pci_bus_before_any_driver(fleet):
+    node01 = ssh(fleet, "node01", "lspci -n -D -d 10de:").stdout.splitlines()
+    assert sum(" 0302: 10de:2330" in line for line in node01) == 8  # H100 SXM5 3D controllers
+    assert sum(" 0680: 10de:22a3" in line for line in node01) == 4  # H100 NVSwitches
+    node02 = ssh(fleet, "node02", "lspci -n -D -d 10de:").stdout.splitlines()
+    assert [line.split()[1:3] for line in node02] == [["0302:", "10de:20b0"]]  # A100-SXM4-40GB, no NVSwitch
+
+
 def test_pyinfra_deploy_converges_then_changes_nothing(fleet):
     first = grand_total(pyinfra(fleet, DEPLOYS / "basic.py").stdout)
     assert first["error"] == "-" and first["success"] != "-"
