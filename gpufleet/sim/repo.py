@@ -184,6 +184,7 @@ def packages() -> list[tuple[str, str, str, str]]:
             (f"nvidia-driver-{branch}-server", version, "0ubuntu1", "proprietary"),
             (f"nvidia-driver-{branch}-open", version, "0ubuntu1", "open"),
             (f"nvidia-driver-{branch}", version, "0ubuntu1", "proprietary"),
+            (f"nvidia-open-{branch}", version, "1", "open"),  # NVIDIA's CUDA repository naming
             (f"nvidia-fabricmanager-{branch}", version, "1", "fabricmanager"),
             (f"cuda-drivers-{branch}", version, "1", "cuda-drivers"),
         ]

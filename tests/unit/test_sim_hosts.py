@@ -59,5 +59,6 @@ def test_written_inventory_loads_in_pyinfra_with_profile_groups(tmp_path, monkey
     assert node02.data.ssh_hostname == "10.77.0.12"
     assert node02.data.gpufleet_sim_profile == "rtx4090-1"
     assert node02.data.ssh_known_hosts_file == str(tmp_path / "known_hosts")
+    assert node02.data.gpufleet_driver_repo_url == "http://10.77.0.1:8731/"
     assert sorted(h.name for h in inventory.get_group("sim_h100_sxm_8")) == ["node01", "node03"]
     assert sorted(h.name for h in inventory.get_group("gpu_nodes")) == ["node01", "node02", "node03"]

@@ -1,0 +1,48 @@
+"""Validated inputs of a run: every host's configuration and preflight, checked before any host is changed.
+
+pyinfra prepares (runs the deploy code of) every host before it executes anything; an exception raised while
+preparing stops the run with no change on any host, also with ``-y``. So the configuration of the whole
+inventory is validated when the first host is prepared, and preflight errors (which need each host's facts)
+are collected host by host and raised, all together, when the last host has been prepared.
+"""
+
+from __future__ import annotations
+
+from pyinfra.api.exceptions import PyinfraError
+
+from gpufleet import preflight
+from gpufleet.config import ConfigErrors, NodeConfig, validate_pyinfra_inventory
+
+
+class InputError(PyinfraError):
+    """Bad input: pyinfra prints the message without a traceback and nothing is changed."""
+
+
+_configs: dict[int, dict[str, NodeConfig]] = {}
+_prepared: dict[int, dict[str, preflight.PreflightResult]] = {}
+
+
+def node_config(host, inventory) -> NodeConfig:
+    """This host's validated configuration; the first call validates every host of the inventory."""
+    key = id(inventory)
+    if key not in _configs:
+        try:
+            _configs[key] = validate_pyinfra_inventory(inventory)
+        except ConfigErrors as error:
+            raise InputError(f"invalid configuration, no host was changed:\n{error}") from None
+    return _configs[key][host.name]
+
+
+def checked_facts(host, inventory, config: NodeConfig) -> tuple[preflight.HostFacts, bool]:
+    """Read this host's facts and preflight it; return (facts, ok).
+
+    When this is the last host to be prepared and any host failed, raise with every host's errors.
+    """
+    facts = preflight.gather_facts(host)
+    results = _prepared.setdefault(id(inventory), {})
+    results[host.name] = preflight.run_preflight(host.name, config, facts)
+    activated = {h.name for h in inventory.iter_activated_hosts()}
+    errors = [e for result in results.values() for e in result.errors]
+    if errors and activated <= set(results):
+        raise InputError(str(preflight.PreflightFailed(errors)))
+    return facts, not results[host.name].errors

@@ -1,0 +1,207 @@
+"""How NVIDIA's driver is packaged on each distribution: package names, repositories, pins. Pure data and
+functions (no host access), shared by the driver operations and their tests.
+
+Naming styles on apt systems (``packages_style``):
+
+- ``ubuntu``: ``nvidia-driver-<branch>-server-open`` (open kernel modules) / ``nvidia-driver-<branch>-server``
+  (proprietary) -- Ubuntu's archive and NVIDIA's Ubuntu repositories.
+- ``nvidia``: ``nvidia-open-<branch>`` / ``cuda-drivers-<branch>`` -- NVIDIA's CUDA repositories.
+
+RHEL-family (dnf): the ``nvidia-driver`` module stream ``<branch>-open`` or ``<branch>-dkms``.
+"""
+
+from __future__ import annotations
+
+import re
+
+APT = "apt"
+DNF = "dnf"
+FLAVOURS = ("open", "proprietary")
+STYLES = ("ubuntu", "nvidia")
+
+BRANCH_RE = re.compile(r"^[1-9][0-9]{2,3}$")
+
+# NVIDIA's CUDA repositories (the driver lives there too); one directory per distro release and arch.
+NVIDIA_REPO_BASE = "https://developer.download.nvidia.com/compute/cuda/repos"
+# Keys NVIDIA signs those repositories with (ASCII armored), published in every repository directory.
+NVIDIA_APT_KEY = "3bf863cc.pub"
+NVIDIA_RPM_KEY = "D42D0685.pub"
+_NVIDIA_ARCH = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "sbsa", "arm64": "sbsa"}
+
+_APT_IDS = {"debian", "ubuntu"}
+_DNF_IDS = {"rhel", "centos", "rocky", "almalinux", "fedora", "ol"}
+
+# Driver metapackages that select a branch/flavour: any installed one that is not the wanted one is removed
+# when the branch, flavour or naming style changes (the libraries they pulled conflict with the new branch's
+# and go with them).
+_APT_DRIVER_META_RE = re.compile(
+    r"^(nvidia-driver-[0-9]+(-server)?(-open)?|nvidia-headless-[0-9]+(-server)?(-open)?"
+    r"|nvidia-open-[0-9]+|cuda-drivers-[0-9]+)$"
+)
+_APT_FABRICMANAGER_RE = re.compile(r"^nvidia-fabricmanager-[0-9]+$")
+# Packages of a driver release (their version is the driver's): held with the metapackage, because a metapackage
+# that depends on ``>=`` versions would otherwise let ``apt upgrade`` move them to a newer point release.
+_APT_COMPONENT_RE = re.compile(r"^((lib)?nvidia-|cuda-drivers|xserver-xorg-video-nvidia|libcuda1|firmware-nvidia)")
+_APT_NOT_DRIVER_RE = re.compile(r"^((lib)?nvidia-container|nvidia-docker)")
+
+# Branch-agnostic names (metapackages and NVIDIA's/Debian's unversioned packages) whose version is a driver
+# version: through them a newer branch would come in (``cuda`` -> ``cuda-drivers`` -> latest driver), so the apt
+# pin admits only the wanted branch's versions of them. Exact names, no globs: apt matches a glob or regex
+# ``Package:`` against every package in the cache on every run (about 20 ms per glob, seconds per regex);
+# branch-named packages of other branches (``nvidia-driver-590-open``) are kept out by the holds instead.
+APT_PIN_PACKAGES = (
+    "cuda-drivers",
+    "nvidia-open",
+    "nvidia-driver",
+    "nvidia-driver-open",
+    "nvidia-driver-cuda",
+    "nvidia-driver-libs",
+    "nvidia-kernel-dkms",
+    "nvidia-kernel-open-dkms",
+    "nvidia-kernel-common",
+    "nvidia-kernel-source",
+    "nvidia-dkms",
+    "nvidia-dkms-open",
+    "nvidia-utils",
+    "nvidia-compute-utils",
+    "nvidia-headless",
+    "nvidia-headless-no-dkms",
+    "nvidia-firmware",
+    "nvidia-fabricmanager",
+    "nvidia-fabricmanager-dev",
+    "nvidia-imex",
+    "libnvidia-nscq",
+    "libnvidia-cfg1",
+    "libnvidia-common",
+    "libnvidia-compute",
+    "libnvidia-decode",
+    "libnvidia-encode",
+    "libnvidia-extra",
+    "libnvidia-fbc1",
+    "libnvidia-gl",
+    "libnvidia-gpucomp",
+    "xserver-xorg-video-nvidia",
+)
+
+# dnf: the packages ``dnf versionlock`` holds at the installed version (globs as dnf takes them).
+DNF_DRIVER_MODULE = "nvidia-driver"
+DNF_DRIVER_PACKAGE = "nvidia-driver"
+DNF_FABRICMANAGER = "nvidia-fabric-manager"
+DNF_VERSIONLOCK_PLUGIN = "python3-dnf-plugin-versionlock"
+DNF_LOCK_PATTERNS = ("nvidia-driver", "nvidia-driver-*", "kmod-nvidia-*")
+
+
+def distro_ids(distro: dict) -> set[str]:
+    """ID and ID_LIKE of a ``LinuxDistribution`` fact, lower case."""
+    meta = distro.get("release_meta") or {}
+    ids = {str(meta.get("ID", "")).strip('"').lower()}
+    ids.update(str(meta.get("ID_LIKE", "")).strip('"').lower().split())
+    name = (distro.get("name") or "").lower()
+    if name:
+        ids.add({"redhat": "rhel"}.get(name, name.split()[0]))
+    ids.discard("")
+    return ids
+
+
+def family(distro: dict) -> str | None:
+    """``apt`` (Debian, Ubuntu), ``dnf`` (RHEL, Rocky, Alma, CentOS Stream) or None."""
+    ids = distro_ids(distro)
+    if ids & _APT_IDS:
+        return APT
+    if ids & _DNF_IDS:
+        return DNF
+    return None
+
+
+def default_style(distro: dict) -> str:
+    """Ubuntu hosts use Ubuntu's names (archive and NVIDIA's Ubuntu repositories); other apt hosts NVIDIA's."""
+    meta = distro.get("release_meta") or {}
+    return "ubuntu" if str(meta.get("ID", "")).lower() == "ubuntu" else "nvidia"
+
+
+def nvidia_repo_url(distro: dict, arch: str) -> str | None:
+    """NVIDIA's repository for this distro release and CPU (``…/repos/ubuntu2404/x86_64/``), or None."""
+    meta = distro.get("release_meta") or {}
+    version = str(meta.get("VERSION_ID", "")).strip('"')
+    nv_arch = _NVIDIA_ARCH.get(arch)
+    fam = family(distro)
+    ids = distro_ids(distro)
+    if not nv_arch or not version:
+        return None
+    if "ubuntu" in ids and str(meta.get("ID", "")).lower() == "ubuntu":
+        slug = "ubuntu" + version.replace(".", "")
+    elif str(meta.get("ID", "")).lower() == "debian":
+        slug = "debian" + version.split(".")[0]
+    elif fam == DNF and distro.get("major"):
+        slug = f"rhel{distro['major']}"
+    else:
+        return None
+    return f"{NVIDIA_REPO_BASE}/{slug}/{nv_arch}/"
+
+
+def default_keyring_url(repo_url: str, fam: str) -> str:
+    """The signing key NVIDIA publishes inside each repository directory (mirrors carry it along)."""
+    return repo_url.rstrip("/") + "/" + (NVIDIA_APT_KEY if fam == APT else NVIDIA_RPM_KEY)
+
+
+def driver_package(branch: str, flavour: str, style: str) -> str:
+    """The apt metapackage that installs driver ``branch`` with ``flavour`` kernel modules."""
+    if style == "ubuntu":
+        return f"nvidia-driver-{branch}-server-open" if flavour == "open" else f"nvidia-driver-{branch}-server"
+    return f"nvidia-open-{branch}" if flavour == "open" else f"cuda-drivers-{branch}"
+
+
+def fabricmanager_package(branch: str) -> str:
+    return f"nvidia-fabricmanager-{branch}"
+
+
+def is_apt_driver_selector(name: str) -> bool:
+    """A branch/flavour-selecting driver metapackage (``nvidia-driver-580-server-open``, ``cuda-drivers-570``)."""
+    return bool(_APT_DRIVER_META_RE.match(name))
+
+
+def is_apt_fabricmanager(name: str) -> bool:
+    return bool(_APT_FABRICMANAGER_RE.match(name))
+
+
+def is_apt_driver_component(name: str) -> bool:
+    """A package that may belong to a driver release (hold it when its version is the driver's)."""
+    return bool(_APT_COMPONENT_RE.match(name)) and not _APT_NOT_DRIVER_RE.match(name)
+
+
+def dnf_stream(branch: str, flavour: str) -> str:
+    """``nvidia-driver`` module stream: ``580-open`` (open, DKMS) or ``580-dkms`` (proprietary, DKMS)."""
+    return f"{branch}-open" if flavour == "open" else f"{branch}-dkms"
+
+
+def upstream_version(version: str | None) -> str | None:
+    """``580.95.05`` from ``580.95.05-0ubuntu1``, ``1:580.95.05-1`` or ``580.95.05-1.el9``."""
+    if not version:
+        return None
+    text = version.split(":", 1)[1] if re.match(r"^[0-9]+:", version) else version
+    return text.rsplit("-", 1)[0] if "-" in text else text
+
+
+def apt_pin(branch: str) -> str:
+    """``/etc/apt/preferences.d`` content admitting only driver ``branch`` for the driver's packages.
+
+    The branch's own metapackages (``nvidia-driver-580-server-open``, ``cuda-drivers-580``…) and the
+    branch-agnostic ``APT_PIN_PACKAGES``: apt takes the first record that matches a version, so the branch's
+    versions get 1000 and any other -1 (never installed, not even as a dependency of something else).
+    """
+    packages = [driver_package(branch, flavour, style) for style in STYLES for flavour in FLAVOURS]
+    packages.append(fabricmanager_package(branch))
+    names = " ".join(dict.fromkeys([*packages, *APT_PIN_PACKAGES]))
+    return (
+        f"# Managed by gpufleet: NVIDIA driver branch {branch} only. Set the branch in the inventory.\n"
+        "\n"
+        f"Explanation: NVIDIA driver branch {branch}\n"
+        f"Package: {names}\n"
+        f"Pin: version /^([0-9]+:)?{branch}\\./\n"
+        "Pin-Priority: 1000\n"
+        "\n"
+        "Explanation: no other NVIDIA driver branch\n"
+        f"Package: {names}\n"
+        "Pin: version *\n"
+        "Pin-Priority: -1\n"
+    )

@@ -1,0 +1,308 @@
+"""Shared by gpufleet's operations: one fact for the files and units an operation manages, the commands that
+converge a managed file, and the oneshot boot units that reapply GPU settings after a reboot.
+
+GPU settings (power limits, clock locks, persistence, MIG instances) are volatile: they are gone after a
+reboot or a driver reload. An operation that sets one live also writes the desired values to a file under
+``/etc/gpufleet/`` and installs a ``Type=oneshot`` ``RemainAfterExit=yes`` unit that reapplies them at boot
+through ``gpufleet-gpu-settings`` (``gpufleet/node/gpu-settings.sh``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import posixpath
+import re
+import shlex
+from io import StringIO
+from pathlib import Path
+
+from jinja2 import Environment, FileSystemLoader, StrictUndefined
+from pyinfra import host, state
+from pyinfra.api import FactBase, OperationError, OperationValueError, StringCommand
+from pyinfra.api.command import FileUploadCommand
+
+# Jinja2 templates live at the top of the repository (DESIGN §2: templates/ is what users read and adapt).
+TEMPLATES = Path(__file__).resolve().parents[2] / "templates"
+NODE_SCRIPTS = Path(__file__).resolve().parents[1] / "node"
+
+SETTINGS_DIR = "/etc/gpufleet"
+UNIT_DIR = "/etc/systemd/system"
+GPU_SETTINGS_SCRIPT = "/usr/local/sbin/gpufleet-gpu-settings"
+# Units a GPU-settings unit runs after: the driver's daemons first, then the MIG layout (a GPU reset by the
+# MIG stage would drop settings applied before it). Absent units are ignored by systemd.
+GPU_SETTINGS_AFTER = ("nvidia-persistenced.service", "nvidia-fabricmanager.service", "gpufleet-mig.service")
+GPU_SETTINGS_WANTS = ("nvidia-persistenced.service",)
+
+_UNIT_RE = re.compile(r"^[A-Za-z0-9:_.@\\-]+\.(service|target|socket|timer|path|mount)$")
+_UNIT_PROPS = ("Id", "LoadState", "ActiveState", "SubState", "UnitFileState", "NeedDaemonReload")
+_SEP = "\t"
+
+
+def _check_path(path: str) -> str:
+    if not path.startswith("/") or any(c in path for c in "\t\n\r") or path.endswith("/"):
+        raise OperationValueError(f"not an absolute file path: {path!r}")
+    return path
+
+
+class ManagedState(FactBase):
+    """
+    The files and systemd units an operation manages, in ONE remote command (stat, sha1, contents, units).
+
+    Private to gpufleet's operations for now (it should move to ``gpufleet/facts`` once that settles).
+
+    + paths: files, links or directories to stat (sha1 for regular files)
+    + read: files whose contents are returned too (small text files only)
+    + units: systemd units to ``systemctl show``
+
+    .. code:: python
+
+        host.get_fact(ManagedState, paths=("/etc/nccl.conf",), units=("nvidia-persistenced.service",))
+        {
+            "files": {
+                "/etc/nccl.conf": {"type": "file", "mode": "644", "user": "root", "group": "root",
+                                   "sha1": "…", "target": None},
+                "/etc/systemd/system/multi-user.target.wants/x.service": {"type": "link",
+                                   "target": "/lib/systemd/system/x.service", …},
+                "/etc/missing": None,
+            },
+            "contents": {"/run/gpufleet/gpu-clocks.locked": "GPU-…=1500,1980\\n"},  # None: absent
+            "units": {"nvidia-persistenced.service": {"load_state": "loaded", "active_state": "active",
+                      "sub_state": "running", "unit_file_state": "static", "need_daemon_reload": False}},
+        }
+
+    A unit systemd does not know has ``load_state`` ``"not-found"``; without systemctl ``units`` is ``{}``.
+    """
+
+    default = dict
+
+    def command(self, paths: tuple[str, ...] = (), read: tuple[str, ...] = (), units: tuple[str, ...] = ()):
+        for path in (*paths, *read):
+            _check_path(path)
+        for unit in units:
+            if not _UNIT_RE.match(unit):
+                raise OperationValueError(f"not a systemd unit name: {unit!r}")
+        parts = ["LC_ALL=C; export LC_ALL"]
+        if paths:
+            quoted = " ".join(shlex.quote(p) for p in paths)
+            parts.append(
+                f"for p in {quoted}; do "
+                "if [ -L \"$p\" ]; then printf 'link\\t%s\\t%s\\n' \"$p\" \"$(readlink \"$p\")\"; "
+                "elif [ -d \"$p\" ]; then printf 'dir\\t%s\\n' \"$p\"; "
+                "elif [ -f \"$p\" ]; then printf 'file\\t%s\\t%s\\t%s\\n' \"$p\" "
+                "\"$(stat -c '%a\t%U\t%G' \"$p\")\" \"$(sha1sum < \"$p\" | cut -c1-40)\"; "
+                "elif [ -e \"$p\" ]; then printf 'other\\t%s\\n' \"$p\"; "
+                "else printf 'absent\\t%s\\n' \"$p\"; fi; done"
+            )
+        if read:
+            quoted = " ".join(shlex.quote(p) for p in read)
+            parts.append(
+                f"for p in {quoted}; do "
+                "if [ -f \"$p\" ]; then printf 'content\\t%s\\n' \"$p\"; sed 's/^/|/' \"$p\"; echo; "
+                "else printf 'nocontent\\t%s\\n' \"$p\"; fi; done"
+            )
+        if units:
+            props = " ".join(f"-p {p}" for p in _UNIT_PROPS)
+            quoted = " ".join(shlex.quote(u) for u in units)
+            parts.append(
+                "if command -v systemctl >/dev/null 2>&1; then echo 'units'; "
+                f"systemctl show --no-pager {props} -- {quoted} 2>/dev/null; fi"
+            )
+        parts.append("true")
+        return "; ".join(parts)
+
+    def process(self, output):
+        files: dict[str, dict | None] = {}
+        contents: dict[str, str | None] = {}
+        units: dict[str, dict] = {}
+        reading: str | None = None
+        in_units = False
+        unit: dict | None = None
+        for line in output:
+            if in_units:
+                key, sep, value = line.partition("=")
+                if not sep:
+                    continue
+                if key == "Id":
+                    unit = units[value] = {
+                        "load_state": None,
+                        "active_state": None,
+                        "sub_state": None,
+                        "unit_file_state": None,
+                        "need_daemon_reload": False,
+                    }
+                elif unit is not None and key == "NeedDaemonReload":
+                    unit["need_daemon_reload"] = value == "yes"
+                elif unit is not None and key in _UNIT_PROPS:
+                    unit[re.sub(r"(?<!^)([A-Z])", r"_\1", key).lower()] = value or None
+                continue
+            if reading is not None and line.startswith("|"):
+                contents[reading] = (contents[reading] or "") + line[1:] + "\n"
+                continue
+            if line == "units":
+                in_units, reading = True, None
+                continue
+            kind, _, rest = line.partition(_SEP)
+            fields = rest.split(_SEP)
+            if kind == "content":
+                reading = fields[0]
+                contents[reading] = ""
+            elif kind == "nocontent":
+                reading = None
+                contents[fields[0]] = None
+            elif kind == "absent":
+                files[fields[0]] = None
+            elif kind in ("dir", "other"):
+                files[fields[0]] = _entry(kind)
+            elif kind == "link" and len(fields) == 2:
+                files[fields[0]] = _entry("link", target=fields[1])
+            elif kind == "file" and len(fields) == 5:
+                path, mode, user, group, sha1 = fields
+                files[path] = _entry("file", mode=mode, user=user, group=group, sha1=sha1)
+        return {"files": files, "contents": contents, "units": units}
+
+
+def _entry(kind: str, **values) -> dict:
+    return {"type": kind, "mode": None, "user": None, "group": None, "sha1": None, "target": None, **values}
+
+
+def get_state(paths=(), read=(), units=()) -> dict:
+    """``ManagedState`` for these paths/units, with every asked-for key present (absent files -> None)."""
+    paths, read, units = tuple(paths), tuple(read), tuple(units)
+    state = host.get_fact(ManagedState, paths=paths, read=read, units=units) or {}
+    files = state.get("files", {})
+    contents = state.get("contents", {})
+    known = state.get("units", {})
+    return {
+        "files": {p: files.get(p) for p in paths},
+        "contents": {p: contents.get(p) for p in read},
+        "units": {u: known.get(u) or {"load_state": None, "active_state": None, "sub_state": None,
+                                      "unit_file_state": None, "need_daemon_reload": False} for u in units},
+    }
+
+
+def sha1(text: str) -> str:
+    return hashlib.sha1(text.encode()).hexdigest()
+
+
+def render(template: str, **values) -> str:
+    env = Environment(
+        loader=FileSystemLoader(str(TEMPLATES)),
+        undefined=StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        autoescape=False,
+    )
+    return env.get_template(template).render(**values)
+
+
+def node_script(name: str) -> str:
+    return (NODE_SCRIPTS / name).read_text()
+
+
+def put_file(current: dict | None, path: str, content: str, mode: str = "644", user: str = "root",
+             group: str = "root"):
+    """Commands that make ``path`` a regular file with ``content``, mode and owner (given its ``ManagedState``
+    entry). Yields nothing when it already is."""
+    if current is not None and current["type"] != "file":
+        raise OperationValueError(f"{path} exists and is not a regular file ({current['type']})")
+    if current is None or current["sha1"] != sha1(content):
+        if current is None:
+            yield StringCommand("mkdir", "-p", shlex.quote(posixpath.dirname(path)))
+        yield FileUploadCommand(StringIO(content), path, remote_temp_filename=host.get_temp_filename(path))
+    chown = current is None or (current["user"], current["group"]) != (user, group)
+    chmod = current is None or current["mode"] != mode
+    owner = ["chown", shlex.quote(f"{user}:{group}"), shlex.quote(path)]
+    perms = ["chmod", mode, shlex.quote(path)]
+    if chown or chmod:
+        yield StringCommand(*(owner if chown else []), *(["&&"] if chown and chmod else []), *(perms if chmod else []))
+
+
+def remove_file(current: dict | None, path: str):
+    if current is not None:
+        yield StringCommand("rm", "-f", shlex.quote(path))
+
+
+def all_of(commands: list[StringCommand]) -> list[StringCommand]:
+    """``commands`` as ONE remote command (``a && b && …``: one round trip, stops at the first failure)."""
+    if len(commands) < 2:
+        return commands
+    parts: list = []
+    for command in commands:
+        parts += [*(["&&"] if parts else []), *command.bits]
+    return [StringCommand(*parts)]
+
+
+def fail(message: str) -> StringCommand:
+    """A command that fails this host with ``message`` (a host-state problem found while executing: unlike an
+    exception, which stops the whole run, the other hosts go on)."""
+    return StringCommand("echo", shlex.quote(f"gpufleet: error: {message}"), ">&2;", "exit", "1")
+
+
+def refuse(message: str):
+    """Stop on a host-state problem: while planning (change detection, ``--dry``) raise ``OperationError``
+    (pyinfra stops before any change on any host); while executing, fail only this host with ``message``
+    (an exception then would stop the run with other hosts half done). Use as ``yield from refuse(...)``
+    followed by ``return``."""
+    if not state.is_executing:
+        raise OperationError(message)
+    yield fail(message)
+
+
+def systemctl(*args: str) -> StringCommand:
+    return StringCommand("systemctl", *(shlex.quote(a) for a in args))
+
+
+def gpu_settings_unit(unit: str, description: str, kind: str, conf: str) -> str:
+    """Text of the oneshot unit that runs ``gpufleet-gpu-settings KIND CONF`` at boot."""
+    return render(
+        "systemd/gpufleet-gpu-settings.service.j2",
+        unit=unit,
+        description=description,
+        after=GPU_SETTINGS_AFTER,
+        wants=GPU_SETTINGS_WANTS,
+        exec_start=" ".join(shlex.quote(a) for a in (GPU_SETTINGS_SCRIPT, kind, conf)),
+        conf=conf,
+    )
+
+
+def gpu_settings_paths(unit: str, conf: str) -> tuple[str, ...]:
+    return (conf, GPU_SETTINGS_SCRIPT, posixpath.join(UNIT_DIR, unit))
+
+
+def install_gpu_settings(state: dict, unit: str, description: str, kind: str, conf: str, conf_text: str,
+                         start: bool):
+    """Commands: desired values file, node script, oneshot unit (daemon-reload when it changed), enabled at
+    boot, and started when ``start`` (it then shows ``active (exited)`` until the next boot, as after one).
+
+    ``state`` is ``get_state(paths=gpu_settings_paths(unit, conf), units=(unit,))``.
+    """
+    files = state["files"]
+    unit_path = posixpath.join(UNIT_DIR, unit)
+    yield from put_file(files[conf], conf, conf_text)
+    yield from put_file(files[GPU_SETTINGS_SCRIPT], GPU_SETTINGS_SCRIPT, node_script("gpu-settings.sh"), "755")
+    unit_cmds = list(put_file(files[unit_path], unit_path, gpu_settings_unit(unit, description, kind, conf)))
+    yield from unit_cmds
+    status = state["units"][unit]
+    if unit_cmds or status["need_daemon_reload"]:
+        yield systemctl("daemon-reload")
+    if status["unit_file_state"] != "enabled":
+        yield systemctl("enable", unit)
+    if start and status["active_state"] != "active":
+        yield systemctl("start", unit)
+
+
+def remove_gpu_settings(state: dict, unit: str, conf: str):
+    """Commands: the unit stopped, disabled and removed, the values file removed (the node script stays: the
+    other settings unit may use it)."""
+    files = state["files"]
+    unit_path = posixpath.join(UNIT_DIR, unit)
+    status = state["units"][unit]
+    if status["active_state"] in ("active", "activating", "reloading"):
+        yield systemctl("stop", unit)
+    if status["unit_file_state"] == "enabled":
+        yield systemctl("disable", unit)
+    if files[unit_path] is not None:
+        yield from remove_file(files[unit_path], unit_path)
+        yield systemctl("daemon-reload")
+    yield from remove_file(files[conf], conf)

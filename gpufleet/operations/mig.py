@@ -1,0 +1,370 @@
+"""
+MIG (Multi-Instance GPU): MIG mode per GPU and the GPU/compute instances on it, kept across reboots.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import re
+import shlex
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from pyinfra import host, logger
+from pyinfra.api import OperationError, OperationValueError, StringCommand, operation
+from pyinfra.operations import server
+
+from gpufleet.catalog import MigProfile, UnknownGpuModel, UnknownMigProfile, load_catalog
+from gpufleet.facts.mig import MigState, instances_by_gpu
+from gpufleet.facts.nvidia import GpuInventory
+
+from ._systemd import SETTINGS_DIR, UNIT_DIR, all_of, get_state, node_script, put_file, render, systemctl
+
+LAYOUT_PATH = f"{SETTINGS_DIR}/mig-layout.json"
+APPLIER = "/usr/local/sbin/gpufleet-mig-apply"
+UNIT = "gpufleet-mig.service"
+UNIT_PATH = posixpath.join(UNIT_DIR, UNIT)
+# Written by the node script: GPUs whose MIG mode could not change now (INDEX<TAB>BUS ID<TAB>REASON lines)
+STATUS_PATH = "/run/gpufleet/mig-reboot-required"
+# Services that keep GPUs open, in the order they are stopped (they are started again in reverse order):
+# consumers first (exporters, DCGM's nv-hostengine), then the driver's daemons. Absent ones are skipped.
+DEFAULT_HOLDER_SERVICES = (
+    "gpufleet-exporter.service",
+    "dcgm-exporter.service",
+    "nvidia-dcgm-exporter.service",
+    "nvidia-dcgm.service",
+    "dcgm.service",
+    "nvidia-fabricmanager.service",
+    "nvidia-persistenced.service",
+)
+# The boot unit runs once the driver's daemons are up, and before what reads MIG devices or GPU settings.
+UNIT_AFTER = ("systemd-modules-load.service", "nvidia-persistenced.service", "nvidia-fabricmanager.service")
+UNIT_BEFORE = ("gpufleet-power-limits.service", "gpufleet-gpu-clocks.service", "nvidia-dcgm.service",
+               "dcgm-exporter.service", "gpufleet-exporter.service")
+
+_UNIT_RE = re.compile(r"^[A-Za-z0-9:_.@\\-]+\.(service|socket|target|timer|path|mount)$")
+_RUNNING = ("active", "activating", "reloading")
+_MODES = {True: "Enabled", False: "Disabled"}
+
+
+@dataclass
+class _GpuPlan:
+    """What one GPU of the layout should be, next to what it is."""
+
+    index: int
+    gpu: dict
+    enabled: bool
+    profiles: list[MigProfile] = field(default_factory=list)  # creation order: largest first
+
+    @property
+    def label(self) -> str:
+        return f"GPU {self.index} ({self.gpu.get('pci_bus_id')}, {self.gpu.get('name')})"
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return dict(Counter(p.name for p in self.profiles))
+
+    def mode_ok(self, gpu: dict | None) -> bool:
+        """Whether ``gpu`` (a GpuInventory entry) is in the wanted MIG mode, now and after a reset."""
+        if gpu is None:
+            return False
+        want = _MODES[self.enabled]
+        if gpu.get("mig_current") is None:  # no MIG on this GPU: "disabled" is what it is
+            return not self.enabled
+        return gpu.get("mig_current") == want and gpu.get("mig_pending") in (want, None)
+
+
+def _check_layout(layout) -> dict[int, dict[str, int] | None]:
+    if not isinstance(layout, Mapping):
+        raise OperationValueError(f"mig_layout: layout must be a dict {{GPU index: {{profile: count}} or None}}, "
+                                  f"not {layout!r}")
+    checked: dict[int, dict[str, int] | None] = {}
+    for index, want in layout.items():
+        if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+            raise OperationValueError(f"mig_layout: {index!r} is not a GPU index (0, 1, ...)")
+        if want is None:
+            checked[index] = None
+            continue
+        if not isinstance(want, Mapping):
+            raise OperationValueError(f"mig_layout: GPU {index}: {want!r} is neither None (MIG disabled) nor a "
+                                      '{profile: count} dict such as {"1g.10gb": 7}')
+        counts: dict[str, int] = {}
+        for profile, count in want.items():
+            if not isinstance(profile, str) or not profile.strip():
+                raise OperationValueError(f"mig_layout: GPU {index}: {profile!r} is not a MIG profile name")
+            if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+                raise OperationValueError(f"mig_layout: GPU {index}: {profile}: {count!r} is not an instance count")
+            if count:
+                counts[profile.strip()] = count
+        checked[index] = counts
+    return checked
+
+
+def _check_units(units) -> tuple[str, ...]:
+    if isinstance(units, str) or not isinstance(units, Sequence):
+        raise OperationValueError(f"mig_layout: holder_services must be a list of systemd units, not {units!r}")
+    checked = []
+    for unit in units:
+        name = unit if isinstance(unit, str) and "." in unit else f"{unit}.service"
+        if not isinstance(unit, str) or not _UNIT_RE.match(name):
+            raise OperationValueError(f"mig_layout: holder_services: {unit!r} is not a systemd unit name")
+        if name not in checked:
+            checked.append(name)
+    return tuple(checked)
+
+
+def _plan(index: int, want: dict[str, int] | None, gpus: dict[int, dict], lost: list[str]) -> _GpuPlan:
+    gpu = gpus.get(index)
+    if gpu is None:
+        also = f"; nvidia-smi reports lost GPU(s) {', '.join(lost)}" if lost else ""
+        raise OperationValueError(f"mig_layout: GPU {index} is not on {host.name} (its GPUs: "
+                                  f"{', '.join(str(i) for i in sorted(gpus))}{also})")
+    plan = _GpuPlan(index=index, gpu=gpu, enabled=want is not None)
+    if want is None:
+        return plan
+    try:
+        model = load_catalog().by_name(gpu.get("name") or "")
+    except UnknownGpuModel:
+        raise OperationValueError(f"mig_layout: {plan.label} is not in gpufleet's GPU catalog: its MIG profiles "
+                                  "are unknown") from None
+    if model.mig is None or gpu.get("mig_current") is None:
+        raise OperationValueError(f"mig_layout: {plan.label} does not support MIG (mig.mode.current is "
+                                  f"{gpu.get('mig_current') or 'N/A'})")
+    spec = model.mig
+    counts: Counter[str] = Counter()
+    for name, count in want.items():
+        try:
+            profile = spec.profile(name)
+        except UnknownMigProfile:
+            raise OperationValueError(
+                f"mig_layout: {plan.label} offers no MIG profile {name!r}; its profiles: "
+                f"{', '.join(spec.profile_names)}") from None
+        counts[profile.name] += count
+        plan.profiles += [profile] * count
+    for name, count in counts.items():
+        profile = spec.profile(name)
+        if count > profile.max_instances:
+            raise OperationValueError(f"mig_layout: {plan.label}: {count} x {name} asked for, at most "
+                                      f"{profile.max_instances} fit")
+    memory = sum(p.memory_slices for p in plan.profiles)
+    compute = sum(p.compute_slices for p in plan.profiles)
+    if memory > spec.memory_slices or compute > spec.compute_slices:
+        raise OperationValueError(
+            f"mig_layout: {plan.label}: {dict(counts)} needs {memory} memory and {compute} compute slices, the "
+            f"GPU has {spec.memory_slices} and {spec.compute_slices}")
+    # Largest placements first, so that the driver's first-fit placement leaves room for the small ones.
+    plan.profiles.sort(key=lambda p: (-p.memory_slices, -p.compute_slices, p.id))
+    return plan
+
+
+def layout_text(plans: list[_GpuPlan], holders: Sequence[str]) -> str:
+    """The layout file read at boot by ``gpufleet-mig-apply apply`` (JSON, stable key order)."""
+    doc = {
+        "version": 1,
+        "comment": "Managed by gpufleet (MIG stage), overwritten on every run. Applied at boot by "
+                   f"{UNIT} ({APPLIER} apply). GPUs are found by PCI bus id; index and name are informative.",
+        "holder_services": list(holders),
+        "gpus": [
+            {
+                "pci_bus_id": plan.gpu.get("pci_bus_id"),
+                "index": plan.index,
+                "name": plan.gpu.get("name"),
+                "mig_enabled": plan.enabled,
+                "instances": plan.counts,
+                "create": [p.id for p in plan.profiles],
+            }
+            for plan in plans
+            if plan.gpu.get("mig_current") is not None  # GPUs without MIG have nothing to apply at boot
+        ],
+    }
+    return json.dumps(doc, indent=2, sort_keys=True) + "\n"
+
+
+def unit_text() -> str:
+    return render("systemd/gpufleet-mig.service.j2", unit=UNIT, layout=LAYOUT_PATH, after=UNIT_AFTER,
+                  before=UNIT_BEFORE, exec_start=" ".join(shlex.quote(a) for a in (APPLIER, "apply", LAYOUT_PATH)))
+
+
+def mode_command(targets: list[_GpuPlan], holders: Sequence[str]) -> StringCommand:
+    args = [APPLIER, "mode"]
+    for unit in holders:
+        args += ["--holder", unit]
+    args += [f"{plan.index}={'enabled' if plan.enabled else 'disabled'}" for plan in targets]
+    return StringCommand(*(shlex.quote(a) for a in args))
+
+
+def instance_commands(plan: _GpuPlan, existing: dict[int, dict]) -> list[StringCommand]:
+    """Commands that make the GPU's instances exactly ``plan.profiles`` (each with its full default compute
+    instance); none when they already are. Compared by profile ID (what ``-cgi`` takes), as a multiset."""
+    have = sorted(gi["profile_id"] for gi in existing.values())
+    whole = all(len(gi["compute_instances"]) == 1 and gi["compute_instances"][0]["profile"] == gi["profile"]
+                for gi in existing.values())
+    if have == sorted(p.id for p in plan.profiles) and whole:
+        return []
+    index = shlex.quote(str(plan.index))
+    commands = []
+    if existing:
+        # Never destroy instances that processes run in: refuse (the op fails) rather than half-apply.
+        message = shlex.quote(f"gpufleet: {plan.label}: processes run on it (above): its MIG instances were not "
+                              "changed; stop them and run again")
+        commands.append(StringCommand(
+            f"if nvidia-smi -i {index} --query-compute-apps=pid,process_name --format=csv,noheader | grep ,; "
+            f"then echo {message} >&2; exit 1; fi"))
+        if any(gi["compute_instances"] for gi in existing.values()):
+            commands.append(StringCommand("nvidia-smi", "mig", "-i", index, "-dci"))
+        commands.append(StringCommand("nvidia-smi", "mig", "-i", index, "-dgi"))
+    if plan.profiles:
+        ids = shlex.quote(",".join(str(p.id) for p in plan.profiles))
+        commands.append(StringCommand("nvidia-smi", "mig", "-i", index, "-cgi", ids, "-C"))
+    return commands
+
+
+def _parse_status(text: str | None) -> dict[int, str]:
+    reasons = {}
+    for line in (text or "").splitlines():
+        index, _bus, why = (line.split("\t", 2) + ["", ""])[:3]
+        if index.strip().isdigit():
+            reasons[int(index)] = why.strip()
+    return reasons
+
+
+def _warn(message: str) -> None:
+    prefix = getattr(host, "print_prefix", f"[{host.name}] ")
+    logger.warning(f"{prefix}{message}")
+
+
+@operation()
+def mig_layout(
+    layout: Mapping[int, Mapping[str, int] | None],
+    allow_reboot: bool = False,
+    holder_services: Sequence[str] = DEFAULT_HOLDER_SERVICES,
+):
+    """
+    Set MIG mode and exactly the MIG instances of each GPU in ``layout``, now and at every boot.
+
+    + layout: ``{GPU index: {profile: count}}`` for MIG enabled with exactly those GPU instances (each with
+      its default compute instance spanning it, as ``nvidia-smi mig -cgi … -C`` makes), ``{GPU index: None}``
+      for MIG disabled. Profiles are names as ``nvidia-smi mig -lgip`` prints them (``"1g.10gb"``). GPUs not in
+      ``layout`` are left alone.
+    + allow_reboot: reboot the host (``server.reboot``) when a GPU's MIG mode can only change at a reboot
+    + holder_services: systemd units that keep GPUs open and are stopped, only while a MIG mode changes, when
+      they are active (in this order; started again in reverse order): exporters, DCGM, fabric manager,
+      nvidia-persistenced by default
+
+    MIG instances do not survive a reboot or a driver reload, and changing MIG mode needs an idle GPU. This
+    operation:
+
+    + refuses, before any command, a GPU that is not on the host, has no MIG, or does not offer a profile
+      (the error names the GPU and its profiles), and a layout that cannot fit (instance counts, slices);
+    + writes the layout to ``/etc/gpufleet/mig-layout.json``, keyed by **PCI bus id** (a layout belongs to
+      a GPU position: a replaced GPU gets its predecessor's layout; indices can shift when a GPU is lost),
+      and installs ``/usr/local/sbin/gpufleet-mig-apply`` (Python 3 standard library) and the enabled
+      ``Type=oneshot`` ``RemainAfterExit=yes`` unit ``gpufleet-mig.service`` (``After=``
+      nvidia-persistenced and fabric manager, ``Before=`` ``gpufleet-power-limits.service``, DCGM and the
+      exporters) that, at boot, recreates the instances a GPU lacks and sets a MIG mode that differs;
+    + switches MIG mode only on GPUs where it differs, with ``gpufleet-mig-apply mode``: a GPU a compute
+      process runs on is not touched; for the others the active ``holder_services`` are stopped, MIG
+      instances destroyed when disabling, ``nvidia-smi -i N -mig 1|0`` run, a GPU left *pending* reset
+      (``nvidia-smi -r -i N``), and the services started again, whatever happened;
+    + on a GPU still not in the wanted mode (in use, reset not supported), leaves its instances alone and
+      warns that a **reboot is required** (with the reason); reboots when ``allow_reboot`` (the boot unit
+      then applies the layout), and fails when the mode is still wrong after that reboot;
+    + on a GPU in the wanted mode whose instances differ from the layout (compared as a multiset of profile
+      IDs; each GPU instance must hold one full compute instance), destroys its compute then GPU instances
+      (``nvidia-smi mig -i N -dci`` / ``-dgi``; refused, and the operation fails, while processes run on
+      the GPU) and creates the layout largest first (``nvidia-smi mig -i N -cgi 9,14,19,19 -C``).
+
+    Matching GPUs are not touched: a second run changes nothing. Where ``nvidia-smi`` cannot list the GPUs
+    (driver not loaded yet, reboot pending) nothing is done and a warning says so.
+
+    **Example:**
+
+    .. code:: python
+
+        from gpufleet.operations import mig
+
+        mig.mig_layout(
+            name="MIG: GPU 0 split in seven, GPU 1 mixed, GPU 2 whole",
+            layout={
+                0: {"1g.10gb": 7},
+                1: {"3g.40gb": 1, "2g.20gb": 1, "1g.10gb": 2},
+                2: None,
+            },
+        )
+    """
+    wanted = _check_layout(layout)
+    holders = _check_units(holder_services)
+    if not wanted:
+        host.noop("no GPU in the MIG layout")
+        return
+
+    inventory = host.get_fact(GpuInventory)
+    if inventory.get("status") != "ok" or not inventory.get("gpus"):
+        message = (f"MIG layout not applied: nvidia-smi cannot list the GPUs ({inventory.get('status')}: "
+                   f"{inventory.get('error')})")
+        host.noop(message)
+        _warn(message)
+        return
+    gpus = {gpu["index"]: gpu for gpu in inventory["gpus"]}
+    plans = [_plan(index, want, gpus, inventory.get("lost_gpus") or []) for index, want in sorted(wanted.items())]
+    state = get_state(paths=(LAYOUT_PATH, APPLIER, UNIT_PATH), units=(UNIT, *holders))
+    changed = False
+
+    # 1. The layout, the node script and the boot unit, before any change to a GPU.
+    files = state["files"]
+    commands = list(put_file(files[LAYOUT_PATH], LAYOUT_PATH, layout_text(plans, holders)))
+    commands += put_file(files[APPLIER], APPLIER, node_script("mig_apply.py"), "755")
+    unit_commands = list(put_file(files[UNIT_PATH], UNIT_PATH, unit_text()))
+    commands += unit_commands
+    unit = state["units"][UNIT]
+    reload = [systemctl("daemon-reload")] if unit_commands or unit["need_daemon_reload"] else []
+    commands += all_of(reload + ([systemctl("enable", UNIT)] if unit["unit_file_state"] != "enabled" else []))
+    if commands:
+        changed = True
+        yield from commands
+
+    # 2. MIG mode, where it differs.
+    reasons: dict[int, str] = {}
+    targets = [plan for plan in plans if not plan.mode_ok(plan.gpu)]
+    if targets:
+        changed = True
+        running = [u for u in holders if state["units"][u]["active_state"] in _RUNNING]
+        yield mode_command(targets, running)
+        # Evaluated when the command above has run: what the GPUs say now.
+        inventory = host.get_fact(GpuInventory)
+        gpus = {gpu["index"]: gpu for gpu in inventory.get("gpus") or []}
+        reasons = _parse_status(get_state(read=(STATUS_PATH,))["contents"][STATUS_PATH])
+    blocked = [plan for plan in plans if not plan.mode_ok(gpus.get(plan.index))]
+
+    # 3. A mode that only a reboot can change.
+    if blocked and allow_reboot:
+        _warn("rebooting to change the MIG mode of " + ", ".join(plan.label for plan in blocked))
+        yield from server.reboot._inner()
+        inventory = host.get_fact(GpuInventory)
+        gpus = {gpu["index"]: gpu for gpu in inventory.get("gpus") or []}
+        still = [plan for plan in blocked if not plan.mode_ok(gpus.get(plan.index))]
+        if still:
+            raise OperationError("mig_layout: MIG mode still wrong after a reboot on " + "; ".join(
+                f"{plan.label}: {(gpus.get(plan.index) or {}).get('mig_current')}, wanted {_MODES[plan.enabled]}"
+                for plan in still))
+        blocked = []
+    for plan in blocked:
+        now = gpus.get(plan.index) or {}
+        why = reasons.get(plan.index) or "the GPU could not be reset"
+        _warn(f"{plan.label}: MIG mode is {now.get('mig_current')} (pending {now.get('mig_pending')}), the layout "
+              f"needs {_MODES[plan.enabled]}: {why}. Reboot required: its MIG instances were left alone; "
+              f"{UNIT} applies the layout at boot (or run with allow_reboot=True).")
+
+    # 4. Instances, on the GPUs in the wanted mode: one remote command, stopping at the first failure.
+    ready = [plan for plan in plans if plan.enabled and plan not in blocked]
+    if ready:
+        existing = instances_by_gpu(host.get_fact(MigState))
+        commands = [c for plan in ready for c in instance_commands(plan, existing.get(plan.index, {}))]
+        if commands:
+            changed = True
+            yield from all_of(commands)
+
+    if not changed:
+        host.noop(f"MIG layout already applied on {len(plans)} GPU(s), reapplied at boot by {UNIT}")

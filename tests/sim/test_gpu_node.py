@@ -1,0 +1,126 @@
+"""`pyinfra inventories/sim.py deploys/gpu_node.py` end to end on bare simulated hosts.
+
+State is checked through the simulator (its GPU state file and nvidia-smi), never through gpufleet's facts.
+"""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+from conftest import BIN, REPO, bring_up, gpufleet, grand_total, ssh
+
+from gpufleet.sim import hosts
+from gpufleet.sim.gpu import state as gpu_state
+
+INVENTORY = REPO / "inventories" / "sim.py"
+DEPLOY = REPO / "deploys" / "gpu_node.py"
+PROFILES = ["h100-sxm-8", "a100-40gb-1", "rtx4090-1"]
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    fleet = bring_up(tmp_path_factory, PROFILES)
+    yield fleet
+    hosts.down(log=lambda *_: None)
+
+
+def run_gpu_node(*extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(BIN / "pyinfra"), "-y", *extra, str(INVENTORY), str(DEPLOY)], cwd=REPO,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
+
+
+def gpus(fleet, name: str) -> list[dict[str, str]]:
+    state = gpu_state.read_state(str(fleet.host(name).dir / "hw/gpus.state"))
+    return [gpu_state.gpu(state, i) for i in range(gpu_state.gpu_count(state))], state
+
+
+def untouched(fleet, name: str) -> bool:
+    probe = ssh(fleet, name, "ls -A /etc/apt/sources.list.d; ls -d /etc/nccl.conf /etc/gpufleet 2>/dev/null; "
+                             "command -v nvidia-smi; dpkg -l | grep -c nvidia", check=False)
+    return probe.stdout.split() == ["0"]
+
+
+def override(tmp_path, group: str, text: str) -> list[str]:
+    data = tmp_path / "group_data"
+    data.mkdir(exist_ok=True)
+    (data / f"{group}.py").write_text(text)
+    return ["--group-data", str(data)]
+
+
+def test_bad_value_on_one_host_stops_the_run_before_any_change(fleet, tmp_path):
+    result = run_gpu_node(*override(tmp_path, "a100", "gpufleet_power_limit = 900\n"))
+    assert result.returncode != 0
+    assert "node02: gpufleet_power_limit=900 W on GPU 0 (NVIDIA A100-SXM4-40GB): outside this GPU's power " \
+           "limit range; allowed: 100-400 W" in result.stdout
+    assert "no host was changed" in result.stdout
+    assert all(untouched(fleet, name) for name in ("node01", "node02", "node03"))
+
+
+def test_invalid_key_stops_the_run_before_any_change(fleet, tmp_path):
+    result = run_gpu_node(*override(tmp_path, "workstations", "gpufleet_power_limt = 300\n"))
+    assert result.returncode != 0
+    assert "node03: gpufleet_power_limt=300: unknown gpufleet setting" in result.stdout
+    assert "did you mean 'gpufleet_power_limit'" in result.stdout
+    assert all(untouched(fleet, name) for name in ("node01", "node02", "node03"))
+
+
+def test_mig_on_a_geforce_gpu_is_refused(fleet, tmp_path):
+    layout = 'gpufleet_stages = ["driver", "mig"]\ngpufleet_mig = [{"devices": "all", "mig-enabled": True, ' \
+             '"mig-devices": {"1g.10gb": 1}}]\n'
+    result = run_gpu_node(*override(tmp_path, "workstations", layout))
+    assert result.returncode != 0
+    assert "node03: gpufleet_mig[0].mig-enabled=True on GPU 0 (NVIDIA GeForce RTX 4090): MIG requested on a GPU " \
+           "without MIG" in result.stdout
+    assert all(untouched(fleet, name) for name in ("node01", "node02", "node03"))
+
+
+def test_first_run_converges_bare_hosts(fleet):
+    result = run_gpu_node()
+    assert result.returncode == 0, result.stdout
+    assert grand_total(result.stdout)["error"] == "-"
+    h100, state = gpus(fleet, "node01")
+    assert state["driver.loaded"] == "1" and state["driver.version"] == "580.95.05"
+    assert state["fabric.state"] == "completed"  # fabric manager of the same version runs on the NVSwitch board
+    assert [g["persistence"] for g in h100] == ["1"] * 8
+    assert [g["mig.current"] for g in h100] == ["1", "1"] + ["0"] * 6
+    gi_profiles = sorted(v.split(",")[0] for k, v in state.items() if k.startswith("gpu.0.mig.gi."))
+    assert gi_profiles == ["14", "19", "19", "9"]  # 2g.20gb, 1g.10gb x2, 3g.40gb (mig-parted file's layout)
+    a100, a100_state = gpus(fleet, "node02")
+    assert a100[0]["power.limit_mw"] == "320000" and a100[0]["persistence"] == "1"  # 80 % of 400 W
+    assert a100_state["fabric.state"] == "none"
+    rtx, _ = gpus(fleet, "node03")
+    assert rtx[0]["power.limit_mw"] == "350000"
+    assert ssh(fleet, "node02", "stat -c '%a %U' /etc/nccl.conf").stdout.strip() == "644 root"
+    assert "NCCL_DEBUG=WARN\n" in ssh(fleet, "node02", "cat /etc/nccl.conf").stdout
+    held = ssh(fleet, "node02", "apt-mark showhold").stdout.split()
+    assert "nvidia-open-580" in held or "nvidia-driver-580-server-open" in held
+
+
+def test_second_run_changes_nothing(fleet):
+    result = run_gpu_node()
+    assert result.returncode == 0, result.stdout
+    total = grand_total(result.stdout)
+    assert total["success"] == "-" and total["error"] == "-", result.stdout
+
+
+def test_settings_come_back_after_reboot_without_a_deploy(fleet):
+    for name in ("node01", "node02", "node03"):
+        gpufleet("sim", "reboot", name)
+    h100, state = gpus(fleet, "node01")
+    assert [g["persistence"] for g in h100] == ["1"] * 8
+    assert sorted(v.split(",")[0] for k, v in state.items() if k.startswith("gpu.1.mig.gi.")) == ["14", "19", "19", "9"]
+    a100, _ = gpus(fleet, "node02")
+    assert a100[0]["power.limit_mw"] == "320000" and a100[0]["persistence"] == "1"
+    rtx, _ = gpus(fleet, "node03")
+    assert rtx[0]["power.limit_mw"] == "350000"
+    total = grand_total(run_gpu_node().stdout)
+    assert total["success"] == "-" and total["error"] == "-"
+
+
+def test_power_limit_changed_behind_our_back_is_restored(fleet):
+    ssh(fleet, "node02", "nvidia-smi -i 0 -pl 250")
+    result = run_gpu_node("--limit", "node02")
+    assert grand_total(result.stdout)["success"] == "1"
+    a100, _ = gpus(fleet, "node02")
+    assert a100[0]["power.limit_mw"] == "320000"
