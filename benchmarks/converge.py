@@ -1,0 +1,71 @@
+"""Converge figures on 4 simulated hosts (bare servers, no driver):
+
+    .venv/bin/python benchmarks/converge.py            (needs root)
+
+Prints the wall time of the first `pyinfra inventories/sim.py deploys/gpu_node.py -y` run, of the no-op
+second run, and of a pyinfra run reading one trivial fact on the same hosts (the floor: connecting and one
+command); the ratio no-op/floor (target <= 2.0) and the controller's CPU seconds per host for the no-op run
+(target <= 0.3 s), measured as the pyinfra process's user+system time.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("GPUFLEET_SIM_DIR", "/tmp/gpufleet-bench-sim")
+os.environ.setdefault("GPUFLEET_SIM_NET", "10.77.8")
+
+from gpufleet.sim import hosts  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
+PROFILES = ["h100-sxm-8", "a100-40gb-1", "rtx4090-1", "h100-sxm-8"]
+
+
+def timed(*args: str) -> tuple[float, float, str]:
+    """(wall seconds, child CPU seconds, output) of one pyinfra run."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.monotonic()
+    result = subprocess.run([PYINFRA, "-y", *args], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    wall = time.monotonic() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if result.returncode != 0:
+        raise SystemExit(f"pyinfra {' '.join(args)} failed:\n{result.stdout[-3000:]}")
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu, result.stdout
+
+
+def main() -> int:
+    fleet = hosts.up(len(PROFILES), PROFILES, force=True, log=lambda *_: None)
+    try:
+        inventory, deploy = "inventories/sim.py", "deploys/gpu_node.py"
+        first, _, _ = timed(inventory, deploy)
+        noop, noop_cpu, out = timed(inventory, deploy)
+        if "Grand total" not in out or out.split("Grand total")[1].split()[1] != "-":
+            raise SystemExit(f"the second run changed something:\n{out[-2000:]}")
+        floor, floor_cpu, _ = timed(inventory, "fact", "server.Hostname")
+    finally:
+        hosts.down(log=lambda *_: None)
+    count = len(fleet.hosts)
+    ratio = noop / floor
+    cpu_per_host = noop_cpu / count
+    print(f"hosts: {count} ({', '.join(PROFILES)})")
+    print(f"first run (bare servers -> converged): {first:6.2f} s")
+    print(f"second run (no change):                {noop:6.2f} s")
+    print(f"floor (one trivial fact):              {floor:6.2f} s")
+    print(f"no-op / floor:                         {ratio:6.2f}   (target <= 2.0)")
+    print(f"controller CPU per host, no-op run:    {cpu_per_host:6.2f} s (target <= 0.3 s; floor "
+          f"{floor_cpu / count:.2f} s)")
+    ok = ratio <= 2.0 and cpu_per_host <= 0.3
+    print("targets met" if ok else "TARGETS MISSED")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
