@@ -160,6 +160,11 @@ def is_apt_driver_selector(name: str) -> bool:
     return bool(_APT_DRIVER_META_RE.match(name))
 
 
+def selector_flavour(name: str) -> str:
+    """Kernel module flavour a driver metapackage installs (``…-open``, ``nvidia-open-<branch>``: open)."""
+    return "open" if name.endswith("-open") or name.startswith("nvidia-open-") else "proprietary"
+
+
 def is_apt_fabricmanager(name: str) -> bool:
     return bool(_APT_FABRICMANAGER_RE.match(name))
 

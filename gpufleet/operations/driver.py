@@ -40,6 +40,7 @@ NOUVEAU_BLACKLIST = (
     "options nouveau modeset=0\n"
 )
 FABRICMANAGER_UNIT = "nvidia-fabricmanager.service"
+REBOOT_REQUIRED = "/var/run/reboot-required"
 # Initramfs tools in order of preference: (command that must exist, rebuild command).
 INITRAMFS_TOOLS = (("update-initramfs", "update-initramfs -u"), ("dracut", "dracut -f"))
 
@@ -464,6 +465,11 @@ def _apt_packages(branch: str, flavour: str, style: str, nvswitch: bool, repo_ur
         specs.append(f"{fabricmanager}={matching[0]}")
     specs += [f"{name}-" for name in obsolete]  # apt-get install's "remove this" suffix: one transaction
     yield noninteractive_apt(f"install --allow-downgrades --allow-change-held-packages {_quote_all(specs)}")
+    if any(pkg.is_apt_driver_selector(name) and pkg.selector_flavour(name) != flavour for name in obsolete):
+        # Same version, other kernel modules: nvidia-smi cannot tell the loaded flavour, so flag the reboot the way
+        # Debian/Ubuntu packages do (later runs and the distribution's tools see it too, until the reboot).
+        flag = f"echo '*** System restart required ***' > {REBOOT_REQUIRED}"
+        yield f"{flag} && echo {shlex.quote(driver)} >> {REBOOT_REQUIRED}.pkgs"
     # Read after the install (lazily, like the policy above): the release's packages the metapackage pulled in.
     installed = host.get_fact(DebPackages)
     yield f"apt-mark hold {_quote_all(_hold_list(wanted, installed, driver_version))}"
@@ -619,15 +625,20 @@ def nvidia_driver(
     What it converges, in order (each step only when it differs):
 
     1. the repository and its key (``nvidia_repository``); ``apt-get update`` when they changed;
-    2. the branch pin ``/etc/apt/preferences.d/gpufleet-nvidia-driver``: this branch's driver packages at
-       priority 1000, every other version of them at -1 (never installed, not even as a dependency);
+    2. the branch pin ``/etc/apt/preferences.d/gpufleet-nvidia-driver``: the branch's metapackages and the
+       branch-agnostic driver packages (``cuda-drivers``, ``nvidia-open``, ``libnvidia-compute``…) at priority
+       1000 for this branch's versions and -1 for any other (never installed, not even as a dependency); exact
+       names, no globs, which would cost every apt run on the host ~20 ms each;
     3. nouveau blacklisted, initramfs rebuilt when that changed (``nouveau_blacklist``);
     4. kernel headers for the running kernel: skipped when ``/lib/modules/$(uname -r)/build`` exists; when no
        repository offers them (custom or foreign kernel) the operation reports it and goes on - it does not
        fail, since prebuilt module packages do not need them and a DKMS build that does fails loudly itself;
     5. the driver metapackage (and ``nvidia-fabricmanager-<branch>`` at the version whose upstream part equals
-       the driver's) installed in one apt transaction that also removes other branches' and flavours'
-       metapackages; then both held;
+       the driver's) installed in one apt transaction that also removes other branches', flavours' and styles'
+       metapackages; then held, with every installed package of the same driver release (``apt upgrade`` cannot
+       move part of it to another point release). A flavour change at the same version writes
+       ``/var/run/reboot-required``: nvidia-smi cannot show which modules are loaded. dnf: module stream
+       ``nvidia-driver:<branch>-open|-dkms``, ``nvidia-fabric-manager-<driver version>``, ``dnf versionlock``;
     6. the fabric manager unit enabled, and started unless a reboot is pending (it refuses a driver of another
        version, so after a branch change it starts at the next boot);
     7. reboot detection: the loaded driver (``nvidia-smi``) differs from the installed one, is not loaded, or

@@ -122,7 +122,8 @@ def _build_deb(tree: Path, out: Path) -> Path:
     return out
 
 
-def _driver_tree(work: Path, package: str, version: str, flavour: str, nvml: Path, conflicts: str) -> Path:
+def _driver_tree(work: Path, package: str, version: str, revision: str, flavour: str, nvml: Path,
+                 conflicts: str) -> Path:
     tree = work / package
     lib = tree / "usr/lib/gpufleet-sim"
     (lib / "simgpu").mkdir(parents=True)
@@ -147,7 +148,7 @@ def _driver_tree(work: Path, package: str, version: str, flavour: str, nvml: Pat
     debian = tree / "DEBIAN"
     debian.mkdir()
     (debian / "control").write_text(_control(
-        package, version, f"NVIDIA driver metapackage ({flavour} kernel modules)",
+        package, f"{version}-{revision}", f"NVIDIA driver metapackage ({flavour} kernel modules)",
         Depends="python3", Provides="nvidia-driver-sim, libnvidia-ml1",
         Conflicts=conflicts, Replaces=conflicts))
     for script, body in (("postinst", DRIVER_POSTINST), ("prerm", DRIVER_PRERM)):
@@ -156,7 +157,7 @@ def _driver_tree(work: Path, package: str, version: str, flavour: str, nvml: Pat
     return tree
 
 
-def _fabricmanager_tree(work: Path, package: str, version: str) -> Path:
+def _fabricmanager_tree(work: Path, package: str, version: str, revision: str) -> Path:
     tree = work / package
     lib = tree / "usr/lib/gpufleet-sim"
     lib.mkdir(parents=True)
@@ -170,7 +171,7 @@ def _fabricmanager_tree(work: Path, package: str, version: str) -> Path:
     (tree / "lib/systemd/system/nvidia-fabricmanager.service").write_text(FABRICMANAGER_UNIT)
     (tree / "DEBIAN").mkdir()
     (tree / "DEBIAN/control").write_text(_control(
-        package, version, "Fabric Manager for NVSwitch based systems",
+        package, f"{version}-{revision}", "Fabric Manager for NVSwitch based systems",
         Provides="nvidia-fabricmanager", Conflicts="nvidia-fabricmanager", Replaces="nvidia-fabricmanager"))
     return tree
 
@@ -222,9 +223,9 @@ def build() -> Path:
             branch = upstream.split(".")[0]
             if kind in ("open", "proprietary"):
                 others = ", ".join(n for n in driver_names if n != package)
-                tree = _driver_tree(work, package, upstream, kind, nvml, others)
+                tree = _driver_tree(work, package, upstream, revision, kind, nvml, others)
             elif kind == "fabricmanager":
-                tree = _fabricmanager_tree(work, package, upstream)
+                tree = _fabricmanager_tree(work, package, upstream, revision)
             else:
                 tree = work / package
                 (tree / "DEBIAN").mkdir(parents=True)

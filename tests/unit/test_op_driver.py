@@ -1,0 +1,601 @@
+"""driver.nvidia_driver: commands for given facts (bare host, converged host, branch change, flavours, NVSwitch,
+quoting, RHEL 9), and the private facts it parses."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+from pyinfra.api import OperationError, OperationValueError
+from pyinfra.facts.deb import DebPackages
+from pyinfra.facts.dnf import DnfEnabledModules
+from pyinfra.facts.files import Directory, File, Sha1File
+from pyinfra.facts.rpm import RpmPackages
+from pyinfra.facts.server import Arch, KernelVersion, LinuxDistribution, RebootRequired, Which
+from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
+from pyinfra_harness import run_operation
+
+from gpufleet.facts.nvidia import GpuInventory
+from gpufleet.operations import _packaging, driver
+
+REPO = "http://mirror.example.internal/nvidia/debian12/x86_64"
+KEY = f"{REPO}/3bf863cc.pub"
+KEYRING = "/etc/apt/keyrings/gpufleet-nvidia.asc"
+SOURCE = "/etc/apt/sources.list.d/gpufleet-nvidia.list"
+PIN = "/etc/apt/preferences.d/gpufleet-nvidia-driver"
+NOUVEAU = "/etc/modprobe.d/blacklist-nouveau.conf"
+KERNEL = "6.1.0-26-amd64"
+FM_UNIT = "nvidia-fabricmanager.service"
+APT_INSTALL = (
+    'DEBIAN_FRONTEND=noninteractive apt-get -y -o Dpkg::Options::="--force-confdef" '
+    '-o Dpkg::Options::="--force-confold" install'
+)
+DEBIAN = {
+    "name": "Debian",
+    "major": 12,
+    "minor": None,
+    "release_meta": {"ID": "debian", "VERSION_ID": "12", "VERSION_CODENAME": "bookworm"},
+}
+UBUNTU = {
+    "name": "Ubuntu",
+    "major": 24,
+    "minor": 4,
+    "release_meta": {"ID": "ubuntu", "ID_LIKE": "debian", "VERSION_ID": "24.04"},
+}
+ROCKY = {
+    "name": "Rocky Linux",
+    "major": 9,
+    "minor": 4,
+    "release_meta": {"ID": "rocky", "ID_LIKE": "rhel centos fedora", "VERSION_ID": "9.4"},
+}
+VERSIONS = {"580": "580.95.05", "570": "570.172.08"}
+
+
+def source_text(repo=REPO, keyring=KEYRING):
+    return (
+        "# Managed by gpufleet: NVIDIA driver repository (flat, like NVIDIA's CUDA repositories).\n"
+        f"deb [signed-by={keyring}] {repo.rstrip('/')}/ /\n"
+    )
+
+
+def sha1(text: str) -> str:
+    return hashlib.sha1(text.encode()).hexdigest()
+
+
+def policy(packages):
+    """apt-cache policy of the simulated repository: every branch at its version, the pin gives candidates."""
+    known = {}
+    for name in packages:
+        match = next((b for b in VERSIONS if f"-{b}" in name), None)
+        if match:
+            version = f"{VERSIONS[match]}-1"
+            known[name] = {
+                "installed": None,
+                "candidate": version,
+                "versions": [{"version": version, "priority": 1000}],
+            }
+    return known
+
+
+def gpus(status="absent", version=None):
+    return {"status": status, "driver_version": version, "gpus": [], "lost_gpus": [], "error": None}
+
+
+def apt_facts(managed: dict[str, str] | None = None, installed=None, holds=(), extra: dict | None = None):
+    """Facts of an apt host: ``managed`` maps each gpufleet-managed file that exists to its content."""
+    managed = managed or {}
+
+    def file(path):
+        if path in managed:
+            return {"mode": 644, "user": "root", "group": "root", "size": len(managed[path]), "mtime": None}
+        return None
+
+    facts = {
+        LinuxDistribution: DEBIAN,
+        File: file,
+        Directory: lambda path: False,
+        Sha1File: lambda path: sha1(managed[path]) if path in managed else None,
+        Which: lambda command: {"curl": "/usr/bin/curl", "update-initramfs": "/usr/sbin/update-initramfs"}.get(command),
+        KernelVersion: KERNEL,
+        driver._PathExists: lambda path: False,
+        driver._AptCachePolicy: policy,
+        DebPackages: dict(installed or {}),
+        driver._AptHolds: set(holds),
+        GpuInventory: gpus(),
+        RebootRequired: False,
+        SystemdStatus: lambda services: {services: False},
+        SystemdEnabled: lambda services: {services: False},
+    }
+    facts.update(extra or {})
+    return facts
+
+
+def converged(branch="580", style="nvidia", flavour="open", nvswitch=True, extra: dict | None = None):
+    """Facts of a host this operation already converged (branch 580 loaded and running)."""
+    names = [_packaging.driver_package(branch, flavour, style)]
+    if nvswitch:
+        names.append(_packaging.fabricmanager_package(branch))
+    version = f"{VERSIONS[branch]}-1"
+    managed = {
+        KEYRING: "key",
+        SOURCE: source_text(),
+        PIN: _packaging.apt_pin(branch),
+        NOUVEAU: driver.NOUVEAU_BLACKLIST,
+    }
+    facts = apt_facts(
+        managed,
+        installed={name: {version} for name in names},
+        holds=names,
+        extra={
+            driver._PathExists: lambda path: True,
+            GpuInventory: gpus("ok", VERSIONS[branch]),
+            SystemdStatus: lambda services: {services: True},
+            SystemdEnabled: lambda services: {services: True},
+        },
+    )
+    facts.update(extra or {})
+    return facts
+
+
+def run(facts, **kwargs):
+    args = {"branch": "580", "flavour": "open", "repo_url": REPO, "nvswitch": True}
+    args.update(kwargs)
+    return run_operation(driver.nvidia_driver, facts=facts, **args)
+
+
+# ------------------------------------------------------------------------------------------ apt
+
+
+def test_bare_debian_host_gets_repository_pin_blacklist_driver_fabricmanager_and_holds():
+    headers = f"linux-headers-{KERNEL}"
+
+    def with_headers(packages):
+        found = policy(packages)
+        if headers in packages:
+            found[headers] = {"installed": None, "candidate": "6.1.112-1", "versions": []}
+        return found
+
+    commands, noops = run(apt_facts(extra={driver._AptCachePolicy: with_headers}))
+    assert commands[0] == f"mkdir -p {driver.KEYRING_DIR}"
+    assert commands[1].startswith(f"curl -sSLf {KEY} -o ")
+    assert commands[2].endswith(f" {KEYRING}") and commands[2].startswith("mv ")
+    assert commands[3] == f"chmod 644 {KEYRING}"
+    assert commands[4:6] == [f"upload {SOURCE}\n{source_text()}", f"chmod 644 {SOURCE}"]
+    assert commands[6:8] == [f"upload {PIN}\n{_packaging.apt_pin('580')}", f"chmod 644 {PIN}"]
+    assert commands[8:] == [
+        "apt-get update",
+        f"upload {NOUVEAU}\n# Managed by gpufleet: keep nouveau away from NVIDIA GPUs (the NVIDIA driver needs them)."
+        "\nblacklist nouveau\noptions nouveau modeset=0\n",
+        f"chmod 644 {NOUVEAU}",
+        f"update-initramfs -u || {{ rm -f {NOUVEAU}; exit 1; }}",
+        f"{APT_INSTALL} {headers}",
+        f"{APT_INSTALL} --allow-downgrades --allow-change-held-packages "
+        "nvidia-open-580=580.95.05-1 nvidia-fabricmanager-580=580.95.05-1",
+        "apt-mark hold nvidia-open-580 nvidia-fabricmanager-580",
+        "systemctl daemon-reload",
+        f"systemctl enable {FM_UNIT}",
+        f"systemctl start {FM_UNIT}",
+    ]
+    assert commands.count("apt-get update") == 1
+    assert not any("reboot" in noop for noop in noops)
+
+
+def test_pin_admits_only_the_branch_first_record_wins():
+    pin = _packaging.apt_pin("580")
+    records = pin.split("\n\n")[1:]
+    assert "Pin: version /^([0-9]+:)?580\\./\nPin-Priority: 1000" in records[0]
+    assert "Pin: version *\nPin-Priority: -1" in records[1]
+    for record in records:
+        names = next(line for line in record.splitlines() if line.startswith("Package: ")).split()[1:]
+        assert {
+            "nvidia-open-580",
+            "cuda-drivers-580",
+            "nvidia-driver-580-server-open",
+            "nvidia-fabricmanager-580",
+            "cuda-drivers",
+            "nvidia-open",
+        } <= set(names)
+        assert not any("*" in name or name.startswith("/") for name in names)  # globs cost apt ~20 ms each
+
+
+def test_converged_host_is_noop():
+    commands, noops = run(converged())
+    assert commands == []
+    assert "nvidia-open-580, nvidia-fabricmanager-580 installed (580.95.05-1) and held" in noops
+    assert f"{FM_UNIT} is enabled and running" in noops
+    assert not any("reboot" in noop for noop in noops)
+
+
+def test_converged_host_missing_a_hold_gets_only_the_hold():
+    commands, _ = run(converged(extra={driver._AptHolds: {"nvidia-open-580"}}))
+    assert commands == ["apt-mark hold nvidia-fabricmanager-580"]
+
+
+def test_the_whole_driver_release_is_held_not_container_tools_or_other_versions():
+    installed = {
+        "nvidia-open-580": {"580.95.05-1"},
+        "nvidia-fabricmanager-580": {"580.95.05-1"},
+        "libnvidia-compute-580": {"580.95.05-0ubuntu1"},
+        "nvidia-kernel-common-580": {"580.95.05-0ubuntu1"},
+        "nvidia-firmware-570": {"570.172.08-0ubuntu1"},
+        "libnvidia-container1": {"1.17.8-1"},
+        "nvidia-container-toolkit": {"1.17.8-1"},
+        "bash": {"5.2.15-2+b7"},
+    }
+    commands, _ = run(converged(extra={DebPackages: installed}))
+    assert commands == ["apt-mark hold libnvidia-compute-580 nvidia-kernel-common-580"]
+
+
+def test_branch_change_installs_other_branch_removes_old_and_reports_reboot_pending():
+    commands, noops = run(converged("580"), branch="570")
+    assert commands == [
+        f"upload {PIN}\n{_packaging.apt_pin('570')}",
+        f"chmod 644 {PIN}",
+        "apt-get update",
+        f"{APT_INSTALL} --allow-downgrades --allow-change-held-packages nvidia-open-570=570.172.08-1 "
+        "nvidia-fabricmanager-570=570.172.08-1 nvidia-fabricmanager-580- nvidia-open-580-",
+        "apt-mark hold nvidia-open-570 nvidia-fabricmanager-570",
+        "systemctl daemon-reload",
+    ]
+    assert f"{FM_UNIT} starts after the reboot (it only runs with the driver of its own version loaded)" in noops
+    assert any(
+        noop.startswith("reboot pending: NVIDIA driver 580.95.05 is loaded, 570.172.08 is installed") for noop in noops
+    )
+
+
+def test_reboot_pending_reboots_only_when_allowed():
+    facts = converged(extra={GpuInventory: gpus("ok", "570.172.08")})
+    commands, noops = run(facts)
+    assert commands == []
+    assert any(
+        noop.startswith("reboot pending: NVIDIA driver 570.172.08 is loaded, 580.95.05 is installed") for noop in noops
+    )
+
+    commands, _ = run(facts, allow_reboot=True)
+    assert "( sleep 1 && reboot ) </dev/null >/dev/null 2>&1 &" in commands
+    assert commands[-2:] == ["function wait_and_reconnect", "function clean_sudo_info"]
+
+
+@pytest.mark.parametrize(
+    "status, reason",
+    [
+        ("version_mismatch", "the loaded NVIDIA kernel module is not the installed driver"),
+        ("driver_not_loaded", "is installed but its kernel module is not loaded"),
+    ],
+)
+def test_driver_not_loaded_or_mismatched_means_reboot_pending(status, reason):
+    _, noops = run(converged(extra={GpuInventory: gpus(status)}))
+    assert any(noop.startswith("reboot pending") and reason in noop for noop in noops)
+
+
+def test_reboot_required_flag_means_reboot_pending():
+    _, noops = run(converged(extra={RebootRequired: True}))
+    assert any("reboot pending: the system flags a pending reboot (/var/run/reboot-required)" in n for n in noops)
+
+
+@pytest.mark.parametrize(
+    "distro, style, flavour, package",
+    [
+        (UBUNTU, None, "open", "nvidia-driver-580-server-open"),
+        (UBUNTU, None, "proprietary", "nvidia-driver-580-server"),
+        (DEBIAN, None, "open", "nvidia-open-580"),
+        (DEBIAN, None, "proprietary", "cuda-drivers-580"),
+        (DEBIAN, "ubuntu", "open", "nvidia-driver-580-server-open"),
+        (UBUNTU, "nvidia", "proprietary", "cuda-drivers-580"),
+    ],
+)
+def test_open_and_proprietary_package_names_per_style(distro, style, flavour, package):
+    commands, _ = run(
+        apt_facts(extra={LinuxDistribution: distro}), flavour=flavour, packages_style=style, nvswitch=False
+    )
+    install = next(c for c in commands if "--allow-change-held-packages" in c)
+    assert install.endswith(f" {package}=580.95.05-1")
+    assert f"apt-mark hold {package}" in commands
+
+
+def test_flavour_change_replaces_the_metapackage_and_flags_the_reboot():
+    facts = converged(flavour="open", nvswitch=False)
+    commands, _ = run(facts, flavour="proprietary", nvswitch=False)
+    assert commands == [
+        "apt-get update",
+        f"{APT_INSTALL} --allow-downgrades --allow-change-held-packages cuda-drivers-580=580.95.05-1 nvidia-open-580-",
+        "echo '*** System restart required ***' > /var/run/reboot-required "
+        "&& echo cuda-drivers-580 >> /var/run/reboot-required.pkgs",
+        "apt-mark hold cuda-drivers-580",
+    ]
+
+
+def test_style_change_of_the_same_flavour_replaces_the_metapackage_without_reboot_flag():
+    facts = converged(style="nvidia", nvswitch=False)
+    commands, _ = run(facts, packages_style="ubuntu", nvswitch=False)
+    assert commands == [
+        "apt-get update",
+        f"{APT_INSTALL} --allow-downgrades --allow-change-held-packages "
+        "nvidia-driver-580-server-open=580.95.05-1 nvidia-open-580-",
+        "apt-mark hold nvidia-driver-580-server-open",
+    ]
+
+
+def test_without_nvswitch_no_fabric_manager_and_no_unit():
+    commands, _ = run(apt_facts(), nvswitch=False)
+    assert not any("fabricmanager" in c for c in commands if not c.startswith("upload "))
+    assert not any(c.startswith("systemctl") for c in commands)
+    assert commands[-1] == "apt-mark hold nvidia-open-580"
+
+
+def test_fabric_manager_of_another_version_is_replaced_by_the_drivers_version_and_restarted():
+    facts = converged(
+        extra={DebPackages: {"nvidia-open-580": {"580.95.05-1"}, "nvidia-fabricmanager-580": {"580.65.06-1"}}}
+    )
+    commands, _ = run(facts)
+    assert commands == [
+        "apt-get update",
+        f"{APT_INSTALL} --allow-downgrades --allow-change-held-packages nvidia-fabricmanager-580=580.95.05-1",
+        "apt-mark hold nvidia-open-580 nvidia-fabricmanager-580",
+        "systemctl daemon-reload",
+        f"systemctl restart {FM_UNIT}",
+    ]
+
+
+def test_fabric_manager_missing_in_the_repository_at_the_drivers_version_fails_clearly():
+    def no_match(packages):
+        found = policy(packages)
+        if "nvidia-fabricmanager-580" in found:
+            found["nvidia-fabricmanager-580"]["versions"] = [{"version": "580.65.06-1", "priority": 1000}]
+        return found
+
+    with pytest.raises(OperationError, match=r"nvidia-fabricmanager-580: .* no version 580\.95\.05.*exactly"):
+        run(apt_facts(extra={driver._AptCachePolicy: no_match}))
+
+
+def test_branch_missing_from_the_repository_fails_clearly():
+    with pytest.raises(OperationError, match=r"nvidia-open-580: no installable version of driver branch 580"):
+        run(apt_facts(extra={driver._AptCachePolicy: lambda packages: {}}))
+
+
+def test_headers_unavailable_are_reported_not_failed():
+    commands, noops = run(converged(extra={driver._PathExists: lambda path: False}))
+    assert commands == []
+    assert any(
+        noop.startswith(f"kernel headers: linux-headers-{KERNEL} is not installed and no configured repository")
+        for noop in noops
+    )
+
+
+def test_headers_present_skip_the_repository_query():
+    calls = []
+    facts = converged(extra={driver._AptCachePolicy: lambda packages: calls.append(packages) or {}})
+    run(facts)
+    assert calls == []
+
+
+def test_headers_not_wanted_are_not_looked_at():
+    facts = converged(extra={driver._PathExists: lambda path: pytest.fail("headers looked at")})
+    commands, _ = run(facts, kernel_headers=False)
+    assert commands == []
+
+
+def test_no_initramfs_tool_is_reported_and_the_blacklist_still_written():
+    managed = {KEYRING: "key", SOURCE: source_text(), PIN: _packaging.apt_pin("580")}
+    facts = converged(extra={Which: lambda command: None})
+    facts[File] = lambda path: {"mode": 644} if path in managed else None
+    facts[Sha1File] = lambda path: sha1(managed[path]) if path in managed else None
+    commands, noops = run(facts)
+    assert commands == [f"upload {NOUVEAU}\n{driver.NOUVEAU_BLACKLIST}", f"chmod 644 {NOUVEAU}"]
+    assert any("neither update-initramfs nor dracut" in noop for noop in noops)
+
+
+def test_repository_url_with_shell_characters_is_quoted():
+    url = "https://mirror.example/nv;id=$(reboot)/it's/x86_64"
+    commands, _ = run(apt_facts(), repo_url=url, nvswitch=False)
+    download = next(c for c in commands if c.startswith("curl "))
+    assert download.startswith("curl -sSLf 'https://mirror.example/nv;id=$(reboot)/it'\"'\"'s/x86_64/3bf863cc.pub' -o ")
+    assert f"upload {SOURCE}\n{source_text(url)}" in commands
+
+
+def test_keyring_url_with_shell_characters_is_quoted_and_binary_keys_go_to_gpg():
+    key = "https://keys.example/a&b/nvidia`id`.gpg"
+    commands, _ = run(apt_facts(), keyring_url=key, nvswitch=False)
+    download = next(c for c in commands if c.startswith("curl "))
+    assert download.startswith("curl -sSLf 'https://keys.example/a&b/nvidia`id`.gpg' -o ")
+    assert f"upload {SOURCE}\n{source_text(keyring='/etc/apt/keyrings/gpufleet-nvidia.gpg')}" in commands
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["http://mirror.example/nvidia repo/", "ftp://mirror.example/", "mirror.example/x", "http://mirror.example/\nx"],
+)
+def test_urls_that_cannot_go_into_a_source_line_are_refused(url):
+    with pytest.raises(OperationValueError, match="repo_url .*expected an http://, https:// or file:// URL"):
+        run(apt_facts(), repo_url=url)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"branch": "latest"}, "branch 'latest': expected a driver branch number"),
+        ({"branch": "580; reboot"}, "branch '580; reboot'"),
+        ({"flavour": "auto"}, "flavour 'auto': expected one of open, proprietary"),
+        ({"packages_style": "debian"}, "packages_style 'debian': expected one of ubuntu, nvidia"),
+    ],
+)
+def test_bad_arguments_are_refused(kwargs, message):
+    with pytest.raises(OperationValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        run(apt_facts(), **kwargs)
+
+
+def test_branch_may_be_an_int():
+    commands, _ = run(converged(), branch=580)
+    assert commands == []
+
+
+def test_unsupported_distribution_is_refused():
+    with pytest.raises(OperationError, match="unsupported distribution 'Alpine'"):
+        run(apt_facts(extra={LinuxDistribution: {"name": "Alpine", "major": 3, "release_meta": {"ID": "alpine"}}}))
+
+
+def test_default_repository_is_nvidias_for_the_release_and_cpu():
+    facts = apt_facts(extra={LinuxDistribution: UBUNTU, Arch: "aarch64"})
+    commands, _ = run(facts, repo_url=None, nvswitch=False)
+    base = "https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2404/sbsa"
+    assert next(c for c in commands if c.startswith("curl ")).startswith(f"curl -sSLf {base}/3bf863cc.pub -o ")
+    assert f"upload {SOURCE}\n{source_text(base)}" in commands
+
+
+def test_nvidia_repository_operation_alone():
+    commands, _ = run_operation(driver.nvidia_repository, facts=apt_facts(), repo_url=REPO)
+    assert commands[-1] == "apt-get update"
+    commands, _ = run_operation(driver.nvidia_repository, facts=converged(), repo_url=REPO)
+    assert commands == []
+
+
+# ------------------------------------------------------------------------------------------ dnf
+
+
+def dnf_facts(extra: dict | None = None):
+    facts = {
+        LinuxDistribution: ROCKY,
+        Arch: "x86_64",
+        File: lambda path: None,
+        Directory: lambda path: False,
+        Which: lambda command: "/usr/bin/dracut" if command == "dracut" else None,
+        KernelVersion: "5.14.0-427.13.1.el9_4.x86_64",
+        driver._PathExists: lambda path: False,
+        driver._DnfAvailable: lambda package: True,
+        RpmPackages: {},
+        DnfEnabledModules: {},
+        driver._DnfVersionlocks: set(),
+        GpuInventory: gpus(),
+        RebootRequired: False,
+        SystemdStatus: lambda services: {services: False},
+        SystemdEnabled: lambda services: {services: False},
+    }
+    facts.update(extra or {})
+    return facts
+
+
+def test_rhel9_bare_host_module_stream_fabric_manager_versionlock():
+    commands, noops = run(dnf_facts(), repo_url=None)
+    base = "https://developer.download.nvidia.com/compute/cuda/repos/rhel9/x86_64/"
+    assert commands == [
+        f"upload /etc/yum.repos.d/gpufleet-nvidia.repo\n# Managed by gpufleet: NVIDIA driver repository.\n"
+        f"[gpufleet-nvidia]\nname=NVIDIA driver repository (gpufleet)\nbaseurl={base}\nenabled=1\ngpgcheck=1\n"
+        f"gpgkey={base}D42D0685.pub\n",
+        "chmod 644 /etc/yum.repos.d/gpufleet-nvidia.repo",
+        f"upload {NOUVEAU}\n{driver.NOUVEAU_BLACKLIST}",
+        f"chmod 644 {NOUVEAU}",
+        f"dracut -f || {{ rm -f {NOUVEAU}; exit 1; }}",
+        "dnf install -y kernel-devel-5.14.0-427.13.1.el9_4.x86_64",
+        "dnf module install -y --allowerasing nvidia-driver:580-open",
+        "dnf install -y \"nvidia-fabric-manager-$(rpm -q --qf '%{VERSION}' nvidia-driver)\"",
+        "dnf install -y python3-dnf-plugin-versionlock",
+        "dnf versionlock add nvidia-driver 'nvidia-driver-*' 'kmod-nvidia-*' nvidia-fabric-manager",
+        "systemctl daemon-reload",
+        f"systemctl enable {FM_UNIT}",
+        f"systemctl start {FM_UNIT}",
+    ]
+
+
+def rhel_converged(stream="580-open", extra: dict | None = None):
+    files = {"/etc/yum.repos.d/gpufleet-nvidia.repo", NOUVEAU}
+    repo = (
+        "# Managed by gpufleet: NVIDIA driver repository.\n[gpufleet-nvidia]\nname=NVIDIA driver repository "
+        f"(gpufleet)\nbaseurl={REPO}\nenabled=1\ngpgcheck=1\ngpgkey={REPO}/D42D0685.pub\n"
+    )
+    contents = {"/etc/yum.repos.d/gpufleet-nvidia.repo": repo, NOUVEAU: driver.NOUVEAU_BLACKLIST}
+    facts = dnf_facts(
+        extra={
+            File: lambda path: {"mode": 644} if path in files else None,
+            Sha1File: lambda path: sha1(contents[path]),
+            driver._PathExists: lambda path: True,
+            RpmPackages: {
+                "nvidia-driver": {"580.95.05-1.el9"},
+                "nvidia-fabric-manager": {"580.95.05-1"},
+                "python3-dnf-plugin-versionlock": {"4.3.0-13.el9"},
+            },
+            DnfEnabledModules: {"nvidia-driver": stream},
+            driver._DnfVersionlocks: {"nvidia-driver", "nvidia-fabric-manager", "kmod-nvidia-open-dkms"},
+            GpuInventory: gpus("ok", "580.95.05"),
+            SystemdStatus: lambda services: {services: True},
+            SystemdEnabled: lambda services: {services: True},
+        }
+    )
+    facts.update(extra or {})
+    return facts
+
+
+def test_rhel9_converged_is_noop():
+    commands, noops = run(rhel_converged())
+    assert commands == []
+    assert "nvidia-driver:580-open installed (580.95.05-1.el9) and version-locked" in noops
+
+
+def test_rhel9_branch_change_unlocks_resets_stream_and_reinstalls():
+    commands, _ = run(rhel_converged(), branch="570", flavour="proprietary")
+    assert commands == [
+        "dnf versionlock delete kmod-nvidia-open-dkms nvidia-driver nvidia-fabric-manager",
+        "dnf module reset -y nvidia-driver",
+        "dnf module install -y --allowerasing nvidia-driver:570-dkms",
+        "dnf remove -y nvidia-fabric-manager",
+        "dnf install -y \"nvidia-fabric-manager-$(rpm -q --qf '%{VERSION}' nvidia-driver)\"",
+        "dnf versionlock add nvidia-driver 'nvidia-driver-*' 'kmod-nvidia-*' nvidia-fabric-manager",
+        "systemctl daemon-reload",
+        f"systemctl restart {FM_UNIT}",
+    ]
+
+
+# ---------------------------------------------------------------------------------------- facts
+
+POLICY_OUTPUT = """\
+nvidia-driver-580-server-open:
+  Installed: 580.95.05
+  Candidate: 580.95.05
+  Version table:
+ *** 580.95.05 1000
+        500 http://10.77.21.1:8731  Packages
+        100 /var/lib/dpkg/status
+nvidia-fabricmanager-570:
+  Installed: (none)
+  Candidate: (none)
+  Version table:
+     570.172.08-1 -1
+        500 http://10.77.21.1:8731  Packages
+""".splitlines()
+
+
+def test_apt_cache_policy_parses_installed_candidate_and_version_table():
+    assert driver._AptCachePolicy().process(POLICY_OUTPUT) == {
+        "nvidia-driver-580-server-open": {
+            "installed": "580.95.05",
+            "candidate": "580.95.05",
+            "versions": [{"version": "580.95.05", "priority": 1000}],
+        },
+        "nvidia-fabricmanager-570": {
+            "installed": None,
+            "candidate": None,
+            "versions": [{"version": "570.172.08-1", "priority": -1}],
+        },
+    }
+    assert (
+        driver._AptCachePolicy().command(("linux-headers-6.1 x",)) == "LC_ALL=C apt-cache policy 'linux-headers-6.1 x'"
+    )
+
+
+def test_holds_and_versionlocks_and_availability_facts():
+    assert driver._AptHolds().process(["nvidia-open-580", "nvidia-fabricmanager-580:amd64", ""]) == {
+        "nvidia-open-580",
+        "nvidia-fabricmanager-580",
+    }
+    assert driver._DnfVersionlocks().process(
+        ["nvidia-driver-3:580.95.05-1.el9.*", "kmod-nvidia-open-dkms-3:580.95.05-1.el9.*", "Last metadata x"]
+    ) == {"nvidia-driver", "kmod-nvidia-open-dkms"}
+    assert driver._DnfAvailable().process(["Available Packages", "kernel-devel.x86_64  5.14.0-427.el9  baseos"])
+    assert not driver._DnfAvailable().process([])
+    assert driver._PathExists().process(["yes"]) and not driver._PathExists().process(["no"])
+
+
+def test_upstream_version():
+    assert _packaging.upstream_version("580.95.05-0ubuntu0.24.04.1") == "580.95.05"
+    assert _packaging.upstream_version("3:580.95.05-1.el9") == "580.95.05"
+    assert _packaging.upstream_version("580.95.05") == "580.95.05"
+    assert _packaging.upstream_version(None) is None
