@@ -12,15 +12,15 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from pyinfra import host, logger
-from pyinfra.api import OperationError, OperationValueError, StringCommand, operation
+from pyinfra import host, logger, state
+from pyinfra.api import OperationValueError, StringCommand, operation
 from pyinfra.operations import server
 
 from gpufleet.catalog import MigProfile, UnknownGpuModel, UnknownMigProfile, load_catalog
 from gpufleet.facts.mig import MigState, instances_by_gpu
 from gpufleet.facts.nvidia import GpuInventory
 
-from ._systemd import SETTINGS_DIR, UNIT_DIR, all_of, get_state, node_script, put_file, render, systemctl
+from ._systemd import SETTINGS_DIR, UNIT_DIR, all_of, fail, get_state, node_script, put_file, render, systemctl
 
 LAYOUT_PATH = f"{SETTINGS_DIR}/mig-layout.json"
 APPLIER = "/usr/local/sbin/gpufleet-mig-apply"
@@ -270,7 +270,7 @@ def mig_layout(
       (``nvidia-smi -r -i N``), and the services started again, whatever happened;
     + on a GPU still not in the wanted mode (in use, reset not supported), leaves its instances alone and
       warns that a **reboot is required** (with the reason); reboots when ``allow_reboot`` (the boot unit
-      then applies the layout), and fails when the mode is still wrong after that reboot;
+      then applies the layout), and fails this host when the mode is still wrong after that reboot;
     + on a GPU in the wanted mode whose instances differ from the layout (compared as a multiset of profile
       IDs; each GPU instance must hold one full compute instance), destroys its compute then GPU instances
       (``nvidia-smi mig -i N -dci`` / ``-dgi``; refused, and the operation fails, while processes run on
@@ -305,20 +305,21 @@ def mig_layout(
         message = (f"MIG layout not applied: nvidia-smi cannot list the GPUs ({inventory.get('status')}: "
                    f"{inventory.get('error')})")
         host.noop(message)
-        _warn(message)
+        if state.is_executing:  # not while only checking for changes: an earlier operation may load the driver
+            _warn(message)
         return
     gpus = {gpu["index"]: gpu for gpu in inventory["gpus"]}
     plans = [_plan(index, want, gpus, inventory.get("lost_gpus") or []) for index, want in sorted(wanted.items())]
-    state = get_state(paths=(LAYOUT_PATH, APPLIER, UNIT_PATH), units=(UNIT, *holders))
+    managed = get_state(paths=(LAYOUT_PATH, APPLIER, UNIT_PATH), units=(UNIT, *holders))
     changed = False
 
     # 1. The layout, the node script and the boot unit, before any change to a GPU.
-    files = state["files"]
+    files = managed["files"]
     commands = list(put_file(files[LAYOUT_PATH], LAYOUT_PATH, layout_text(plans, holders)))
     commands += put_file(files[APPLIER], APPLIER, node_script("mig_apply.py"), "755")
     unit_commands = list(put_file(files[UNIT_PATH], UNIT_PATH, unit_text()))
     commands += unit_commands
-    unit = state["units"][UNIT]
+    unit = managed["units"][UNIT]
     reload = [systemctl("daemon-reload")] if unit_commands or unit["need_daemon_reload"] else []
     commands += all_of(reload + ([systemctl("enable", UNIT)] if unit["unit_file_state"] != "enabled" else []))
     if commands:
@@ -330,7 +331,7 @@ def mig_layout(
     targets = [plan for plan in plans if not plan.mode_ok(plan.gpu)]
     if targets:
         changed = True
-        running = [u for u in holders if state["units"][u]["active_state"] in _RUNNING]
+        running = [u for u in holders if managed["units"][u]["active_state"] in _RUNNING]
         yield mode_command(targets, running)
         # Evaluated when the command above has run: what the GPUs say now.
         inventory = host.get_fact(GpuInventory)
@@ -345,10 +346,11 @@ def mig_layout(
         inventory = host.get_fact(GpuInventory)
         gpus = {gpu["index"]: gpu for gpu in inventory.get("gpus") or []}
         still = [plan for plan in blocked if not plan.mode_ok(gpus.get(plan.index))]
-        if still:
-            raise OperationError("mig_layout: MIG mode still wrong after a reboot on " + "; ".join(
+        if still:  # a host-state problem: this host fails, the others go on
+            yield fail("MIG mode still wrong after a reboot on " + "; ".join(
                 f"{plan.label}: {(gpus.get(plan.index) or {}).get('mig_current')}, wanted {_MODES[plan.enabled]}"
                 for plan in still))
+            return
         blocked = []
     for plan in blocked:
         now = gpus.get(plan.index) or {}
@@ -360,7 +362,12 @@ def mig_layout(
     # 4. Instances, on the GPUs in the wanted mode: one remote command, stopping at the first failure.
     ready = [plan for plan in plans if plan.enabled and plan not in blocked]
     if ready:
-        existing = instances_by_gpu(host.get_fact(MigState))
+        mig_state = host.get_fact(MigState)
+        if mig_state.get("status") not in ("ok", "not_enabled"):
+            yield fail(f"nvidia-smi cannot list the MIG instances ({mig_state.get('status')}: "
+                       f"{mig_state.get('error')})")
+            return
+        existing = instances_by_gpu(mig_state)
         commands = [c for plan in ready for c in instance_commands(plan, existing.get(plan.index, {}))]
         if commands:
             changed = True
