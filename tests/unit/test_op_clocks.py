@@ -1,0 +1,154 @@
+"""clocks.gpu_clocks: lock where not locked at the range, record, boot unit; reset path."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+from pyinfra.api import OperationValueError
+from pyinfra_harness import run_operation
+
+from gpufleet.facts.nvidia import GpuInventory
+from gpufleet.operations import clocks
+from gpufleet.operations._systemd import GPU_SETTINGS_SCRIPT, ManagedState, gpu_settings_unit, node_script
+
+UNIT_PATH = f"/etc/systemd/system/{clocks.UNIT}"
+UUID0 = "GPU-0c5ef656-7642-5c6a-a509-453b0e5cca1e"
+UUID1 = "GPU-61da76c4-0cad-5e7c-83d5-994bce5c83e1"
+
+
+def inventory(*uuids: str, status: str = "ok") -> dict:
+    gpus = [{"index": i, "uuid": u, "name": "NVIDIA A100-SXM4-40GB", "clocks_max_sm_mhz": 1410}
+            for i, u in enumerate(uuids)]
+    return {"status": status, "error": None, "exit_code": 0, "driver_version": "580.95.05", "lost_gpus": [],
+            "gpus": gpus}
+
+
+def managed(files: dict | None = None, units: dict | None = None):
+    files = files or {}
+    unit_states = units or {}
+
+    def fact(paths=(), read=(), units=()):
+        def entry(path):
+            if files.get(path) is None:
+                return None
+            mode = "755" if path == GPU_SETTINGS_SCRIPT else "644"
+            return {"type": "file", "mode": mode, "user": "root", "group": "root", "target": None,
+                    "sha1": hashlib.sha1(files[path].encode()).hexdigest()}
+
+        return {
+            "files": {p: entry(p) for p in paths},
+            "contents": {p: files.get(p) for p in read},
+            "units": {u: {"load_state": "loaded", "active_state": "inactive", "sub_state": "dead",
+                          "unit_file_state": "disabled", "need_daemon_reload": False, **unit_states.get(u, {})}
+                      for u in units},
+        }
+
+    return fact
+
+
+def run(inv: dict, lock_mhz, files=None, units=None):
+    return run_operation(clocks.gpu_clocks, facts={GpuInventory: inv, ManagedState: managed(files, units)},
+                         lock_mhz=lock_mhz)
+
+
+def converged(locks: dict) -> dict:
+    return {
+        clocks.LOCKED: clocks.locked_text(locks),
+        clocks.CONF: clocks.conf_text(locks),
+        GPU_SETTINGS_SCRIPT: node_script("gpu-settings.sh"),
+        UNIT_PATH: gpu_settings_unit(clocks.UNIT, clocks.DESCRIPTION, "clocks", clocks.CONF),
+    }
+
+
+ACTIVE = {clocks.UNIT: {"unit_file_state": "enabled", "active_state": "active", "sub_state": "exited"}}
+
+
+def test_fresh_host_locks_every_gpu_records_and_installs_the_boot_unit():
+    commands, noops = run(inventory(UUID0, UUID1), (1500, 1980))
+    locks = {UUID0: "1500,1980", UUID1: "1500,1980"}
+    assert commands[:4] == [
+        f"nvidia-smi -i {UUID0} -lgc 1500,1980 && nvidia-smi -i {UUID1} -lgc 1500,1980",
+        "mkdir -p /run/gpufleet",
+        f"upload {clocks.LOCKED}\n{clocks.locked_text(locks)}",
+        f"chown root:root {clocks.LOCKED} && chmod 644 {clocks.LOCKED}",
+    ]
+    assert f"upload {clocks.CONF}\n{clocks.conf_text(locks)}" in commands
+    assert commands[-3:] == ["systemctl daemon-reload", "systemctl enable gpufleet-gpu-clocks.service",
+                             "systemctl start gpufleet-gpu-clocks.service"]
+    assert f"ExecStart={GPU_SETTINGS_SCRIPT} clocks {clocks.CONF}" in gpu_settings_unit(
+        clocks.UNIT, clocks.DESCRIPTION, "clocks", clocks.CONF).splitlines()
+    assert noops == []
+
+
+def test_locked_at_the_range_is_noop():
+    locks = {UUID0: "1500,1980", UUID1: "1500,1980"}
+    commands, noops = run(inventory(UUID0, UUID1), (1500, 1980), converged(locks), ACTIVE)
+    assert commands == []
+    assert noops == ["clocks locked at 1500,1980 MHz on 2 GPU(s)"]
+
+
+def test_only_gpus_not_locked_at_the_range_are_locked():
+    files = {**converged({UUID0: "1500,1980", UUID1: "1500,1980"}),
+             clocks.LOCKED: clocks.locked_text({UUID0: "1500,1980", UUID1: "1200,1400"})}
+    commands, _ = run(inventory(UUID0, UUID1), (1500, 1980), files, ACTIVE)
+    assert commands == [
+        f"nvidia-smi -i {UUID1} -lgc 1500,1980",
+        f"upload {clocks.LOCKED}\n{clocks.locked_text({UUID0: '1500,1980', UUID1: '1500,1980'})}",
+    ]
+
+
+def test_after_reboot_without_record_gpus_are_locked_again():
+    files = converged({UUID0: "1500,1980"})
+    files[clocks.LOCKED] = None  # /run emptied at boot
+    commands, _ = run(inventory(UUID0), (1500, 1980), files, ACTIVE)
+    assert commands[0] == f"nvidia-smi -i {UUID0} -lgc 1500,1980"
+
+
+def test_reset_path_resets_what_gpufleet_locked_and_removes_file_and_unit():
+    files = converged({UUID0: "1500,1980", UUID1: "1500,1980"})
+    commands, _ = run(inventory(UUID0), None, files, ACTIVE)  # UUID1 no longer on the host: nothing to reset
+    assert commands == [
+        f"nvidia-smi -i {UUID0} -rgc",
+        f"rm -f {clocks.LOCKED}",
+        "systemctl stop gpufleet-gpu-clocks.service",
+        "systemctl disable gpufleet-gpu-clocks.service",
+        f"rm -f {UNIT_PATH}",
+        "systemctl daemon-reload",
+        f"rm -f {clocks.CONF}",
+    ]
+
+
+def test_reset_with_nothing_locked_is_noop():
+    commands, noops = run(inventory(UUID0), None, {}, {clocks.UNIT: {"load_state": "not-found"}})
+    assert commands == []
+    assert noops == ["no GPU clocks locked by gpufleet"]
+
+
+def test_no_gpu_reachable_changes_nothing():
+    commands, noops = run(inventory(status="driver_not_loaded"), (1500, 1980))
+    assert commands == []
+    assert noops == ["no GPU reachable (driver_not_loaded): clocks are locked by the next run"]
+
+
+def test_uuid_is_quoted():
+    odd = "GPU-x y"
+    commands, _ = run(inventory(odd), (1500, 1500), converged({odd: "1500,1500"}) | {clocks.LOCKED: ""}, ACTIVE)
+    assert commands[0] == "nvidia-smi -i 'GPU-x y' -lgc 1500,1500"
+
+
+@pytest.mark.parametrize(
+    ("lock", "message"),
+    [
+        ((1980, 1500), "need 0 < min <= max"),
+        ((0, 1500), "need 0 < min <= max"),
+        ((1500,), "must be \\(min MHz, max MHz\\)"),
+        (("1500", "1980"), "must be \\(min MHz, max MHz\\)"),
+        ((1500.0, 1980), "must be \\(min MHz, max MHz\\)"),
+        ((True, 1980), "must be \\(min MHz, max MHz\\)"),
+        (1500, "must be \\(min MHz, max MHz\\)"),
+    ],
+)
+def test_bad_lock_is_refused(lock, message):
+    with pytest.raises(OperationValueError, match=message):
+        run(inventory(UUID0), lock)
