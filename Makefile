@@ -35,8 +35,7 @@ system-deps:
 	fi
 
 $(VENV)/.installed: pyproject.toml
-	python3 -m venv $(VENV)
-	$(VENV)/bin/pip install -q --upgrade pip
+	python3 -m venv --clear $(VENV)
 	$(VENV)/bin/pip install -q -e '.[dev]'
 	touch $@
 
