@@ -58,11 +58,12 @@ def run(fleet, *extra):
 
 def assert_branch(fleet, branch: str):
     version = VERSIONS[branch]
+    # Debian revisions as the packages carry them: Ubuntu-style driver "-0ubuntu1", fabric manager "-1"
     assert packages(fleet, NVSWITCH) == {
-        f"nvidia-driver-{branch}-server-open": f"hi {version}",
-        f"nvidia-fabricmanager-{branch}": f"hi {version}",
+        f"nvidia-driver-{branch}-server-open": f"hi {version}-0ubuntu1",
+        f"nvidia-fabricmanager-{branch}": f"hi {version}-1",
     }
-    assert packages(fleet, PLAIN) == {f"nvidia-driver-{branch}-server-open": f"hi {version}"}
+    assert packages(fleet, PLAIN) == {f"nvidia-driver-{branch}-server-open": f"hi {version}-0ubuntu1"}
     holds = ssh(fleet, NVSWITCH, "apt-mark showhold").stdout.split()
     assert sorted(holds) == sorted([f"nvidia-driver-{branch}-server-open", f"nvidia-fabricmanager-{branch}"])
 
@@ -142,7 +143,7 @@ def test_flavour_change_flags_the_reboot_the_version_cannot_show(fleet):
     flavour = ("--data", "gpufleet_test_driver_branch=570", "--data", "gpufleet_test_driver_flavour=proprietary")
     output, total = run(fleet, *flavour, "--limit", PLAIN)
     assert total["error"] == "-" and total["success"] == "1", output
-    assert packages(fleet, PLAIN) == {"nvidia-driver-570-server": "hi 570.172.08"}
+    assert packages(fleet, PLAIN) == {"nvidia-driver-570-server": "hi 570.172.08-0ubuntu1"}
     assert f"[{PLAIN}] reboot pending: the system flags a pending reboot (/var/run/reboot-required)" in output
     gpufleet("sim", "reboot", PLAIN)
     output, total = run(fleet, *flavour, "--limit", PLAIN)
