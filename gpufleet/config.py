@@ -854,6 +854,11 @@ def register_namespace(prefix: str) -> None:
     _registered_namespaces.add(prefix)
 
 
+# The verify stage's settings (gpufleet/verify/run.py validates them); registered here so that the converge
+# deploy, which never imports the verify code, accepts an inventory that sets them.
+register_namespace("gpufleet_verify_")
+
+
 def _is_ours(key: Any) -> bool:
     if not isinstance(key, str) or not key.startswith(KEY_PREFIX):
         return False

@@ -21,7 +21,9 @@ CLASS_BRIDGE = 0x068000  # NVSwitch: bridge
 # NVSwitch device ids by GPU architecture: H100 NVSwitch 22a3 and A100 NVSwitch 1af1 as lspci shows them on
 # HGX boards; the Blackwell NVLink switch id is unverified.
 NVSWITCH_DEVICE = {"Hopper": 0x22A3, "Ampere": 0x1AF1, "Blackwell": 0x2901}
-NVSWITCH_BUSES = (0x05, 0x06, 0x07, 0x08, 0x09, 0x0A)
+# NVSwitch bus numbers: HGX H100/H200 boards put them at 05-08; DGX A100 at c4-c9 (its GPUs use 07 and 0f).
+NVSWITCH_BUSES = {"Ampere": (0xC4, 0xC5, 0xC6, 0xC7, 0xC8, 0xC9)}
+DEFAULT_NVSWITCH_BUSES = (0x05, 0x06, 0x07, 0x08, 0x09, 0x0A)
 UNIT = "gpufleet-sim-pci.service"
 UNIT_TEXT = f"""\
 [Unit]
@@ -71,7 +73,9 @@ def write_devices(state: dict[str, str], dest: Path) -> None:
         cls = CLASS_VGA if gpu.get("brand") == "GeForce" else CLASS_3D
         _device(dest, _address(gpu["pci.bus_id"]), int(gpu["pci.device_id"], 16) >> 16, cls,
                 int(gpu.get("pci.sub_device_id", "0x0"), 16) >> 16)
-    for bus in NVSWITCH_BUSES[: int(state.get("nvswitch.count", "0"))]:
+    taken = {path.name for path in dest.iterdir()}
+    buses = [b for b in NVSWITCH_BUSES.get(architecture, DEFAULT_NVSWITCH_BUSES) if f"0000:{b:02x}:00.0" not in taken]
+    for bus in buses[: int(state.get("nvswitch.count", "0"))]:
         _device(dest, f"0000:{bus:02x}:00.0", NVSWITCH_DEVICE.get(architecture, 0x22A3), CLASS_BRIDGE, 0x1796)
 
 

@@ -7,7 +7,7 @@ from pyinfra.api import State
 from pyinfra.context import ctx_state
 from pyinfra_cli.inventory import make_inventory
 
-from gpufleet.sim import hosts, network, repo
+from gpufleet.sim import hardware, hosts, network, pci, repo
 
 
 def test_requirements_name_the_package_to_install(monkeypatch):
@@ -62,3 +62,13 @@ def test_written_inventory_loads_in_pyinfra_with_profile_groups(tmp_path, monkey
     assert node02.data.gpufleet_driver_repo_url == "http://10.77.0.1:8731/"
     assert sorted(h.name for h in inventory.get_group("sim_h100_sxm_8")) == ["node01", "node03"]
     assert sorted(h.name for h in inventory.get_group("gpu_nodes")) == ["node01", "node02", "node03"]
+
+
+@pytest.mark.parametrize("profile", sorted(hardware.PROFILES))
+def test_every_profile_has_distinct_pci_devices_for_gpus_and_nvswitches(profile, tmp_path):
+    state = hardware.build_state(profile, "node01")
+    pci.write_devices(state, tmp_path / "pci")
+    devices = {d.name: (d / "class").read_text().strip() for d in (tmp_path / "pci").iterdir()}
+    spec = hardware.PROFILES[profile]
+    assert sum(cls.startswith("0x03") for cls in devices.values()) == spec.gpu_count
+    assert sum(cls == "0x068000" for cls in devices.values()) == spec.nvswitch_count
