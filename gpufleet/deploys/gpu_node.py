@@ -4,6 +4,10 @@ driver → persistence → power → mig → nccl → clocks. The GPU stages nee
 which only the driver can tell: on a host whose driver is installed by this very run they are planned at
 execution time, right after the driver stage, from fresh facts (a nested pyinfra step); on every later run
 they are planned up front like any operation, so a converged node reports no change.
+
+Fact reads go through :mod:`gpufleet.facts.prefetch` (installed when the first host is prepared): each distinct
+read costs one SSH round trip until something changes the host, and the preflight facts of every host are read
+concurrently.
 """
 
 from __future__ import annotations
@@ -14,12 +18,18 @@ from pyinfra.operations import python
 
 from gpufleet import preflight
 from gpufleet.config import NodeConfig, resolve_power_limits
+from gpufleet.facts import prefetch
 from gpufleet.facts.nvidia import GpuInventory
+from gpufleet.facts.packages import NvidiaPackages
+from gpufleet.facts.pci import NvidiaPciDevices
+from gpufleet.facts.system import OsInfo, SecureBoot
 from gpufleet.operations import clocks, driver, mig, nccl, persistence, power
 
 from ._inputs import checked_facts, node_config
 
 GPU_STAGES = ("persistence", "power", "mig", "nccl", "clocks")
+# what preflight.gather_facts reads on every host: prefetched on all hosts when the first one is prepared
+PREFLIGHT_FACTS = (OsInfo, NvidiaPciDevices, SecureBoot, NvidiaPackages, GpuInventory)
 
 
 def driver_stage(config: NodeConfig, facts: preflight.HostFacts) -> None:
@@ -70,11 +80,13 @@ def gpu_stages(config: NodeConfig, inventory_fact: dict) -> None:
 
 
 def _gpu_stages_after_driver(config: NodeConfig) -> None:
+    prefetch.invalidate(host.state, host)  # planned from what the node says now, never from an earlier read
     gpu_stages(config, host.get_fact(GpuInventory))
 
 
 @deploy("gpufleet: GPU node")
 def gpu_node() -> None:
+    prefetch.install(host.state, PREFLIGHT_FACTS)
     config = node_config(host, inventory)
     facts, ok = checked_facts(host, inventory, config)
     if not ok:

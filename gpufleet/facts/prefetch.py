@@ -1,0 +1,287 @@
+"""Fast fact reads for the gpufleet deploy: one SSH round trip per distinct read, and the reads known in advance
+run concurrently.
+
+Why: pyinfra 3 has no fact cache. Every ``host.get_fact`` is a remote command, so a converged node costs ~30
+commands per host (GpuInventory alone 5 times: preflight, then the driver, persistence, MIG and power
+operations), one after another within a host. And pyinfra's SSH connector leaves Nagle's algorithm on: each
+command then waits ~40 ms for the server's delayed ACK, more than the command itself.
+
+What, installed by the gpufleet deploy only (:func:`install`, on the hosts of one pyinfra ``State``):
+
+* **TCP_NODELAY** on every SSH connection (also after a reconnect, e.g. a reboot).
+* **Memo.** A fact read's output is kept, per host and per exact command (with its sudo/env/... arguments),
+  until anything else touches that host: any other command, upload, download, rsync, connect or disconnect
+  (:func:`invalidate` does the same explicitly). During PREPARE nothing changes on the hosts, so every read
+  stays valid; during EXECUTE a read made after an operation's command sees that command's effect, as without
+  the memo, while reads between two commands (the no-op case) are shared. PREPARE's reads are kept into EXECUTE
+  only with ``-y`` (pyinfra then executes at once; otherwise it waits for a confirmation, and the hosts may
+  change meanwhile). What is kept is the command's output, not the fact: pyinfra parses, logs and fails hosts on
+  every read exactly as it would without the memo. Only successful outputs are kept; a failed read or an
+  exception is never replayed.
+* **Prefetch.** :meth:`FactMemo.prefetch` starts given fact reads on every given host at once: on each host the
+  first read alone (a sudo password prompt or askpass upload happens once), then the others on a few concurrent
+  SSH channels. :func:`install` prefetches the preflight facts when the first host starts preparing; when
+  pyinfra checks for changes (no ``-y``), the reads the operations made while being prepared are prefetched
+  again, per host, when execution starts. A prefetch stops as soon as the command's output is stored: nothing is
+  parsed, logged or failed until the deploy asks for that fact, and a prefetch that raised or failed is simply
+  read again then, so errors surface where and as they would without it. A read that nobody prefetched (a
+  host-specific argument) is an ordinary read. A prefetch never overlaps a change: before anything else runs on
+  a host, the prefetches running there are awaited and those not started yet are dropped (a GPU reset, say,
+  fails while an nvidia-smi query holds the GPU).
+"""
+
+from __future__ import annotations
+
+import socket
+import weakref
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import gevent
+from gevent.event import Event
+from gevent.lock import BoundedSemaphore
+from pyinfra import logger
+from pyinfra.api.command import StringCommand
+from pyinfra.api.facts import get_fact
+from pyinfra.api.state import StateStage
+from pyinfra.connectors.util import CommandOutput
+
+PER_HOST_CHANNELS = 4  # concurrent prefetch commands per host (sshd allows 10 sessions per connection)
+_ACTIVE_STAGES = (StateStage.Prepare, StateStage.Execute)
+_CHANGING_METHODS = ("put_file", "get_file", "rsync", "disconnect")  # besides run_shell_command and connect
+
+FactCall = tuple[type, tuple, dict]  # (fact class, args, kwargs) as given to host.get_fact
+
+
+class _Prefetched(Exception):
+    """Ends a prefetch greenlet's ``get_fact`` once the output is stored (or not needed), before pyinfra
+    parses, logs or fails anything: that happens when the deploy itself asks for the fact."""
+
+    def __init__(self, ok: bool = False):
+        super().__init__()
+        self.ok = ok  # the output is stored, or being read
+
+
+@dataclass(eq=False)
+class _Entry:
+    epoch: int
+    done: Event = field(default_factory=Event)
+    result: tuple[bool, CommandOutput] | None = None  # set once read successfully
+
+
+@dataclass(eq=False)
+class _HostMemo:
+    epoch: int = 0  # bumped by anything that may change the host: entries of an older epoch are stale
+    entries: dict[tuple, _Entry] = field(default_factory=dict)
+    prefetching: set = field(default_factory=set)  # prefetch greenlets running a read on this host
+    op_reads: dict[str, FactCall] = field(default_factory=dict)  # reads made by operations while preparing
+    channels: BoundedSemaphore = field(default_factory=lambda: BoundedSemaphore(PER_HOST_CHANNELS))
+
+
+class FactMemo:
+    """The memo and prefetcher of one pyinfra ``State`` (see the module docstring)."""
+
+    def __init__(self, state) -> None:
+        self.state = state
+        self.stage = state.current_stage
+        self.hosts: dict[Any, _HostMemo] = {}
+        self._reading: dict[tuple, int] = {}  # (greenlet, host) -> depth of host.get_fact calls in progress
+        self._prefetchers: set = set()  # greenlets running a prefetch
+        for host in state.inventory:
+            self._wrap(host)
+
+    # ---------------------------------------------------------------------------------------- public
+
+    def prefetch(self, hosts: Iterable, calls: Sequence[FactCall]) -> list[gevent.Greenlet]:
+        """Start reading ``calls`` on ``hosts`` (active, connected ones) concurrently; return the greenlets."""
+        if not self._sync() or not calls:
+            return []
+        return [gevent.spawn(self._prefetch_host, host, self._memo(host).epoch, calls) for host in hosts]
+
+    def invalidate(self, host) -> None:
+        """Forget every read of ``host``: from now on its facts are read again."""
+        memo = self._memo(host)
+        memo.epoch += 1
+        memo.entries.clear()
+
+    # ----------------------------------------------------------------------------------------- hooks
+
+    def _wrap(self, host) -> None:
+        """Shadow the host's I/O methods on the instance (this state's hosts only, nothing else)."""
+        self._memo(host)
+
+        def bind(method: Callable, name: str) -> Callable:
+            original = getattr(host, name)
+            return lambda *args, **kwargs: method(host, original, *args, **kwargs)
+
+        host.get_fact = bind(self._get_fact, "get_fact")
+        host.run_shell_command = bind(self._run_shell_command, "run_shell_command")
+        host.connect = bind(self._connect, "connect")
+        for name in _CHANGING_METHODS:
+            setattr(host, name, bind(self._change, name))
+
+    def _get_fact(self, host, original, cls, *args, **kwargs):
+        if self._sync() and self.stage == StateStage.Prepare and host.in_op:
+            self._memo(host).op_reads.setdefault(repr((cls, args, sorted(kwargs.items()))), (cls, args, kwargs))
+        key = (gevent.getcurrent(), host)
+        self._reading[key] = self._reading.get(key, 0) + 1
+        try:
+            return original(cls, *args, **kwargs)
+        finally:
+            self._reading[key] -= 1
+            if not self._reading[key]:
+                del self._reading[key]
+
+    def _run_shell_command(self, host, original, *args, **kwargs):
+        current = gevent.getcurrent()
+        prefetching = current in self._prefetchers
+        if not (prefetching or (current, host) in self._reading):
+            return self._change(host, original, *args, **kwargs)  # an operation's command, not a fact read
+        key = _cache_key(args, kwargs) if self._sync() else None
+        if key is None:
+            if prefetching:
+                raise _Prefetched()
+            return original(*args, **kwargs)
+        return self._read(host, key, prefetching, lambda: original(*args, **kwargs))
+
+    def _connect(self, host, original, *args, **kwargs):
+        result = self._change(host, original, *args, **kwargs)
+        set_nodelay(host)
+        return result
+
+    def _change(self, host, original, *args, **kwargs):
+        """Anything but a fact read may change the host: what was read before (or during) it is stale."""
+        if gevent.getcurrent() in self._prefetchers:
+            raise _Prefetched()  # a prefetch never connects, nor does anything else
+        self.invalidate(host)  # prefetches not started yet are dropped
+        gevent.joinall(list(self._memo(host).prefetching))  # those running finish first
+        try:
+            return original(*args, **kwargs)
+        finally:
+            self.invalidate(host)
+
+    # -------------------------------------------------------------------------------------- internals
+
+    def _memo(self, host) -> _HostMemo:
+        if host not in self.hosts:
+            self.hosts[host] = _HostMemo()
+        return self.hosts[host]
+
+    def _sync(self) -> bool:
+        """Follow the state's stage (see the module docstring); True while the memo is in use."""
+        stage = self.state.current_stage
+        if stage != self.stage:
+            keep = (self.stage, stage) == (StateStage.Prepare, StateStage.Execute) \
+                and not self.state.should_check_for_changes()  # -y: no confirmation in between
+            self.stage = stage
+            for host in self.hosts if not keep else ():
+                self.invalidate(host)
+            if stage == StateStage.Execute:
+                for host, memo in self.hosts.items():
+                    if memo.op_reads:
+                        self.prefetch([host], list(memo.op_reads.values()))
+        return stage in _ACTIVE_STAGES
+
+    def _read(self, host, key: tuple, prefetching: bool, run: Callable) -> tuple[bool, CommandOutput]:
+        memo = self._memo(host)
+        entry = memo.entries.get(key)
+        if entry is not None and entry.epoch == memo.epoch:
+            if prefetching:
+                raise _Prefetched(ok=True)  # already read or being read
+            entry.done.wait()
+            if entry.result is not None and entry.epoch == memo.epoch:
+                return _copy(entry.result)
+        entry = memo.entries[key] = _Entry(memo.epoch)
+        try:
+            result = run()
+            if result[0] and entry.epoch == memo.epoch:
+                entry.result = _copy(result)
+        except Exception:
+            if prefetching:
+                raise _Prefetched() from None  # the deploy's own read meets the error
+            raise
+        finally:
+            if entry.result is None and memo.entries.get(key) is entry:
+                del memo.entries[key]  # failed, raised or went stale: the next read goes to the host
+            entry.done.set()
+        if prefetching:
+            raise _Prefetched(ok=entry.result is not None)
+        return result
+
+    def _prefetch_host(self, host, epoch: int, calls: Sequence[FactCall]) -> None:
+        """The first read runs alone and the others only if it succeeded: a sudo password prompt or askpass
+        upload happens once, as without prefetch, and a host that does not answer is not asked again."""
+        if self._prefetch_one(host, epoch, calls[0]):
+            gevent.joinall([gevent.spawn(self._prefetch_one, host, epoch, call) for call in calls[1:]])
+
+    def _prefetch_one(self, host, epoch: int, call: FactCall) -> bool:
+        cls, args, kwargs = call
+        memo = self._memo(host)
+        with memo.channels:
+            if not self._sync() or memo.epoch != epoch or host not in self.state.active_hosts \
+                    or not host.connected:
+                return False
+            current = gevent.getcurrent()
+            self._prefetchers.add(current)
+            memo.prefetching.add(current)
+            try:
+                get_fact(self.state, host, cls, args=args, kwargs=kwargs)
+            except _Prefetched as done:
+                return done.ok
+            except Exception as error:  # the deploy's own read of this fact meets it again, where it should
+                logger.debug(f"{host.name}: prefetch of {cls.__name__} failed: {error!r}")
+            finally:
+                self._prefetchers.discard(current)
+                memo.prefetching.discard(current)
+            return False
+
+
+def _cache_key(args: tuple, kwargs: dict) -> tuple | None:
+    """(command, connector arguments) of a fact read, or None where its output must not be reused."""
+    if len(args) != 1 or kwargs.get("print_output") or kwargs.get("print_input") or kwargs.get("_stdin"):
+        return None
+    command = args[0]
+    text = command.get_raw_value() if isinstance(command, StringCommand) else command
+    if not isinstance(text, str):
+        return None
+    return text, repr(sorted((k, v) for k, v in kwargs.items() if k not in ("print_output", "print_input")))
+
+
+def _copy(result: tuple[bool, CommandOutput]) -> tuple[bool, CommandOutput]:
+    return result[0], CommandOutput(list(result[1].combined_lines))
+
+
+def set_nodelay(host) -> None:
+    """Send each SSH packet at once (TCP_NODELAY) instead of holding small ones back for the peer's delayed ACK,
+    which costs ~40 ms per remote command. No-op for connectors other than SSH over TCP."""
+    client = getattr(host.connector, "client", None)
+    transport = client.get_transport() if client is not None else None
+    try:
+        transport.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    except (AttributeError, OSError):
+        pass
+
+
+_memos: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def install(state, facts: Sequence[type] = ()) -> FactMemo:
+    """Install the memo on ``state``'s hosts (once per state; pass the real ``State``, e.g. ``host.state``);
+    the first call also sets TCP_NODELAY and prefetches ``facts`` (no arguments) on every active host."""
+    memo = _memos.get(state)
+    if memo is None:
+        memo = _memos[state] = FactMemo(state)
+        for host in state.inventory:
+            if host.connected:
+                set_nodelay(host)
+        memo.prefetch(state.inventory.get_active_hosts(), [(cls, (), {}) for cls in facts])
+    return memo
+
+
+def invalidate(state, host) -> None:
+    """Forget ``host``'s reads (where the memo is installed): the facts read next are fresh. ``host`` may be
+    pyinfra's context ``host``."""
+    memo = _memos.get(state)
+    if memo is not None:
+        memo.invalidate(state.inventory.get_host(host.name))

@@ -1,0 +1,362 @@
+"""gpufleet.facts.prefetch: the fact memo and prefetch, on a real pyinfra State whose hosts run a fake connector.
+
+Each fake host holds a ``value``; ``read value`` (a fact) prints it, ``write N`` (an operation's command) sets it.
+Commands take a few milliseconds (gevent.sleep) so that concurrent reads overlap.
+"""
+
+from __future__ import annotations
+
+import socket
+
+import gevent
+import pytest
+from pyinfra.api import Config, FactBase, Inventory, State, StringCommand
+from pyinfra.api.exceptions import PyinfraError
+from pyinfra.api.state import StateStage
+from pyinfra.connectors.base import BaseConnector
+from pyinfra.connectors.util import CommandOutput, OutputLine
+
+from gpufleet.facts import prefetch
+
+DELAY = 0.02
+
+
+class FakeConnector(BaseConnector):
+    handles_execution = True
+
+    def __init__(self, state, host):
+        super().__init__(state, host)
+        self.value = 0
+        self.log: list[str] = []  # commands run, in order
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.fail: set[str] = set()  # commands that exit non-zero
+        self.raise_on: set[str] = set()  # commands whose channel breaks (OSError)
+        self.overlaps = 0  # writes started while something else ran
+
+    @staticmethod
+    def make_names_data(name):
+        yield name, {}, []
+
+    def run_shell_command(self, command, print_output=False, print_input=False, **arguments):
+        text = command.get_raw_value() if isinstance(command, StringCommand) else str(command)
+        self.log.append(text)
+        if text.startswith("write ") and self.in_flight:
+            self.overlaps += 1
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            gevent.sleep(DELAY)
+        finally:
+            self.in_flight -= 1
+        if text in self.raise_on:
+            raise OSError("channel closed")
+        if text.startswith("write "):
+            self.value = int(text.split()[1])
+            return True, CommandOutput([])
+        lines = {"read value": [str(self.value)], "read name": [self.host.name], "read bad": ["x"]}.get(text, [])
+        return text not in self.fail, CommandOutput([OutputLine("stdout", line) for line in lines])
+
+    def put_file(self, *args, **kwargs):
+        self.value = -1
+        return True
+
+    def get_file(self, *args, **kwargs):
+        return True
+
+
+class Value(FactBase):
+    def command(self):
+        return "read value"
+
+    def process(self, output):
+        return int(output[0])
+
+
+class Name(FactBase):
+    def command(self):
+        return "read name"
+
+
+class Word(FactBase):
+    def command(self, word):
+        return f"read {word}"
+
+
+class Bad(FactBase):
+    """Output the parser rejects with a plain exception (a bug, not a FactProcessError)."""
+
+    def command(self):
+        return "read bad"
+
+    def process(self, output):
+        return int(output[0])
+
+
+@pytest.fixture
+def state():
+    inventory = Inventory((["h1", "h2", "h3"], {}))
+    for host in inventory:
+        host.connector_cls = FakeConnector
+    state = State(inventory, Config())
+    for host in inventory:
+        host.connected = True
+        state.activate_host(host)
+    state.set_stage(StateStage.Prepare)
+    return state
+
+
+def hosts(state):
+    return [state.inventory.get_host(name) for name in ("h1", "h2", "h3")]
+
+
+def log(host) -> list[str]:
+    return host.connector.log
+
+
+def write(host, value: int):
+    """An operation's command (not a fact read)."""
+    return host.run_shell_command(StringCommand(f"write {value}"), print_output=False, print_input=False)
+
+
+def test_repeated_reads_while_preparing_cost_one_command(state):
+    h1, _, _ = hosts(state)
+    prefetch.install(state)
+    assert [h1.get_fact(Value) for _ in range(5)] == [0] * 5
+    assert log(h1) == ["read value"]
+
+
+def test_without_install_every_read_is_a_command(state):
+    h1, _, _ = hosts(state)
+    h1.get_fact(Value)
+    h1.get_fact(Value)
+    assert log(h1) == ["read value", "read value"]
+
+
+def test_install_is_per_state_and_idempotent(state):
+    other = State(Inventory((["x"], {})), Config())
+    assert prefetch.install(state) is prefetch.install(state)
+    assert "get_fact" in vars(hosts(state)[0])
+    assert "get_fact" not in vars(other.inventory.get_host("x"))
+
+
+def test_switching_to_execute_forgets_what_was_read_while_preparing(state):
+    h1, _, _ = hosts(state)
+    prefetch.install(state)
+    h1.get_fact(Value)
+    h1.connector.value = 7  # e.g. changed by someone while pyinfra asked for confirmation
+    state.set_stage(StateStage.Execute)
+    assert h1.get_fact(Value) == 7
+    assert log(h1) == ["read value", "read value"]
+
+
+def test_with_yes_what_was_read_while_preparing_is_kept_into_execution(state):
+    h1, _, _ = hosts(state)
+    state.check_for_changes = False  # pyinfra -y: execution follows preparation at once
+    prefetch.install(state)
+    h1.get_fact(Value)
+    state.set_stage(StateStage.Execute)
+    h1.get_fact(Value)
+    assert log(h1) == ["read value"]
+
+
+def test_a_command_makes_later_reads_fresh(state):
+    h1, h2, _ = hosts(state)
+    prefetch.install(state)
+    state.set_stage(StateStage.Execute)
+    assert h1.get_fact(Value) == 0
+    assert h2.get_fact(Value) == 0
+    write(h1, 5)
+    assert h1.get_fact(Value) == 5  # read again, after the command
+    assert h1.get_fact(Value) == 5  # shared until the next command
+    assert h2.get_fact(Value) == 0  # other hosts keep theirs
+    assert log(h1) == ["read value", "write 5", "read value"]
+    assert log(h2) == ["read value"]
+
+
+@pytest.mark.parametrize("change", [
+    lambda host: host.put_file("local", "/remote"),
+    lambda host: host.get_file("/remote", "local"),
+    lambda host: host.disconnect(),
+    lambda host: prefetch.invalidate(host.state, host),
+])
+def test_uploads_downloads_disconnects_and_invalidate_make_reads_fresh(state, change):
+    h1, _, _ = hosts(state)
+    prefetch.install(state)
+    h1.get_fact(Value)
+    change(h1)
+    h1.get_fact(Value)
+    assert log(h1).count("read value") == 2
+
+
+def test_a_read_overlapping_a_command_is_not_kept(state):
+    h1, _, _ = hosts(state)
+    prefetch.install(state)
+    state.set_stage(StateStage.Execute)
+    reader = gevent.spawn(h1.get_fact, Value)
+    gevent.sleep(DELAY / 2)  # the read is in flight
+    write(h1, 3)
+    reader.get()
+    assert h1.get_fact(Value) == 3
+    assert log(h1) == ["read value", "write 3", "read value"]
+
+
+def test_other_arguments_are_another_read(state):
+    h1, _, _ = hosts(state)
+    prefetch.install(state)
+    h1.get_fact(Value)
+    h1.get_fact(Value, _sudo=True)
+    h1.get_fact(Value, _sudo=True)
+    assert log(h1) == ["read value", "read value"]
+
+
+def test_printing_fact_output_bypasses_the_memo(state):
+    h1, _, _ = hosts(state)
+    prefetch.install(state)
+    state.print_fact_output = True
+    h1.get_fact(Value)
+    h1.get_fact(Value)
+    assert log(h1) == ["read value", "read value"]
+
+
+def test_prefetch_reads_every_host_concurrently_and_the_deploy_reuses_it(state):
+    words = [(Word, (word,), {}) for word in "abc"]
+    prefetch.install(state).prefetch(hosts(state), [(Value, (), {}), *words])
+    gevent.sleep(1.5 * DELAY)  # every host: "read value" alone, then the three others at once
+    for host in hosts(state):
+        assert host.connector.in_flight == 3
+    for host in hosts(state):
+        assert host.get_fact(Value) == 0
+        for word in "abc":
+            host.get_fact(Word, word)
+        assert log(host) == ["read value", "read a", "read b", "read c"]
+
+
+def test_a_host_whose_first_read_fails_is_not_prefetched_further(state):
+    h1, _, _ = hosts(state)
+    h1.connector.fail.add("read value")
+    for greenlet in prefetch.install(state).prefetch([h1], [(Value, (), {}), (Name, (), {})]):
+        greenlet.get()
+    assert log(h1) == ["read value"]
+
+
+def test_a_read_in_flight_is_awaited_not_repeated(state):
+    h1, _, _ = hosts(state)
+    memo = prefetch.install(state)
+    memo.prefetch([h1], [(Value, (), {})])
+    gevent.sleep(0)
+    assert h1.get_fact(Value) == 0
+    assert log(h1) == ["read value"]
+
+
+def test_a_command_waits_for_running_prefetches_and_drops_the_others(state):
+    h1, _, _ = hosts(state)
+    state.set_stage(StateStage.Execute)
+    words = "abcdef"
+    prefetch.install(state).prefetch([h1], [(Word, (word,), {}) for word in words])
+    gevent.sleep(1.5 * DELAY)  # "read a" done; b-e running (PER_HOST_CHANNELS), f waits for a channel
+    assert h1.connector.in_flight == prefetch.PER_HOST_CHANNELS == 4
+    write(h1, 1)
+    gevent.sleep(2 * DELAY)
+    assert h1.connector.overlaps == 0
+    assert log(h1) == [f"read {w}" for w in words[:5]] + ["write 1"]
+    h1.get_fact(Word, "a")
+    assert log(h1)[-1] == "read a"  # read before the write: read again
+
+
+def test_prefetch_does_not_connect_nor_read_inactive_hosts(state):
+    h1, h2, _ = hosts(state)
+    h1.connected = False
+    state.fail_hosts({h2})
+    for greenlet in prefetch.install(state, [Value]).prefetch([h1, h2], [(Value, (), {})]):
+        greenlet.get()
+    assert log(h1) == log(h2) == []
+
+
+def test_a_failed_prefetch_fails_the_host_only_when_the_deploy_reads_it(state):
+    h1, _, _ = hosts(state)
+    h1.connector.fail.add("read value")
+    for greenlet in prefetch.install(state).prefetch([h1], [(Value, (), {})]):
+        greenlet.get()
+    assert h1 not in state.failed_hosts
+    assert h1.get_fact(Value) is None  # pyinfra's default for a fact that could not be read
+    assert h1 in state.failed_hosts
+    assert log(h1) == ["read value", "read value"]  # a failure is never reused
+
+
+def test_a_broken_channel_during_prefetch_surfaces_at_the_deploys_read(state, caplog):
+    h1, _, _ = hosts(state)
+    h1.connector.raise_on.add("read value")
+    for greenlet in prefetch.install(state).prefetch([h1], [(Value, (), {})]):
+        greenlet.get()
+    assert h1 not in state.failed_hosts
+    assert "channel closed" not in caplog.text
+    h1.get_fact(Value)
+    assert "channel closed" in caplog.text
+    assert h1 in state.failed_hosts
+
+
+def test_a_parser_error_is_raised_where_the_deploy_reads_the_fact(state):
+    h1, _, _ = hosts(state)
+    for greenlet in prefetch.install(state).prefetch([h1], [(Bad, (), {})]):
+        greenlet.get()  # stored, not parsed
+    with pytest.raises(ValueError):
+        h1.get_fact(Bad)
+    assert log(h1) == ["read bad"]
+
+
+def test_last_host_failing_still_raises_as_without_prefetch(state):
+    h1, h2, h3 = hosts(state)
+    state.fail_hosts({h2, h3})
+    h1.connector.fail.add("read value")
+    prefetch.install(state, [Value])
+    gevent.sleep(3 * DELAY)
+    with pytest.raises(PyinfraError, match="No hosts remaining"):
+        h1.get_fact(Value)
+
+
+def test_reads_of_operations_prepared_with_change_detection_are_prefetched_when_execution_starts(state):
+    h1, h2, _ = hosts(state)
+    prefetch.install(state)
+    h1.in_op = True  # an operation's body, run by pyinfra to detect changes
+    h1.get_fact(Value)
+    h1.in_op = False
+    h1.get_fact(Name)  # deploy code, not an operation: not replayed
+    state.set_stage(StateStage.Execute)
+    h2.get_fact(Name)  # any read notices the new stage
+    gevent.sleep(2 * DELAY)
+    assert log(h1) == ["read value", "read name", "read value"]
+    assert h1.get_fact(Value) == 0
+    assert log(h1)[-1] == "read value" and len(log(h1)) == 3
+
+
+def test_nodelay_is_set_on_an_ssh_transport():
+    server = socket.create_server(("127.0.0.1", 0))
+    sock = socket.create_connection(server.getsockname())
+    try:
+        transport = type("Transport", (), {"sock": sock})()
+        client = type("Client", (), {"get_transport": lambda self: transport})()
+        host = type("Host", (), {"connector": type("Connector", (), {"client": client})()})()
+        prefetch.set_nodelay(host)
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+        prefetch.set_nodelay(type("Host", (), {"connector": object()})())  # not SSH: nothing to do
+    finally:
+        sock.close()
+        server.close()
+
+
+def test_the_deploy_prefetches_exactly_what_preflight_reads():
+    from gpufleet import preflight
+    from gpufleet.deploys.gpu_node import PREFLIGHT_FACTS
+
+    class Recorder:
+        def __init__(self):
+            self.calls = []
+
+        def get_fact(self, cls, *args, **kwargs):
+            self.calls.append((cls, args, kwargs))
+            return cls.default()
+
+    recorder = Recorder()
+    preflight.gather_facts(recorder)
+    assert recorder.calls == [(cls, (), {}) for cls in PREFLIGHT_FACTS]
