@@ -5,10 +5,15 @@
 Facts are keyed by fact class, or by ``(fact class, frozenset(kwargs.items()))`` for facts taking
 arguments (e.g. ``(File, frozenset({"path": "/etc/nccl.conf"}.items()))``); a fact that is not given is
 an error, so a test states every fact the operation reads.
+
+Also: builders of the gpufleet facts operations read (``gpu_inventory``, ``managed_state``), and the output
+of a fact's command for its ``process()`` (``fixture``, ``wrap``).
 """
 
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
 from typing import Any
 
 from pyinfra.api import Config, FunctionCommand, State, StringCommand
@@ -66,3 +71,57 @@ def run_operation(operation, facts: dict, data: dict | None = None, **kwargs) ->
     with ctx_state.use(state), ctx_host.use(host):
         commands = [render(c) for c in operation._inner(**kwargs)]
     return commands, host.noops
+
+
+# ------------------------------------------------------------------------------------------------ fact values
+
+
+def gpu_inventory(gpus: list[dict], status: str = "ok", error: str | None = None, lost: tuple | list = ()) -> dict:
+    """A GpuInventory fact of a host with driver 580.95.05 and ``gpus``."""
+    return {"status": status, "error": error, "exit_code": 0, "driver_version": "580.95.05", "lost_gpus": list(lost),
+            "gpus": list(gpus)}
+
+
+def managed_state(files: dict | None = None, units: dict | None = None, executables: tuple = (),
+                  contents: dict | None = None):
+    """A ManagedState fact: ``files`` {path: text} are regular files of root, mode 755 for the paths in
+    ``executables``, else 644; ``units`` {unit: overrides} of a loaded, disabled, inactive unit; ``contents``
+    {path: text}: more that reads return (without a file entry)."""
+    files = files or {}
+    unit_states = units or {}
+    readable = {**files, **(contents or {})}
+
+    def fact(paths=(), read=(), units=()):
+        def entry(path):
+            if files.get(path) is None:
+                return None
+            mode = "755" if path in executables else "644"
+            return {"type": "file", "mode": mode, "user": "root", "group": "root", "target": None,
+                    "sha1": hashlib.sha1(files[path].encode()).hexdigest()}
+
+        return {
+            "files": {p: entry(p) for p in paths},
+            "contents": {p: readable.get(p) for p in read},
+            "units": {u: {"load_state": "loaded", "active_state": "inactive", "sub_state": "dead",
+                          "unit_file_state": "disabled", "need_daemon_reload": False, **unit_states.get(u, {})}
+                      for u in units},
+        }
+
+    return fact
+
+
+# ------------------------------------------------------------------------------------------------ fact output
+
+FACT_FIXTURES = Path(__file__).parents[1] / "fixtures" / "facts"
+
+
+def fixture(name: str) -> str:
+    """A captured command output from tests/fixtures/facts."""
+    return (FACT_FIXTURES / name).read_text(encoding="utf-8")
+
+
+def wrap(name: str, text: str | None, rc: int = 0) -> list[str]:
+    """The output a section of a fact command produces (see gpufleet/facts/_sections.py); None: absent."""
+    if text is None:
+        return [f"@@gpufleet absent {name}"]
+    return [f"@@gpufleet begin {name}", *text.splitlines(), f"@@gpufleet end {name} rc={rc}"]

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import subprocess
-from pathlib import Path
 
 import pytest
+from pyinfra_harness import fixture, wrap
 
 from gpufleet.facts import (
     NvidiaPackages,
@@ -17,19 +17,6 @@ from gpufleet.facts import (
     upstream_version,
 )
 from gpufleet.facts.packages import parse_versionlock
-
-FIXTURES = Path(__file__).parents[1] / "fixtures" / "facts"
-
-
-def fixture(name: str) -> str:
-    return (FIXTURES / name).read_text(encoding="utf-8")
-
-
-def wrap(name: str, text: str | None, rc: int = 0) -> list[str]:
-    if text is None:
-        return [f"@@gpufleet absent {name}"]
-    return [f"@@gpufleet begin {name}", *text.splitlines(), f"@@gpufleet end {name} rc={rc}"]
-
 
 # ------------------------------------------------------------------------------------------------ packages
 

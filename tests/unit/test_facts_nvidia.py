@@ -6,23 +6,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from pyinfra_harness import FACT_FIXTURES, fixture, wrap
 
 from gpufleet.facts import GpuInventory, MigState, instances_by_gpu
 from gpufleet.facts._sections import parse_sections, section
 from gpufleet.facts.nvidia import GPU_FIELDS, parse_gpu_query
-
-FIXTURES = Path(__file__).parents[1] / "fixtures" / "facts"
-
-
-def fixture(name: str) -> str:
-    return (FIXTURES / name).read_text(encoding="utf-8")
-
-
-def wrap(name: str, text: str | None, rc: int = 0) -> list[str]:
-    """The output a section of a fact command produces (see gpufleet/facts/_sections.py)."""
-    if text is None:
-        return [f"@@gpufleet absent {name}"]
-    return [f"@@gpufleet begin {name}", *text.splitlines(), f"@@gpufleet end {name} rc={rc}"]
 
 
 def inventory(text: str | None, rc: int = 0) -> dict:
@@ -66,7 +54,7 @@ def test_query_fixtures_are_the_captures_columns():
     """The query_gpu fixtures are exactly the capture's cells for GpuInventory's fields (no hand edits)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("extract_query_gpu", FIXTURES / "extract_query_gpu.py")
+    spec = importlib.util.spec_from_file_location("extract_query_gpu", FACT_FIXTURES / "extract_query_gpu.py")
     extract = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(extract)
     checked = 0

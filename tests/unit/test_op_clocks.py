@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import hashlib
-
 import pytest
 from pyinfra.api import OperationValueError
-from pyinfra_harness import run_operation
+from pyinfra_harness import gpu_inventory, managed_state, run_operation
 
 from gpufleet.facts.nvidia import GpuInventory
 from gpufleet.operations import clocks
@@ -20,36 +18,12 @@ UUID1 = "GPU-61da76c4-0cad-5e7c-83d5-994bce5c83e1"
 def inventory(*uuids: str, status: str = "ok") -> dict:
     gpus = [{"index": i, "uuid": u, "name": "NVIDIA A100-SXM4-40GB", "clocks_max_sm_mhz": 1410}
             for i, u in enumerate(uuids)]
-    return {"status": status, "error": None, "exit_code": 0, "driver_version": "580.95.05", "lost_gpus": [],
-            "gpus": gpus}
-
-
-def managed(files: dict | None = None, units: dict | None = None):
-    files = files or {}
-    unit_states = units or {}
-
-    def fact(paths=(), read=(), units=()):
-        def entry(path):
-            if files.get(path) is None:
-                return None
-            mode = "755" if path == GPU_SETTINGS_SCRIPT else "644"
-            return {"type": "file", "mode": mode, "user": "root", "group": "root", "target": None,
-                    "sha1": hashlib.sha1(files[path].encode()).hexdigest()}
-
-        return {
-            "files": {p: entry(p) for p in paths},
-            "contents": {p: files.get(p) for p in read},
-            "units": {u: {"load_state": "loaded", "active_state": "inactive", "sub_state": "dead",
-                          "unit_file_state": "disabled", "need_daemon_reload": False, **unit_states.get(u, {})}
-                      for u in units},
-        }
-
-    return fact
+    return gpu_inventory(gpus, status=status)
 
 
 def run(inv: dict, lock_mhz, files=None, units=None):
-    return run_operation(clocks.gpu_clocks, facts={GpuInventory: inv, ManagedState: managed(files, units)},
-                         lock_mhz=lock_mhz)
+    managed = managed_state(files, units, executables=(GPU_SETTINGS_SCRIPT,))
+    return run_operation(clocks.gpu_clocks, facts={GpuInventory: inv, ManagedState: managed}, lock_mhz=lock_mhz)
 
 
 def converged(locks: dict) -> dict:

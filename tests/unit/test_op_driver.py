@@ -81,6 +81,20 @@ def gpus(status="absent", version=None):
     return {"status": status, "driver_version": version, "gpus": [], "lost_gpus": [], "error": None}
 
 
+def host_facts(facts: dict, extra: dict | None) -> dict:
+    """A host without the driver, its services or a pending reboot: ``facts`` (OS, packages), then ``extra``."""
+    return {
+        Directory: lambda path: False,
+        driver._PathExists: lambda path: False,
+        GpuInventory: gpus(),
+        RebootRequired: False,
+        SystemdStatus: lambda services: {services: False},
+        SystemdEnabled: lambda services: {services: False},
+        **facts,
+        **(extra or {}),
+    }
+
+
 def apt_facts(managed: dict[str, str] | None = None, installed=None, holds=(), extra: dict | None = None):
     """Facts of an apt host: ``managed`` maps each gpufleet-managed file that exists to its content."""
     managed = managed or {}
@@ -90,24 +104,16 @@ def apt_facts(managed: dict[str, str] | None = None, installed=None, holds=(), e
             return {"mode": 644, "user": "root", "group": "root", "size": len(managed[path]), "mtime": None}
         return None
 
-    facts = {
+    return host_facts({
         LinuxDistribution: DEBIAN,
         File: file,
-        Directory: lambda path: False,
         Sha1File: lambda path: sha1(managed[path]) if path in managed else None,
         Which: lambda command: {"curl": "/usr/bin/curl", "update-initramfs": "/usr/sbin/update-initramfs"}.get(command),
         KernelVersion: KERNEL,
-        driver._PathExists: lambda path: False,
         driver._AptCachePolicy: policy,
         DebPackages: dict(installed or {}),
         driver._AptHolds: set(holds),
-        GpuInventory: gpus(),
-        RebootRequired: False,
-        SystemdStatus: lambda services: {services: False},
-        SystemdEnabled: lambda services: {services: False},
-    }
-    facts.update(extra or {})
-    return facts
+    }, extra)
 
 
 def converged(branch="580", style="nvidia", flavour="open", nvswitch=True, extra: dict | None = None):
@@ -453,25 +459,17 @@ def test_nvidia_repository_operation_alone():
 
 
 def dnf_facts(extra: dict | None = None):
-    facts = {
+    return host_facts({
         LinuxDistribution: ROCKY,
         Arch: "x86_64",
         File: lambda path: None,
-        Directory: lambda path: False,
         Which: lambda command: "/usr/bin/dracut" if command == "dracut" else None,
         KernelVersion: "5.14.0-427.13.1.el9_4.x86_64",
-        driver._PathExists: lambda path: False,
         driver._DnfAvailable: lambda package: True,
         RpmPackages: {},
         DnfEnabledModules: {},
         driver._DnfVersionlocks: set(),
-        GpuInventory: gpus(),
-        RebootRequired: False,
-        SystemdStatus: lambda services: {services: False},
-        SystemdEnabled: lambda services: {services: False},
-    }
-    facts.update(extra or {})
-    return facts
+    }, extra)
 
 
 def test_rhel9_bare_host_module_stream_fabric_manager_versionlock():

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ast
-import hashlib
 import json
 import logging
 import os
@@ -15,7 +14,7 @@ from pathlib import Path
 import pytest
 from pyinfra.api import Config, OperationValueError, State
 from pyinfra.context import ctx_host, ctx_state
-from pyinfra_harness import FakeHost, render
+from pyinfra_harness import FakeHost, gpu_inventory, managed_state, render
 
 from gpufleet.facts.mig import MigState
 from gpufleet.facts.nvidia import GpuInventory
@@ -40,8 +39,7 @@ def gpu(index: int, mig_current: str | None = "Disabled", mig_pending: str | Non
 
 
 def inventory(*gpus: dict, status: str = "ok") -> dict:
-    return {"status": status, "error": None if status == "ok" else "NVIDIA-SMI has failed", "exit_code": 0,
-            "driver_version": "580.95.05", "lost_gpus": [], "gpus": list(gpus)}
+    return gpu_inventory(gpus, status=status, error=None if status == "ok" else "NVIDIA-SMI has failed")
 
 
 # profile name -> (profile id, compute slices, CI profile id)
@@ -73,31 +71,6 @@ def layout_file(plans_layout: dict, gpus: list[dict], holders=mig.DEFAULT_HOLDER
     by_index = {g["index"]: g for g in gpus}
     plans = [mig._plan(i, want, by_index, []) for i, want in sorted(plans_layout.items())]
     return mig.layout_text(plans, holders)
-
-
-def managed(files: dict | None = None, units: dict | None = None, status: str | None = None):
-    """A ManagedState fact: files {path: text (regular file, root)}; units {unit: overrides}."""
-    files = files or {}
-    unit_states = units or {}
-
-    def fact(paths=(), read=(), units=()):
-        def entry(path):
-            if files.get(path) is None:
-                return None
-            mode = "755" if path == mig.APPLIER else "644"
-            return {"type": "file", "mode": mode, "user": "root", "group": "root", "target": None,
-                    "sha1": hashlib.sha1(files[path].encode()).hexdigest()}
-
-        contents = {**files, mig.STATUS_PATH: status}
-        return {
-            "files": {p: entry(p) for p in paths},
-            "contents": {p: contents.get(p) for p in read},
-            "units": {u: {"load_state": "loaded", "active_state": "inactive", "sub_state": "dead",
-                          "unit_file_state": "disabled", "need_daemon_reload": False, **unit_states.get(u, {})}
-                      for u in units},
-        }
-
-    return fact
 
 
 def installed(layout: dict, gpus: list[dict]) -> dict:
@@ -132,7 +105,8 @@ class SeqHost(FakeHost):
 
 
 def run(layout: dict, inv, migs=None, files=None, units=None, status=None, executing=True, **kwargs):
-    facts = {GpuInventory: inv, ManagedState: managed(files, units, status)}
+    managed = managed_state(files, units, executables=(mig.APPLIER,), contents={mig.STATUS_PATH: status})
+    facts = {GpuInventory: inv, ManagedState: managed}
     if migs is not None:
         facts[MigState] = migs
     host = SeqHost("testhost", facts)

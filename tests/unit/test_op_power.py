@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
 from pathlib import Path
 
 import pytest
 from pyinfra.api import OperationError, OperationValueError, State
-from pyinfra_harness import run_operation
+from pyinfra_harness import gpu_inventory, managed_state, run_operation
 
 from gpufleet.facts.nvidia import GpuInventory
 from gpufleet.operations import power
@@ -27,37 +26,12 @@ def gpu(index: int, uuid: str, limit: float, default: float = 700.0) -> dict:
 
 
 def inventory(*gpus: dict, status: str = "ok", lost: tuple = ()) -> dict:
-    return {"status": status, "error": None, "exit_code": 0, "driver_version": "580.95.05", "lost_gpus": list(lost),
-            "gpus": list(gpus)}
-
-
-def managed(files: dict | None = None, units: dict | None = None):
-    """A ManagedState fact: files {path: text (regular file, 644 root)}; units {unit: overrides}."""
-    files = files or {}
-    unit_states = units or {}
-
-    def fact(paths=(), read=(), units=()):
-        def entry(path):
-            if files.get(path) is None:
-                return None
-            mode = "755" if path == GPU_SETTINGS_SCRIPT else "644"
-            return {"type": "file", "mode": mode, "user": "root", "group": "root", "target": None,
-                    "sha1": hashlib.sha1(files[path].encode()).hexdigest()}
-
-        return {
-            "files": {p: entry(p) for p in paths},
-            "contents": {p: files.get(p) for p in read},
-            "units": {u: {"load_state": "loaded", "active_state": "inactive", "sub_state": "dead",
-                          "unit_file_state": "disabled", "need_daemon_reload": False, **unit_states.get(u, {})}
-                      for u in units},
-        }
-
-    return fact
+    return gpu_inventory(gpus, status=status, lost=lost)
 
 
 def run(inv: dict, limits: dict, files=None, units=None):
-    return run_operation(power.power_limits, facts={GpuInventory: inv, ManagedState: managed(files, units)},
-                         limits=limits)
+    managed = managed_state(files, units, executables=(GPU_SETTINGS_SCRIPT,))
+    return run_operation(power.power_limits, facts={GpuInventory: inv, ManagedState: managed}, limits=limits)
 
 
 def installed(limits: dict) -> dict:

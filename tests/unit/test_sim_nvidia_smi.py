@@ -429,6 +429,14 @@ def h100_like_capture(make_smi) -> Smi:
     return smi
 
 
+def with_capture_mig_layout(smi: Smi) -> Smi:
+    """MIG on GPU 0 with the MIG capture's instances: 3g.40gb, 2g.20gb and 2x 1g.10gb, each with its CI."""
+    assert smi("-i", "0", "-mig", "1")[1] == 0
+    out, rc = smi("mig", "-i", "0", "-cgi", "9,14,19,19", "-C")
+    assert rc == 0, out
+    return smi
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Default table, -L
 # ----------------------------------------------------------------------------------------------------------------
@@ -474,9 +482,7 @@ def test_default_table_truncates_long_names_like_the_real_tool(make_smi):
 def test_mig_table_has_the_real_h100_mig_structure(make_smi):
     smi = h100_like_capture(make_smi)
     smi.edit(**{"gpu.0.power.draw_mw": "98000", "gpu.0.temp.gpu": "42"})
-    assert smi("-i", "0", "-mig", "1")[1] == 0
-    out, rc = smi("mig", "-i", "0", "-cgi", "9,14,19,19", "-C")
-    assert rc == 0, out
+    with_capture_mig_layout(smi)
     out, rc = smi("-i", "0")
     assert rc == 0
     assert shape(out) == shape(REAL_H100_MIG_TABLE)
@@ -514,9 +520,7 @@ REAL_Q_MIG_DEVICE = """\
 
 
 def test_q_mig_devices_like_real(make_smi):
-    smi = make_smi("h100-sxm-8")
-    smi("-i", "0", "-mig", "1")
-    smi("mig", "-i", "0", "-cgi", "9,14,19,19", "-C")
+    smi = with_capture_mig_layout(make_smi("h100-sxm-8"))
     out, rc = smi("-q", "-i", "0")
     assert rc == 0
     assert "    MIG Mode\n        Current                                        : Enabled\n" in out
@@ -545,9 +549,7 @@ def test_process_rows_match_real_layout(make_smi, holder):
 
 
 def test_list_gpus_with_mig_devices_like_real(make_smi):
-    smi = make_smi("h100-sxm-8")
-    smi("-i", "0", "-mig", "1")
-    smi("mig", "-i", "0", "-cgi", "9,14,19,19", "-C")
+    smi = with_capture_mig_layout(make_smi("h100-sxm-8"))
     out, rc = smi("-L", "-i", "0")
     assert rc == 0
     assert shape(out) == shape(REAL_H100_MIG_LIST)
@@ -765,8 +767,7 @@ def test_q_temperature_and_clock_sections(make_smi):
 def test_full_q_layout_identical_to_real(make_smi, capture, mig):
     smi = h100_like_capture(make_smi)
     if mig:
-        smi("-i", "0", "-mig", "1")
-        smi("mig", "-i", "0", "-cgi", "9,14,19,19", "-C")
+        with_capture_mig_layout(smi)
     out, rc = smi("-q", "-i", "0")
     assert rc == 0
     real = capture_section(capture, "idle :: query (-q)")

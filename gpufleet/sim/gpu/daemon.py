@@ -10,12 +10,9 @@ from collections.abc import Callable
 
 from . import state
 
-DRIVER_VERSION_FILE = "/usr/lib/gpufleet-sim/driver-version"
-
 
 def own_driver_version() -> str:
-    path = os.environ.get("GPUFLEET_SIM_DRIVER_VERSION_FILE", DRIVER_VERSION_FILE)
-    with open(path, encoding="utf-8") as handle:
+    with open(state.own_driver_version_path(), encoding="utf-8") as handle:
         return handle.read().strip()
 
 
@@ -56,6 +53,20 @@ def daemonize(pid_file: str | None) -> None:
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
+
+
+def run(
+    name: str,
+    pid_file: str,
+    on_start: Callable[[dict[str, str]], None] | None = None,
+    on_stop: Callable[[dict[str, str]], None] | None = None,
+) -> None:
+    """Become the daemon ``name``: fork, hold every GPU open (then ``on_start(state)``), and when terminated let
+    go of them (then ``on_stop(state)``)."""
+    daemonize(pid_file)
+    pid = os.getpid()
+    register(name, pid, on_start)
+    serve_until_terminated(lambda: unregister(pid, on_stop))
 
 
 def serve_until_terminated(on_exit: Callable[[], None]) -> None:

@@ -27,16 +27,13 @@ def main(argv: list[str]) -> int:
     if int(gpus.get("nvswitch.count", "0")) == 0:
         print("NVIDIA Fabric Manager: no NVSwitch devices found, nothing to manage", file=sys.stderr)
         return 1
-    daemon.daemonize(PID_FILE)
-    pid = os.getpid()
 
     def fabric(value: str):
         def apply(current: dict[str, str]) -> None:
             current["fabric.state"] = value
         return apply
 
-    daemon.register(NAME, pid, fabric("completed"))
-    daemon.serve_until_terminated(lambda: daemon.unregister(pid, fabric("not_started")))
+    daemon.run(NAME, PID_FILE, fabric("completed"), fabric("not_started"))
     return 0
 
 

@@ -558,6 +558,23 @@ static unsigned csv_uint(const char *s, int n)
     return (unsigned)v;
 }
 
+typedef struct {
+    const char *name;
+    unsigned value;
+} name_value_t;
+
+/* The value of the entry named `name` (case-insensitive) in a table, else `unknown`. */
+static unsigned value_by_name(const name_value_t *table, size_t n, const char *name, unsigned unknown)
+{
+    unsigned v = unknown;
+    for (size_t i = 0; name && i < n; i++)
+        if (strcasecmp(name, table[i].name) == 0)
+            v = table[i].value;
+    return v;
+}
+
+#define VALUE_BY_NAME(t, name, unknown) value_by_name((t), sizeof(t) / sizeof((t)[0]), (name), (unknown))
+
 static int pid_alive(long pid)
 {
     if (pid <= 0)
@@ -920,6 +937,14 @@ static nvmlReturn_t end(ctx_t *c, nvmlReturn_t r)
 #define END(r) return end(&c, (r))
 #define F(field) gf(&c.st, c.gpu, (field))
 
+/* The GPU instance profile of the handle's GPU instance (MIG device, GPU instance, compute instance handles). */
+static int obj_gip(ctx_t *c, gip_t *gip)
+{
+    gi_t gi;
+    gi_get(&c->st, c->gpu, c->obj->gi, &gi);
+    return gip_by_id(&c->st, c->gpu, gi.profile_id, gip);
+}
+
 static nvmlReturn_t copy_str(char *dst, unsigned int len, const char *src)
 {
     if (!dst)
@@ -937,6 +962,34 @@ static nvmlReturn_t uint_field(nvmlDevice_t device, const char *field, unsigned 
     if (!out)
         END(NVML_ERROR_INVALID_ARGUMENT);
     END(gf_uint(&c.st, c.gpu, field, out) ? NVML_SUCCESS : NVML_ERROR_NOT_SUPPORTED);
+}
+
+/* 1 when a decimal field is set, else 0: one fan, power management on. */
+static nvmlReturn_t uint_field_present(nvmlDevice_t device, const char *field, unsigned int *out)
+{
+    BEGIN(device, K_GPU, 0);
+    if (!out)
+        END(NVML_ERROR_INVALID_ARGUMENT);
+    unsigned v;
+    *out = gf_uint(&c.st, c.gpu, field, &v) ? 1 : 0;
+    END(NVML_SUCCESS);
+}
+
+/* A mode with "<mode>.supported", "<mode>.current" and "<mode>.pending" fields (ECC, MIG). */
+static nvmlReturn_t mode_pair(nvmlDevice_t device, const char *mode, unsigned int *current, unsigned int *pending)
+{
+    char supported[32], cur[32], pend[32];
+    snprintf(supported, sizeof supported, "%s.supported", mode);
+    snprintf(cur, sizeof cur, "%s.current", mode);
+    snprintf(pend, sizeof pend, "%s.pending", mode);
+    BEGIN(device, K_GPU, 0);
+    if (!current || !pending)
+        END(NVML_ERROR_INVALID_ARGUMENT);
+    if (!gf_is(&c.st, c.gpu, supported, "1"))
+        END(NVML_ERROR_NOT_SUPPORTED);
+    *current = gf_is(&c.st, c.gpu, cur, "1");
+    *pending = gf_is(&c.st, c.gpu, pend, "1");
+    END(NVML_SUCCESS);
 }
 
 static int is_root(void) { return geteuid() == 0; }
@@ -1083,21 +1136,31 @@ EXPORT const char *nvmlErrorString(nvmlReturn_t result)
 /* System queries                                                                                   */
 /* ------------------------------------------------------------------------------------------------ */
 
-static nvmlReturn_t sys_begin(state_t *st)
+/* Calls without a handle: check init, load the state (into `st`), then check the arguments (args_ok). */
+static nvmlReturn_t sys_begin(state_t *st, int args_ok)
 {
     if (!initialized())
         return NVML_ERROR_UNINITIALIZED;
     if (st_open(st, 0) < 0)
         return NVML_ERROR_UNKNOWN;
+    if (!args_ok) {
+        st_close(st);
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
     return NVML_SUCCESS;
 }
 
+#define SYS_BEGIN(args_ok)                                                                                    \
+    state_t st;                                                                                               \
+    do {                                                                                                      \
+        nvmlReturn_t sr_ = sys_begin(&st, (args_ok));                                                         \
+        if (sr_ != NVML_SUCCESS)                                                                              \
+            return sr_;                                                                                       \
+    } while (0)
+
 EXPORT nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length)
 {
-    state_t st;
-    nvmlReturn_t r = sys_begin(&st);
-    if (r)
-        return r;
+    SYS_BEGIN(1);
     const char *v = st_get(&st, "driver.version");
     char buf[64];
     snprintf(buf, sizeof buf, "%s", v && *v ? v : g_lib_version);
@@ -1151,14 +1214,7 @@ EXPORT nvmlReturn_t nvmlSystemGetNVMLVersion(char *version, unsigned int length)
 
 static nvmlReturn_t cuda_driver_version(int *out)
 {
-    state_t st;
-    nvmlReturn_t r = sys_begin(&st);
-    if (r)
-        return r;
-    if (!out) {
-        st_close(&st);
-        return NVML_ERROR_INVALID_ARGUMENT;
-    }
+    SYS_BEGIN(out != NULL);
     int v = cuda_version_int(&st);
     st_close(&st);
     if (!v)
@@ -1179,10 +1235,7 @@ EXPORT nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *cudaDriverVersion)
 
 EXPORT nvmlReturn_t nvmlSystemGetProcessName(unsigned int pid, char *name, unsigned int length)
 {
-    state_t st;
-    nvmlReturn_t r = sys_begin(&st);
-    if (r)
-        return r;
+    SYS_BEGIN(1);
     char buf[1024] = "", suffix[64];
     int n = snprintf(suffix, sizeof suffix, ".proc.%u", pid);
     for (int i = 0; i < st.n && !buf[0]; i++) {
@@ -1221,14 +1274,10 @@ EXPORT nvmlReturn_t nvmlSystemGetProcessName(unsigned int pid, char *name, unsig
 
 static nvmlReturn_t device_count(unsigned int *count)
 {
-    state_t st;
-    nvmlReturn_t r = sys_begin(&st);
-    if (r)
-        return r;
-    if (count)
-        *count = gpu_count(&st);
+    SYS_BEGIN(count != NULL);
+    *count = gpu_count(&st);
     st_close(&st);
-    return count ? NVML_SUCCESS : NVML_ERROR_INVALID_ARGUMENT;
+    return NVML_SUCCESS;
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetCount(unsigned int *deviceCount) { return device_count(deviceCount); }
@@ -1236,13 +1285,10 @@ EXPORT nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *deviceCount) { return de
 
 static nvmlReturn_t handle_by_index(unsigned int index, nvmlDevice_t *device)
 {
-    state_t st;
-    nvmlReturn_t r = sys_begin(&st);
-    if (r)
-        return r;
+    SYS_BEGIN(device != NULL);
     unsigned n = gpu_count(&st);
     st_close(&st);
-    if (!device || index >= n)
+    if (index >= n)
         return NVML_ERROR_INVALID_ARGUMENT;
     /* A lost GPU still gets a handle; every query on it then answers GPU_IS_LOST. */
     *device = &g_gpu[index];
@@ -1261,15 +1307,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice
 
 EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device)
 {
-    state_t st;
-    nvmlReturn_t r = sys_begin(&st);
-    if (r)
-        return r;
-    if (!uuid || !device) {
-        st_close(&st);
-        return NVML_ERROR_INVALID_ARGUMENT;
-    }
-    r = NVML_ERROR_NOT_FOUND;
+    SYS_BEGIN(uuid && device);
+    nvmlReturn_t r = NVML_ERROR_NOT_FOUND;
     for (unsigned g = 0, n = gpu_count(&st); g < n && r; g++) {
         const char *u = gf(&st, g, "uuid");
         if (u && strcasecmp(u, uuid) == 0) {
@@ -1297,15 +1336,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *de
 
 EXPORT nvmlReturn_t nvmlDeviceGetHandleBySerial(const char *serial, nvmlDevice_t *device)
 {
-    state_t st;
-    nvmlReturn_t r = sys_begin(&st);
-    if (r)
-        return r;
-    if (!serial || !device) {
-        st_close(&st);
-        return NVML_ERROR_INVALID_ARGUMENT;
-    }
-    r = NVML_ERROR_NOT_FOUND;
+    SYS_BEGIN(serial && device);
+    nvmlReturn_t r = NVML_ERROR_NOT_FOUND;
     for (unsigned g = 0, n = gpu_count(&st); g < n && r; g++) {
         const char *s = gf(&st, g, "serial");
         if (s && *s && strcmp(s, serial) == 0) {
@@ -1331,16 +1363,9 @@ static int parse_bus_id(const char *s, unsigned *dom, unsigned *bus, unsigned *d
 
 static nvmlReturn_t handle_by_bus_id(const char *busId, nvmlDevice_t *device)
 {
-    state_t st;
-    nvmlReturn_t r = sys_begin(&st);
-    if (r)
-        return r;
     unsigned d, b, v, f;
-    if (!device || !parse_bus_id(busId, &d, &b, &v, &f)) {
-        st_close(&st);
-        return NVML_ERROR_INVALID_ARGUMENT;
-    }
-    r = NVML_ERROR_NOT_FOUND;
+    SYS_BEGIN(device && parse_bus_id(busId, &d, &b, &v, &f));
+    nvmlReturn_t r = NVML_ERROR_NOT_FOUND;
     for (unsigned g = 0, n = gpu_count(&st); g < n && r; g++) {
         unsigned d2, b2, v2, f2;
         if (parse_bus_id(gf(&st, g, "pci.bus_id"), &d2, &b2, &v2, &f2) && d == d2 && b == b2 && v == v2 && f == f2) {
@@ -1373,11 +1398,9 @@ EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned 
     char buf[256];
     snprintf(buf, sizeof buf, "%s", n ? n : "");
     if (c.obj->kind == OBJ_MIG) {
-        gi_t gi;
         gip_t gip;
         char cn[96];
-        gi_get(&c.st, c.gpu, c.obj->gi, &gi);
-        gip_by_id(&c.st, c.gpu, gi.profile_id, &gip);
+        obj_gip(&c, &gip);
         ci_name(cn, sizeof cn, ci_slices(&c.st, c.gpu, c.obj->gi, c.obj->ci, &gip), &gip);
         snprintf(buf, sizeof buf, "%s MIG %s", n ? n : "", cn);
     }
@@ -1398,7 +1421,7 @@ static int is_geforce(state_t *st, unsigned gpu)
 
 EXPORT nvmlReturn_t nvmlDeviceGetBrand(nvmlDevice_t device, unsigned int *type)
 {
-    static const struct { const char *name; unsigned value; } brands[] = {
+    static const name_value_t brands[] = {
         {"Quadro", NVML_BRAND_QUADRO}, {"Tesla", NVML_BRAND_TESLA}, {"NVS", NVML_BRAND_NVS},
         {"GRID", NVML_BRAND_GRID}, {"GeForce", NVML_BRAND_GEFORCE}, {"Titan", NVML_BRAND_TITAN},
         {"Quadro RTX", NVML_BRAND_QUADRO_RTX}, {"NVIDIA RTX", NVML_BRAND_NVIDIA_RTX}, {"NVIDIA", NVML_BRAND_NVIDIA},
@@ -1406,11 +1429,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetBrand(nvmlDevice_t device, unsigned int *type)
     BEGIN(device, K_GPU | K_MIG, 0);
     if (!type)
         END(NVML_ERROR_INVALID_ARGUMENT);
-    const char *b = F("brand");
-    *type = NVML_BRAND_UNKNOWN;
-    for (size_t i = 0; b && i < sizeof brands / sizeof brands[0]; i++)
-        if (strcasecmp(b, brands[i].name) == 0)
-            *type = brands[i].value;
+    *type = VALUE_BY_NAME(brands, F("brand"), NVML_BRAND_UNKNOWN);
     END(NVML_SUCCESS);
 }
 
@@ -1526,18 +1545,14 @@ EXPORT nvmlReturn_t nvmlDeviceGetPciInfoExt(nvmlDevice_t device, nvmlPciInfoExt_
 
 EXPORT nvmlReturn_t nvmlDeviceGetArchitecture(nvmlDevice_t device, unsigned int *arch)
 {
-    static const struct { const char *name; unsigned value; } archs[] = {
+    static const name_value_t archs[] = {
         {"Kepler", 2}, {"Maxwell", 3}, {"Pascal", 4}, {"Volta", 5}, {"Turing", 6}, {"Ampere", 7},
         {"Ada Lovelace", 8}, {"Ada", 8}, {"Hopper", 9}, {"Blackwell", 10}, {"Rubin", 13},
     };
     BEGIN(device, K_GPU | K_MIG, 0);
     if (!arch)
         END(NVML_ERROR_INVALID_ARGUMENT);
-    const char *a = F("architecture");
-    *arch = 0xffffffffu; /* NVML_DEVICE_ARCH_UNKNOWN */
-    for (size_t i = 0; a && i < sizeof archs / sizeof archs[0]; i++)
-        if (strcasecmp(a, archs[i].name) == 0)
-            *arch = archs[i].value;
+    *arch = VALUE_BY_NAME(archs, F("architecture"), 0xffffffffu /* NVML_DEVICE_ARCH_UNKNOWN */);
     END(NVML_SUCCESS);
 }
 
@@ -1610,10 +1625,8 @@ static void memory_values(ctx_t *c, unsigned long long *total, unsigned long lon
         np = MAX_PROCS;
     if (c->obj->kind == OBJ_MIG) {
         /* a MIG device: its GPU instance's memory, shared by the GI's compute instances */
-        gi_t gi;
         gip_t gip;
-        gi_get(&c->st, c->gpu, c->obj->gi, &gi);
-        gip_by_id(&c->st, c->gpu, gi.profile_id, &gip);
+        obj_gip(c, &gip);
         t = gip.memory_mib;
         u = gi_overhead_mib(gip.compute_slices);
         for (unsigned i = 0; i < np; i++)
@@ -1688,10 +1701,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetBAR1MemoryInfo(nvmlDevice_t device, nvmlBAR1Mem
         slices = 8;
     if (c.obj->kind == OBJ_MIG) {
         /* as nvidia-smi -q "Shared BAR1 Memory": (BAR1 - framebuffer) / memory slices * the GI's slices */
-        gi_t gi;
         gip_t gip;
-        gi_get(&c.st, c.gpu, c.obj->gi, &gi);
-        gip_by_id(&c.st, c.gpu, gi.profile_id, &gip);
+        obj_gip(&c, &gip);
         total = (unsigned long long)((double)(bar1 > mem ? bar1 - mem : 0) / (double)slices * gip.memory_slices);
         used = 0;
     } else {
@@ -1735,17 +1746,13 @@ EXPORT nvmlReturn_t nvmlDeviceSetPersistenceMode(nvmlDevice_t device, unsigned i
     END(NVML_SUCCESS);
 }
 
-static int compute_mode_value(const char *s)
+/* nvmlComputeMode_t; empty or unknown: Default */
+static unsigned compute_mode_value(const char *s)
 {
-    if (!s || !*s || strcasecmp(s, "Default") == 0)
-        return 0;
-    if (strcasecmp(s, "Exclusive_Thread") == 0)
-        return 1;
-    if (strcasecmp(s, "Prohibited") == 0)
-        return 2;
-    if (strcasecmp(s, "Exclusive_Process") == 0)
-        return 3;
-    return 0;
+    static const name_value_t modes[] = {
+        {"Default", 0}, {"Exclusive_Thread", 1}, {"Prohibited", 2}, {"Exclusive_Process", 3},
+    };
+    return VALUE_BY_NAME(modes, s, 0);
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetComputeMode(nvmlDevice_t device, unsigned int *mode)
@@ -1753,7 +1760,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetComputeMode(nvmlDevice_t device, unsigned int *
     BEGIN(device, K_GPU, 0);
     if (!mode)
         END(NVML_ERROR_INVALID_ARGUMENT);
-    *mode = (unsigned)compute_mode_value(F("compute_mode"));
+    *mode = compute_mode_value(F("compute_mode"));
     END(NVML_SUCCESS);
 }
 
@@ -1793,12 +1800,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetDisplayMode(nvmlDevice_t device, unsigned int *
 
 EXPORT nvmlReturn_t nvmlDeviceGetPowerManagementMode(nvmlDevice_t device, unsigned int *mode)
 {
-    BEGIN(device, K_GPU, 0);
-    if (!mode)
-        END(NVML_ERROR_INVALID_ARGUMENT);
-    unsigned v;
-    *mode = gf_uint(&c.st, c.gpu, "power.limit_mw", &v) ? 1 : 0;
-    END(NVML_SUCCESS);
+    return uint_field_present(device, "power.limit_mw", mode);
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetPowerManagementLimit(nvmlDevice_t device, unsigned int *limit)
@@ -1931,12 +1933,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetFanSpeed_v2(nvmlDevice_t device, unsigned int f
 
 EXPORT nvmlReturn_t nvmlDeviceGetNumFans(nvmlDevice_t device, unsigned int *numFans)
 {
-    BEGIN(device, K_GPU, 0);
-    if (!numFans)
-        END(NVML_ERROR_INVALID_ARGUMENT);
-    unsigned v;
-    *numFans = gf_uint(&c.st, c.gpu, "fan", &v) ? 1 : 0;
-    END(NVML_SUCCESS);
+    return uint_field_present(device, "fan", numFans);
 }
 
 static nvmlReturn_t pstate(nvmlDevice_t device, unsigned int *p)
@@ -2127,14 +2124,7 @@ EXPORT nvmlReturn_t nvmlDeviceResetGpuLockedClocks(nvmlDevice_t device) { return
 
 EXPORT nvmlReturn_t nvmlDeviceGetEccMode(nvmlDevice_t device, unsigned int *current, unsigned int *pending)
 {
-    BEGIN(device, K_GPU, 0);
-    if (!current || !pending)
-        END(NVML_ERROR_INVALID_ARGUMENT);
-    if (!ECC_SUPPORTED(c))
-        END(NVML_ERROR_NOT_SUPPORTED);
-    *current = gf_is(&c.st, c.gpu, "ecc.current", "1");
-    *pending = gf_is(&c.st, c.gpu, "ecc.pending", "1");
-    END(NVML_SUCCESS);
+    return mode_pair(device, "ecc", current, pending);
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetDefaultEccMode(nvmlDevice_t device, unsigned int *defaultMode)
@@ -2166,7 +2156,7 @@ static nvmlReturn_t ecc_count(ctx_t *c, unsigned errorType, unsigned counterType
 {
     if (!out || errorType > 1 || counterType > 1)
         return NVML_ERROR_INVALID_ARGUMENT;
-    if (!gf_is(&c->st, c->gpu, "ecc.supported", "1"))
+    if (!ECC_SUPPORTED(*c))
         return NVML_ERROR_NOT_SUPPORTED;
     char field[64];
     snprintf(field, sizeof field, "ecc.%s.%s", counterType ? "aggregate" : "volatile",
@@ -2202,7 +2192,7 @@ static int page_retirement_supported(ctx_t *c)
 {
     const char *a = gf(&c->st, c->gpu, "architecture");
     static const char *old[] = {"Kepler", "Maxwell", "Pascal", "Volta", "Turing"};
-    if (!gf_is(&c->st, c->gpu, "ecc.supported", "1") || !a)
+    if (!ECC_SUPPORTED(*c) || !a)
         return 0;
     for (size_t i = 0; i < sizeof old / sizeof old[0]; i++)
         if (strcasecmp(a, old[i]) == 0)
@@ -2343,17 +2333,9 @@ EXPORT nvmlReturn_t nvmlDeviceGetNvLinkVersion(nvmlDevice_t device, unsigned int
     nvmlReturn_t r = nvlink_check(&c, link);
     if (r)
         END(r);
-    const char *a = F("architecture");
     /* nvmlNvlinkVersion_t: 2_0=2 (Volta), 3_0=4 (Ampere), 4_0=6 (Hopper), 5_0=7 (Blackwell) */
-    *version = 0;
-    if (a && strcasecmp(a, "Volta") == 0)
-        *version = 2;
-    else if (a && strcasecmp(a, "Ampere") == 0)
-        *version = 4;
-    else if (a && strcasecmp(a, "Hopper") == 0)
-        *version = 6;
-    else if (a && strcasecmp(a, "Blackwell") == 0)
-        *version = 7;
+    static const name_value_t versions[] = {{"Volta", 2}, {"Ampere", 4}, {"Hopper", 6}, {"Blackwell", 7}};
+    *version = VALUE_BY_NAME(versions, F("architecture"), 0);
     END(*version ? NVML_SUCCESS : NVML_ERROR_NOT_SUPPORTED);
 }
 
@@ -2521,17 +2503,20 @@ EXPORT nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevice_t devi
 /* ------------------------------------------------------------------------------------------------ */
 
 #define MIG_SUPPORTED(c) gf_is(&(c).st, (c).gpu, "mig.supported", "1")
+#define MIG_ON(c) (MIG_SUPPORTED(c) && mig_enabled(&(c).st, (c).gpu))
+
+/* GPU instance profile `profile_id` of a GPU in MIG mode: NOT_SUPPORTED when MIG is not on, INVALID_ARGUMENT
+ * when the GPU has no such profile. */
+static nvmlReturn_t mig_gip(ctx_t *c, unsigned profile_id, gip_t *g)
+{
+    if (!MIG_ON(*c))
+        return NVML_ERROR_NOT_SUPPORTED;
+    return gip_by_id(&c->st, c->gpu, profile_id, g) ? NVML_SUCCESS : NVML_ERROR_INVALID_ARGUMENT;
+}
 
 EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *currentMode, unsigned int *pendingMode)
 {
-    BEGIN(device, K_GPU, 0);
-    if (!currentMode || !pendingMode)
-        END(NVML_ERROR_INVALID_ARGUMENT);
-    if (!MIG_SUPPORTED(c))
-        END(NVML_ERROR_NOT_SUPPORTED);
-    *currentMode = gf_is(&c.st, c.gpu, "mig.current", "1");
-    *pendingMode = gf_is(&c.st, c.gpu, "mig.pending", "1");
-    END(NVML_SUCCESS);
+    return mode_pair(device, "mig", currentMode, pendingMode);
 }
 
 /* MIG mode change (same rules as the simulated nvidia-smi -mig):
@@ -2630,26 +2615,26 @@ EXPORT nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t device, unsigned in
     return NVML_SUCCESS;
 }
 
-EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t device, unsigned int *id)
+/* The GPU instance id (compute = 0) or compute instance id (compute = 1) of a MIG device. */
+static nvmlReturn_t mig_instance_id(nvmlDevice_t device, int compute, unsigned int *id)
 {
     BEGIN(device, K_GPU | K_MIG, 0);
     if (!id)
         END(NVML_ERROR_INVALID_ARGUMENT);
     if (c.obj->kind != OBJ_MIG)
         END(NVML_ERROR_NOT_SUPPORTED);
-    *id = c.obj->gi;
+    *id = compute ? c.obj->ci : c.obj->gi;
     END(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t device, unsigned int *id)
+{
+    return mig_instance_id(device, 0, id);
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t device, unsigned int *id)
 {
-    BEGIN(device, K_GPU | K_MIG, 0);
-    if (!id)
-        END(NVML_ERROR_INVALID_ARGUMENT);
-    if (c.obj->kind != OBJ_MIG)
-        END(NVML_ERROR_NOT_SUPPORTED);
-    *id = c.obj->ci;
-    END(NVML_SUCCESS);
+    return mig_instance_id(device, 1, id);
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t migDevice, nvmlDevice_t *device)
@@ -2668,10 +2653,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetAttributes_v2(nvmlDevice_t device, nvmlDeviceAt
         END(NVML_ERROR_INVALID_ARGUMENT);
     if (c.obj->kind != OBJ_MIG)
         END(NVML_ERROR_NOT_SUPPORTED); /* the SM count of a whole GPU is not in the state */
-    gi_t gi;
     gip_t gip;
-    gi_get(&c.st, c.gpu, c.obj->gi, &gi);
-    gip_by_id(&c.st, c.gpu, gi.profile_id, &gip);
+    obj_gip(&c, &gip);
     unsigned slices = ci_slices(&c.st, c.gpu, c.obj->gi, c.obj->ci, &gip);
     memset(attributes, 0, sizeof *attributes);
     attributes->multiprocessorCount = ci_sm(&c.st, c.gpu, &gip, slices);
@@ -2767,13 +2750,10 @@ EXPORT nvmlReturn_t nvmlDeviceGetGpuInstancePossiblePlacements_v2(nvmlDevice_t d
     BEGIN(device, K_GPU, 0);
     if (!count)
         END(NVML_ERROR_INVALID_ARGUMENT);
-    if (!MIG_SUPPORTED(c))
-        END(NVML_ERROR_NOT_SUPPORTED);
-    if (!mig_enabled(&c.st, c.gpu))
-        END(NVML_ERROR_NOT_SUPPORTED);
     gip_t g;
-    if (!gip_by_id(&c.st, c.gpu, profileId, &g))
-        END(NVML_ERROR_INVALID_ARGUMENT);
+    nvmlReturn_t r = mig_gip(&c, profileId, &g);
+    if (r)
+        END(r);
     unsigned n = parse_placements(g.placements, NULL, 0);
     if (placements) {
         if (*count < n) {
@@ -2792,11 +2772,10 @@ EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceRemainingCapacity(nvmlDevice_t devic
     BEGIN(device, K_GPU, 0);
     if (!count)
         END(NVML_ERROR_INVALID_ARGUMENT);
-    if (!MIG_SUPPORTED(c) || !mig_enabled(&c.st, c.gpu))
-        END(NVML_ERROR_NOT_SUPPORTED);
     gip_t g;
-    if (!gip_by_id(&c.st, c.gpu, profileId, &g))
-        END(NVML_ERROR_INVALID_ARGUMENT);
+    nvmlReturn_t r = mig_gip(&c, profileId, &g);
+    if (r)
+        END(r);
     /* memory slices taken by existing GIs; compute slices left; then greedy over the placements */
     unsigned used_mask = 0, used_compute = 0, same = 0, total_compute = 7;
     gf_uint(&c.st, c.gpu, "mig.slices.compute", &total_compute);
@@ -2841,11 +2820,10 @@ EXPORT nvmlReturn_t nvmlDeviceGetGpuInstances(nvmlDevice_t device, unsigned int 
     BEGIN(device, K_GPU, 0);
     if (!count)
         END(NVML_ERROR_INVALID_ARGUMENT);
-    if (!MIG_SUPPORTED(c) || !mig_enabled(&c.st, c.gpu))
-        END(NVML_ERROR_NOT_SUPPORTED);
     gip_t g;
-    if (!gip_by_id(&c.st, c.gpu, profileId, &g))
-        END(NVML_ERROR_INVALID_ARGUMENT);
+    nvmlReturn_t r = mig_gip(&c, profileId, &g);
+    if (r)
+        END(r);
     unsigned n = 0;
     for (unsigned id = 0; id < MAX_GI; id++) {
         gi_t gi;
@@ -2865,7 +2843,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceById(nvmlDevice_t device, unsigned i
     BEGIN(device, K_GPU, 0);
     if (!gpuInstance)
         END(NVML_ERROR_INVALID_ARGUMENT);
-    if (!MIG_SUPPORTED(c) || !mig_enabled(&c.st, c.gpu))
+    if (!MIG_ON(c))
         END(NVML_ERROR_NOT_SUPPORTED);
     gi_t gi;
     if (id >= MAX_GI || !gi_get(&c.st, c.gpu, id, &gi))
@@ -2892,10 +2870,8 @@ EXPORT nvmlReturn_t nvmlGpuInstanceGetInfo(nvmlGpuInstance_t gpuInstance, nvmlGp
 /* CI profile enum -> info for the GI; returns 0 when the profile does not exist for this GI. */
 static int ci_profile(ctx_t *c, unsigned profile, nvmlComputeInstanceProfileInfo_t *info, char *name, size_t nlen)
 {
-    gi_t gi;
     gip_t g;
-    gi_get(&c->st, c->gpu, c->obj->gi, &gi);
-    if (!gip_by_id(&c->st, c->gpu, gi.profile_id, &g))
+    if (!obj_gip(c, &g))
         return 0;
     unsigned slices = ci_profile_slices(profile);
     if (!ci_profile_allowed(slices, g.compute_slices))
@@ -3012,10 +2988,8 @@ static void ci_info(ctx_t *c, nvmlComputeInstanceInfo_t *info)
     info->id = c->obj->ci;
     info->profileId = csv_uint(v, 0);
     info->placement.start = ci_start(&c->st, c->gpu, c->obj->gi, c->obj->ci);
-    gi_t gi;
     gip_t gip;
-    gi_get(&c->st, c->gpu, c->obj->gi, &gi);
-    gip_by_id(&c->st, c->gpu, gi.profile_id, &gip);
+    obj_gip(c, &gip);
     info->placement.size = ci_slices(&c->st, c->gpu, c->obj->gi, c->obj->ci, &gip);
     (void)v;
 }

@@ -11,7 +11,7 @@ import sys
 
 from . import smi_mig, smi_misc, smi_q, smi_query, smi_set, smi_table
 from . import state as st
-from .smi_common import RC_GPU_IS_LOST, SmiExit, bad_option, init_nvml, invalid_combination, select
+from .smi_common import SmiExit, bad_option, init_nvml, invalid_combination, option_value, select
 from .smi_help import HELP
 
 # option spellings -> destination; VALUE options take an argument
@@ -54,11 +54,7 @@ def parse(argv: list[str]) -> dict[str, str | bool]:
         if arg in FLAG_OPTIONS:
             opts[FLAG_OPTIONS[arg]] = True
         elif name in VALUE_OPTIONS:
-            if not eq:
-                if i + 1 >= len(argv):
-                    raise invalid_combination()
-                value = argv[i + 1]
-                i += 1
+            value, i = option_value(argv, i, eq, value)
             opts[VALUE_OPTIONS[name]] = value
         else:
             raise bad_option(arg)
@@ -91,11 +87,9 @@ def _run(argv: list[str]) -> tuple[list[str], int, str | None]:
     value = opts.get(action)
     value = value if isinstance(value, str) else ""
     if action == "table":
-        lines, lost = smi_table.summary(select(state, id_arg), version, cuda)
-        rc = RC_GPU_IS_LOST if lost else 0
+        lines, rc = smi_table.summary(select(state, id_arg), version, cuda)
     elif action == "list":
-        lines, lost = smi_table.list_gpus(select(state, id_arg))
-        rc = RC_GPU_IS_LOST if lost else 0
+        lines, rc = smi_table.list_gpus(select(state, id_arg))
     elif action == "version":
         lines, rc = smi_misc.version_banner(version, cuda), 0
     elif action == "query":

@@ -31,8 +31,6 @@ def main(argv: list[str]) -> int:
     if gpus.get("driver.loaded") != "1" or gpus.get("driver.version") != daemon.own_driver_version():
         print("nvidia-persistenced failed to initialize. Check syslog for more details.", file=sys.stderr)
         return 1
-    daemon.daemonize(PID_FILE)
-    pid = os.getpid()
 
     def set_persistence(value: str):
         def apply(current: dict[str, str]) -> None:
@@ -41,9 +39,10 @@ def main(argv: list[str]) -> int:
                     current[f"gpu.{index}.persistence"] = value
         return apply
 
-    daemon.register(NAME, pid, set_persistence("1") if persistence else None)
-    daemon.serve_until_terminated(
-        lambda: daemon.unregister(pid, set_persistence("0") if persistence else None))
+    if persistence:
+        daemon.run(NAME, PID_FILE, set_persistence("1"), set_persistence("0"))
+    else:
+        daemon.run(NAME, PID_FILE)
     return 0
 
 

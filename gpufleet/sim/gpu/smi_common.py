@@ -8,10 +8,9 @@ from __future__ import annotations
 import os
 import time
 import uuid as uuidlib
+from collections.abc import Callable
 
 from . import state as st
-
-DRIVER_VERSION_FILE = "/usr/lib/gpufleet-sim/driver-version"
 
 # nvmlReturn_t values nvidia-smi exits with (reference §2.1 / §5.2)
 RC_INVALID_ARGUMENT = 2
@@ -63,11 +62,19 @@ def is_root() -> bool:
     return os.geteuid() == 0
 
 
+def option_value(argv: list[str], i: int, eq: str, value: str) -> tuple[str, int]:
+    """The value of the option at ``argv[i]`` (``--opt=value`` or ``--opt value``) and the index of its last word."""
+    if eq:
+        return value, i
+    if i + 1 >= len(argv):
+        raise invalid_combination()
+    return argv[i + 1], i + 1
+
+
 def installed_version(state: dict[str, str]) -> str:
     """The user-space (nvidia-smi / NVML) version, from the installed package."""
-    path = os.environ.get("GPUFLEET_SIM_DRIVER_VERSION_FILE", DRIVER_VERSION_FILE)
     try:
-        with open(path, encoding="utf-8") as handle:
+        with open(st.own_driver_version_path(), encoding="utf-8") as handle:
             version = handle.read().strip()
     except OSError:
         version = ""
@@ -332,8 +339,25 @@ def lost_line(gpu: Gpu) -> str:
     )
 
 
+def for_each_gpu(gpus: list[Gpu], out: list[str], lines: Callable[[Gpu], list[str]]) -> int:
+    """Add ``lines(g)`` to ``out`` for each GPU in turn, the lost line for a lost one (the others go on).
+
+    Returns the exit code: RC_GPU_IS_LOST when a GPU was lost, else 0.
+    """
+    rc = 0
+    for g in gpus:
+        if g.lost:
+            out.append(lost_line(g))
+            rc = RC_GPU_IS_LOST
+        else:
+            out += lines(g)
+    return rc
+
+
 def persistence_warning(gpu: Gpu, version: str) -> list[str]:
-    """The warning setters print when persistence mode is off (wording changed in 580)."""
+    """The warning setters print when persistence mode is off (wording changed in 580); none when it is on."""
+    if gpu.flag("persistence"):
+        return []
     if major(version) >= 580:
         return [
             "",

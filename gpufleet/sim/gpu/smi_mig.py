@@ -7,6 +7,7 @@ instance ids"): on an 8-slice GPU the full GPU is 0, halves 1-2, quarters 3-6, e
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator
 
 from . import state as st
 from .smi_common import (
@@ -25,6 +26,7 @@ from .smi_common import (
     key,
     major,
     mig_uuid,
+    option_value,
     select,
 )
 
@@ -327,74 +329,68 @@ def lci(gpus: list[Gpu], gi_arg: str | None, ci_arg: str | None) -> tuple[list[s
     return LCI_HEADER + rows, 0
 
 
-def _ci_busy(state: dict[str, str], g: Gpu, gi_id: int, ci_id: int) -> bool:
+def _ci_busy(g: Gpu, gi_id: int, ci_id: int) -> bool:
     for proc in g.procs():
         if proc["gi"] == gi_id and proc["ci"] == ci_id and proc["pid"] != os.getpid() and st.pid_alive(proc["pid"]):
             return True
     return False
 
 
-def destroy_ci(id_arg: str | None, gi_arg: str | None, ci_arg: str | None) -> tuple[list[str], int]:
-    wanted_gi, wanted_ci = _ids(gi_arg), _ids(ci_arg)
+def _destroy(
+    id_arg: str | None, noun: str, instances: Callable[[Gpu], Iterator[tuple[str, str, bool]]]
+) -> tuple[list[str], int]:
+    """-dci / -dgi: ``instances(g)`` yields (description, state field, in use) of each instance to destroy on g;
+    ``noun``: what they are ("GPU instances", "compute instances")."""
     out: list[str] = []
     failed = ""
     rc = 0
     found = False
     with st.locked() as state:
         for g in _mig_gpus(select(state, id_arg), need_enabled=True):
-            for gi_id, ci_id in list(g.cis()):
-                if (wanted_gi is not None and gi_id not in wanted_gi) or (
-                    wanted_ci is not None and ci_id not in wanted_ci
-                ):
-                    continue
+            for where, field, busy in instances(g):
                 found = True
-                where = f"compute instance ID {ci_id:>2} from GPU {g.index:>2} GPU instance ID {gi_id:>2}"
                 if not is_root():
                     out.append(f"Unable to destroy {where}: {NO_PERMISSION}")
                     failed, rc = NO_PERMISSION, RC_NO_PERMISSION
                     break
-                if _ci_busy(state, g, gi_id, ci_id):
+                if busy:
                     out.append(f"Unable to destroy {where}: {IN_USE}")
                     failed, rc = IN_USE, RC_IN_USE
                     continue
-                del state[key(g, f"mig.ci.{gi_id}.{ci_id}")]
+                del state[key(g, field)]
                 out.append(f"Successfully destroyed {where}")
     if not found:
-        return ["No compute instances found: Not Found"], RC_NOT_FOUND
+        return [f"No {noun} found: Not Found"], RC_NOT_FOUND
     if failed:
-        out.append(f"Failed to destroy compute instances: {failed}")
+        out.append(f"Failed to destroy {noun}: {failed}")
     return out, rc
+
+
+def destroy_ci(id_arg: str | None, gi_arg: str | None, ci_arg: str | None) -> tuple[list[str], int]:
+    wanted_gi, wanted_ci = _ids(gi_arg), _ids(ci_arg)
+
+    def instances(g: Gpu) -> Iterator[tuple[str, str, bool]]:
+        for gi_id, ci_id in g.cis():
+            if (wanted_gi is not None and gi_id not in wanted_gi) or (wanted_ci is not None and ci_id not in wanted_ci):
+                continue
+            where = f"compute instance ID {ci_id:>2} from GPU {g.index:>2} GPU instance ID {gi_id:>2}"
+            yield where, f"mig.ci.{gi_id}.{ci_id}", _ci_busy(g, gi_id, ci_id)
+
+    return _destroy(id_arg, "compute instances", instances)
 
 
 def destroy_gi(id_arg: str | None, gi_arg: str | None) -> tuple[list[str], int]:
     wanted = _ids(gi_arg)
-    out: list[str] = []
-    failed = ""
-    rc = 0
-    found = False
-    with st.locked() as state:
-        for g in _mig_gpus(select(state, id_arg), need_enabled=True):
-            cis = g.cis()
-            for gi_id in list(g.gis()):
-                if wanted is not None and gi_id not in wanted:
-                    continue
-                found = True
-                where = f"GPU instance ID {gi_id:>2} from GPU {g.index:>2}"
-                if not is_root():
-                    out.append(f"Unable to destroy {where}: {NO_PERMISSION}")
-                    failed, rc = NO_PERMISSION, RC_NO_PERMISSION
-                    break
-                if any(gi == gi_id for gi, _ci in cis):
-                    out.append(f"Unable to destroy {where}: {IN_USE}")
-                    failed, rc = IN_USE, RC_IN_USE
-                    continue
-                del state[key(g, f"mig.gi.{gi_id}")]
-                out.append(f"Successfully destroyed {where}")
-    if not found:
-        return ["No GPU instances found: Not Found"], RC_NOT_FOUND
-    if failed:
-        out.append(f"Failed to destroy GPU instances: {failed}")
-    return out, rc
+
+    def instances(g: Gpu) -> Iterator[tuple[str, str, bool]]:
+        cis = g.cis()
+        for gi_id in g.gis():
+            if wanted is not None and gi_id not in wanted:
+                continue
+            where = f"GPU instance ID {gi_id:>2} from GPU {g.index:>2}"
+            yield where, f"mig.gi.{gi_id}", any(gi == gi_id for gi, _ci in cis)
+
+    return _destroy(id_arg, "GPU instances", instances)
 
 
 def destroy_all_instances(state: dict[str, str], g: Gpu) -> None:
@@ -421,36 +417,32 @@ MIG_VALUES = {
 
 def parse_args(argv: list[str]) -> dict:
     opts: dict = {"cmd": None, "C": False}
+
+    def command(cmd: str) -> None:
+        if opts["cmd"]:
+            raise invalid_combination()
+        opts["cmd"] = cmd
+
     i = 0
     while i < len(argv):
         arg = argv[i]
         name, eq, value = arg.partition("=")
         if arg in MIG_FLAGS:
-            if opts["cmd"]:
-                raise invalid_combination()
-            opts["cmd"] = MIG_FLAGS[arg]
+            command(MIG_FLAGS[arg])
         elif arg in ("-C", "--default-compute-instance"):
             opts["C"] = True
         elif arg in ("-cci", "--create-compute-instance") or name == "--create-compute-instance":
-            if opts["cmd"]:
-                raise invalid_combination()
-            opts["cmd"] = "cci"
+            command("cci")
             if eq:
                 opts["cci"] = value
             elif i + 1 < len(argv) and not argv[i + 1].startswith("-"):
                 opts["cci"] = argv[i + 1]
                 i += 1
         elif name in MIG_VALUES:
-            if not eq:
-                if i + 1 >= len(argv):
-                    raise invalid_combination()
-                value = argv[i + 1]
-                i += 1
+            value, i = option_value(argv, i, eq, value)
             dest = MIG_VALUES[name]
             if dest == "cgi":
-                if opts["cmd"]:
-                    raise invalid_combination()
-                opts["cmd"] = "cgi"
+                command("cgi")
             opts[dest] = value
         else:
             raise bad_option(arg)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from .smi_common import RC_GPU_IS_LOST, Gpu, bad_option, invalid_combination, lost_line, select
+from .smi_common import Gpu, bad_option, for_each_gpu, invalid_combination, select
 
 TOPO_LEGEND = [
     "",
@@ -48,25 +48,21 @@ def nvlink(argv: list[str], state: dict[str, str]) -> tuple[list[str], int]:
         i += 1
     if not status:
         raise invalid_combination()
-    out: list[str] = []
-    rc = 0
-    for g in select(state, id_arg):
-        if g.lost:
-            out.append(lost_line(g))
-            rc = RC_GPU_IS_LOST
-            continue
-        out.append(f"GPU {g.index}: {g.name} (UUID: {g.uuid})")
+
+    def links(g: Gpu) -> list[str]:
+        title = f"GPU {g.index}: {g.name} (UUID: {g.uuid})"
         if g.mig_on:
-            out.append("Nvlink queries are not supported for Devices in MIG mode")
-            continue
+            return [title, "Nvlink queries are not supported for Devices in MIG mode"]
         count = g.i("nvlink.count")
         if count == 0:
-            out.append("Device does not have or support Nvlink")
-            continue
+            return [title, "Device does not have or support Nvlink"]
         down = {int(x) for x in g.s("nvlink.down").split(",") if x.strip().isdigit()}
         speed = g.s("nvlink.speed_gbps", "26.562")
-        for link in range(count):
-            out.append(f"\t Link {link}: " + ("<inactive>" if link in down else f"{speed} GB/s"))
+        return [title, *(f"\t Link {link}: " + ("<inactive>" if link in down else f"{speed} GB/s")
+                         for link in range(count))]
+
+    out: list[str] = []
+    rc = for_each_gpu(select(state, id_arg), out, links)
     return out, rc
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from . import state as st
-from .smi_common import DEPRECATED, RC_GPU_IS_LOST, Gpu, invalid_combination, lost_line, timestamp_ctime, watts
+from .smi_common import DEPRECATED, Gpu, for_each_gpu, invalid_combination, timestamp_ctime, watts
 from .smi_query import EVENT_BITS, FABRIC_STATE
 from .smi_table import bar1_slice_mib, free_mib, gi_overhead_mib, used_mib
 
@@ -175,6 +175,18 @@ def _temperature(g: Gpu) -> list[str]:
     ]
 
 
+def _samples(title: str, count: str, high: str, low: str, avg: str) -> list[str]:
+    """A ``-q -d POWER`` / ``-d CLOCK`` samples block."""
+    return [
+        line(1, title),
+        line(2, "Duration", "2.38 sec"),
+        line(2, "Number of Samples", count),
+        line(2, "Max", high),
+        line(2, "Min", low),
+        line(2, "Avg", avg),
+    ]
+
+
 def _power(g: Gpu, samples: bool) -> list[str]:
     draw = g.i("power.draw_mw")
     hbm = g.s("architecture") in ("Hopper", "Blackwell") and not g.geforce
@@ -189,14 +201,7 @@ def _power(g: Gpu, samples: bool) -> list[str]:
         line(2, "Max Power Limit", _w(g.i("power.max_mw"))),
     ]
     if samples:
-        out += [
-            line(1, "Power Samples"),
-            line(2, "Duration", "2.38 sec"),
-            line(2, "Number of Samples", "119"),
-            line(2, "Max", _w(draw * 102 // 100)),
-            line(2, "Min", _w(draw * 98 // 100)),
-            line(2, "Avg", _w(draw)),
-        ]
+        out += _samples("Power Samples", "119", _w(draw * 102 // 100), _w(draw * 98 // 100), _w(draw))
     out += [
         line(1, "GPU Memory Power Readings "),
         line(2, "Average Power Draw", _w(draw * 618 // 1000) if hbm else NA),
@@ -251,14 +256,7 @@ def _clocks(g: Gpu, samples: bool) -> list[str]:
     ]
     if samples:
         for name, key in (("SM Clock Samples", "clocks.sm"), ("Memory Clock Samples", "clocks.mem")):
-            out += [
-                line(1, name),
-                line(2, "Duration", "2.38 sec"),
-                line(2, "Number of Samples", "100"),
-                line(2, "Max", mhz(key)),
-                line(2, "Min", mhz(key)),
-                line(2, "Avg", mhz(key)),
-            ]
+            out += _samples(name, "100", mhz(key), mhz(key), mhz(key))
     out += [line(1, "Clock Policy"), line(2, "Auto Boost", NA), line(2, "Auto Boost Default", NA)]
     return out
 
@@ -491,12 +489,5 @@ def query(state: dict[str, str], gpus: list[Gpu], display: str | None, version: 
         "",
         line(0, "Attached GPUs", str(st.gpu_count(state))),
     ]
-    rc = 0
-    for g in gpus:
-        if g.lost:
-            out.append(lost_line(g))
-            rc = RC_GPU_IS_LOST
-            continue
-        out += gpu_block(g, version, fabric, only)
-        out.append("")
+    rc = for_each_gpu(gpus, out, lambda g: [*gpu_block(g, version, fabric, only), ""])
     return out, rc

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from . import state as st
 from .smi_common import (
-    RC_GPU_IS_LOST,
     RC_INVALID_ARGUMENT,
     Gpu,
     SmiExit,
+    for_each_gpu,
     invalid_combination,
-    lost_line,
     timestamp_csv,
     watts,
 )
@@ -28,6 +27,8 @@ EVENT_BITS = {
     "hw_power_brake_slowdown": 0x80,
 }
 FABRIC_STATE = {"not_started": "Not Started", "in_progress": "In Progress", "completed": "Completed"}
+# --query-gpu / --query-compute-apps: the name a field is asked by -> (name it is printed as, unit)
+GPU_FIELDS = {alias: (name, UNITS[name]) for alias, name in ALIASES.items()}
 COMPUTE_APP_FIELDS = {
     "timestamp": ("timestamp", ""),
     "gpu_name": ("gpu_name", ""),
@@ -60,6 +61,26 @@ def _with_unit(value: str, unit: str, units: bool) -> str:
     if unit and units and not _placeholder(value):
         return f"{value} {unit}"
     return value
+
+
+def _fields(spec: str, known: dict[str, tuple[str, str]]) -> list[tuple[str, str]]:
+    """The (name, unit) of each field ``spec`` lists, from ``known``; an unknown field is the real tool's error."""
+    fields = []
+    for raw in [x.strip() for x in spec.split(",") if x.strip()]:
+        if raw not in known:
+            raise SmiExit(RC_INVALID_ARGUMENT, f'Field "{raw}" is not a valid field to query.', "")
+        fields.append(known[raw])
+    if not fields:
+        raise invalid_combination()
+    return fields
+
+
+def _header(fields: list[tuple[str, str]], units: bool) -> str:
+    return ", ".join(f"{name} [{unit}]" if unit and units else name for name, unit in fields)
+
+
+def _row(values: dict[str, str], fields: list[tuple[str, str]], units: bool) -> str:
+    return ", ".join(_with_unit(values[name], unit, units) for name, unit in fields)
 
 
 def _enabled(flag: bool) -> str:
@@ -194,62 +215,46 @@ def query_gpu(
     state: dict[str, str], gpus: list[Gpu], spec: str, fmt: str | None, version: str
 ) -> tuple[list[str], int]:
     header, units = parse_format(fmt)
-    fields = []
-    for raw in [x.strip() for x in spec.split(",") if x.strip()]:
-        canonical = ALIASES.get(raw)
-        if canonical is None:
-            raise SmiExit(RC_INVALID_ARGUMENT, f'Field "{raw}" is not a valid field to query.', "")
-        fields.append(canonical)
-    if not fields:
-        raise invalid_combination()
-    out = []
-    if header:
-        out.append(", ".join(f"{f} [{UNITS[f]}]" if UNITS[f] and units else f for f in fields))
+    fields = _fields(spec, GPU_FIELDS)
+    out = [_header(fields, units)] if header else []
     ctx = {
         "timestamp": timestamp_csv(),
         "version": version,
         "count": st.gpu_count(state),
         "fabric": state.get("fabric.state", "none"),
     }
-    rc = 0
-    for gpu in gpus:
-        if gpu.lost:
-            out.append(lost_line(gpu))
-            rc = RC_GPU_IS_LOST
-            continue
-        out.append(", ".join(_with_unit(gpu_value(gpu, f, ctx), UNITS[f], units) for f in fields))
+
+    def row(gpu: Gpu) -> list[str]:
+        return [_row({name: gpu_value(gpu, name, ctx) for name, _unit in fields}, fields, units)]
+
+    rc = for_each_gpu(gpus, out, row)
     return out, rc
 
 
 def query_compute_apps(gpus: list[Gpu], spec: str, fmt: str | None) -> tuple[list[str], int]:
     header, units = parse_format(fmt)
-    fields = []
-    for raw in [x.strip() for x in spec.split(",") if x.strip()]:
-        if raw not in COMPUTE_APP_FIELDS:
-            raise SmiExit(RC_INVALID_ARGUMENT, f'Field "{raw}" is not a valid field to query.', "")
-        fields.append(COMPUTE_APP_FIELDS[raw])
-    if not fields:
-        raise invalid_combination()
-    out = []
-    if header:
-        out.append(", ".join(f"{name} [{unit}]" if unit and units else name for name, unit in fields))
+    fields = _fields(spec, COMPUTE_APP_FIELDS)
+    out = [_header(fields, units)] if header else []
     stamp = timestamp_csv()
-    rc = 0
-    for gpu in gpus:
-        if gpu.lost:
-            out.append(lost_line(gpu))
-            rc = RC_GPU_IS_LOST
-            continue
-        for proc in gpu.procs():
-            values = {
-                "timestamp": stamp,
-                "gpu_name": gpu.name,
-                "gpu_bus_id": gpu.bus_id,
-                "gpu_serial": gpu.s("serial") or NA,
-                "gpu_uuid": gpu.uuid,
-                "pid": str(proc["pid"]),
-                "process_name": proc["name"],
-                "used_gpu_memory": str(proc["used"]),
-            }
-            out.append(", ".join(_with_unit(values[name], unit, units) for name, unit in fields))
+
+    def rows(gpu: Gpu) -> list[str]:
+        return [
+            _row(
+                {
+                    "timestamp": stamp,
+                    "gpu_name": gpu.name,
+                    "gpu_bus_id": gpu.bus_id,
+                    "gpu_serial": gpu.s("serial") or NA,
+                    "gpu_uuid": gpu.uuid,
+                    "pid": str(proc["pid"]),
+                    "process_name": proc["name"],
+                    "used_gpu_memory": str(proc["used"]),
+                },
+                fields,
+                units,
+            )
+            for proc in gpu.procs()
+        ]
+
+    rc = for_each_gpu(gpus, out, rows)
     return out, rc

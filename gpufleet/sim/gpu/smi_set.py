@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 from . import state as st
 from .smi_common import (
@@ -10,17 +11,17 @@ from .smi_common import (
     IN_USE,
     NO_PERMISSION,
     NOT_SUPPORTED,
-    RC_GPU_IS_LOST,
     RC_IN_USE,
     RC_INVALID_ARGUMENT,
     RC_NO_PERMISSION,
     RC_OTHER,
     TERMINATING,
     Gpu,
+    SmiExit,
+    for_each_gpu,
     invalid_combination,
     is_root,
     key,
-    lost_line,
     major,
     persistence_warning,
     select,
@@ -44,32 +45,53 @@ def _holders(state: dict[str, str], g: Gpu) -> list[tuple[int, str]]:
     return st.holders(state, g.index, exclude_pid=os.getpid())
 
 
+def _each_gpu(
+    id_arg: str | None,
+    change: Callable[[dict[str, str], Gpu], list[str]],
+    done: tuple[str, ...] = (ALL_DONE,),
+) -> tuple[list[str], int]:
+    """Run ``change(state, g)`` for every GPU ``-i`` selects, under the state lock, printing the lines it returns.
+
+    A lost GPU prints its line and makes the exit code 15 while the others go on. ``change`` raises SmiExit
+    (``_stop``) to end at once: its lines follow what was printed so far, and the changes made so far are kept.
+    ``done``: the closing lines when every GPU was seen to.
+    """
+    out: list[str] = []
+    with st.locked() as state:
+        gpus = select(state, id_arg)
+        try:
+            rc = for_each_gpu(gpus, out, lambda g: change(state, g))
+        except SmiExit as stop:
+            return out + stop.lines, stop.rc
+    return out + list(done), rc
+
+
+def _stop(rc: int, line: str) -> SmiExit:
+    """End a setter with ``line`` and "Terminating early due to previous errors.", exit code ``rc``."""
+    return SmiExit(rc, line, TERMINATING)
+
+
+def _require_root(line: str) -> None:
+    if not is_root():
+        raise _stop(RC_NO_PERMISSION, line)
+
+
 def persistence(id_arg: str | None, value: str, version: str) -> tuple[list[str], int]:
     enable = _bool_arg(value)
     word = "Enabled" if enable else "Disabled"
-    out: list[str] = []
-    rc = 0
-    with st.locked() as state:
-        for g in select(state, id_arg):
-            if g.lost:
-                out.append(lost_line(g))
-                rc = RC_GPU_IS_LOST
-                continue
-            if not is_root():
-                return out + [
-                    f"Unable to set persistence mode for GPU {g.bus_id}: {NO_PERMISSION}",
-                    TERMINATING,
-                ], RC_NO_PERMISSION
-            if g.s("persistence.supported", "1") == "0":
-                out += [f"Unable to set persistence mode for GPU {g.bus_id}: {NOT_SUPPORTED}", WARN_MOVE_ON]
-                continue
-            if g.flag("persistence") == enable:
-                out.append(f"Persistence mode is already {word} for GPU {g.bus_id}.")
-                continue
-            state[key(g, "persistence")] = "1" if enable else "0"
-            legacy = "Legacy " if enable and major(version) >= 580 else ""
-            out.append(f"{word} {legacy}persistence mode for GPU {g.bus_id}.")
-    return out + [ALL_DONE], rc
+
+    def change(state: dict[str, str], g: Gpu) -> list[str]:
+        unable = f"Unable to set persistence mode for GPU {g.bus_id}"
+        _require_root(f"{unable}: {NO_PERMISSION}")
+        if g.s("persistence.supported", "1") == "0":
+            return [f"{unable}: {NOT_SUPPORTED}", WARN_MOVE_ON]
+        if g.flag("persistence") == enable:
+            return [f"Persistence mode is already {word} for GPU {g.bus_id}."]
+        state[key(g, "persistence")] = "1" if enable else "0"
+        legacy = "Legacy " if enable and major(version) >= 580 else ""
+        return [f"{word} {legacy}persistence mode for GPU {g.bus_id}."]
+
+    return _each_gpu(id_arg, change)
 
 
 def power_limit(id_arg: str | None, value: str, version: str) -> tuple[list[str], int]:
@@ -78,82 +100,60 @@ def power_limit(id_arg: str | None, value: str, version: str) -> tuple[list[str]
     except ValueError:
         raise invalid_combination() from None
     mw = round(requested * 1000)
-    out: list[str] = []
-    rc = 0
-    with st.locked() as state:
-        for g in select(state, id_arg):
-            if g.lost:
-                out.append(lost_line(g))
-                rc = RC_GPU_IS_LOST
-                continue
-            if not g.has("power.min_mw") or g.i("power.min_mw") == g.i("power.max_mw") == 0:
-                out += [f"Changing power management limit is not supported for GPU: {g.bus_id}.", WARN_MOVE_ON]
-                continue
-            lo, hi = g.i("power.min_mw"), g.i("power.max_mw")
-            if not lo <= mw <= hi:
-                out += [
-                    f"Provided power limit {requested:.2f} W is not a valid power limit which should be between "
-                    f"{watts(lo)} W and {watts(hi)} W for GPU {g.bus_id}",
-                    TERMINATING,
-                ]
-                return out, RC_INVALID_ARGUMENT
-            if not is_root():
-                return out + [
-                    f"Failed to set power management limit for GPU {g.bus_id}: {NO_PERMISSION}",
-                    TERMINATING,
-                ], RC_NO_PERMISSION
-            old = g.i("power.limit_mw")
-            state[key(g, "power.limit_mw")] = str(mw)
-            if g.i("power.draw_mw") > mw:
-                state[key(g, "power.draw_mw")] = str(mw)
-            out.append(f"Power limit for GPU {g.bus_id} was set to {watts(mw)} W from {watts(old)} W.")
-            if not g.flag("persistence"):
-                out += persistence_warning(g, version)
-    return out + [ALL_DONE], rc
+
+    def change(state: dict[str, str], g: Gpu) -> list[str]:
+        if not g.has("power.min_mw") or g.i("power.min_mw") == g.i("power.max_mw") == 0:
+            return [f"Changing power management limit is not supported for GPU: {g.bus_id}.", WARN_MOVE_ON]
+        lo, hi = g.i("power.min_mw"), g.i("power.max_mw")
+        if not lo <= mw <= hi:
+            raise _stop(
+                RC_INVALID_ARGUMENT,
+                f"Provided power limit {requested:.2f} W is not a valid power limit which should be between "
+                f"{watts(lo)} W and {watts(hi)} W for GPU {g.bus_id}",
+            )
+        _require_root(f"Failed to set power management limit for GPU {g.bus_id}: {NO_PERMISSION}")
+        old = g.i("power.limit_mw")
+        state[key(g, "power.limit_mw")] = str(mw)
+        if g.i("power.draw_mw") > mw:
+            state[key(g, "power.draw_mw")] = str(mw)
+        return [
+            f"Power limit for GPU {g.bus_id} was set to {watts(mw)} W from {watts(old)} W.",
+            *persistence_warning(g, version),
+        ]
+
+    return _each_gpu(id_arg, change)
 
 
 def mig_mode(id_arg: str | None, value: str, version: str) -> tuple[list[str], int]:
     enable = _bool_arg(value)
     verb = "enable" if enable else "disable"
     word = "Enabled" if enable else "Disabled"
-    out: list[str] = []
-    rc = 0
-    with st.locked() as state:
-        for g in select(state, id_arg):
-            if g.lost:
-                out.append(lost_line(g))
-                rc = RC_GPU_IS_LOST
-                continue
-            if not is_root():
-                return out + [
-                    f"Unable to {verb} MIG Mode for GPU {g.bus_id}: {NO_PERMISSION}",
-                    TERMINATING,
-                ], RC_NO_PERMISSION
-            if not g.flag("mig.supported"):
-                out += [f"Unable to {verb} MIG Mode for GPU {g.bus_id}: {NOT_SUPPORTED}", WARN_MOVE_ON]
-                continue
-            busy = _holders(state, g)
-            if not enable and g.gis():
-                return out + [f"Unable to {verb} MIG Mode for GPU {g.bus_id}: {IN_USE}", TERMINATING], RC_IN_USE
-            if busy:
-                if g.s("architecture") == "Ampere":
-                    # Ampere: the mode is stored as pending and applies at the next reset / reboot
-                    state[key(g, "mig.pending")] = "1" if enable else "0"
-                    out += [
-                        f"Warning: MIG mode is in pending {verb} state for GPU {g.bus_id}:{IN_USE}",
-                        f"{g.bus_id} is currently being used by one or more other processes (e.g. CUDA application "
-                        "or a monitoring application such as another instance of nvidia-smi). Please first kill all "
-                        "processes using the device and retry the command or reboot the system to make MIG mode "
-                        "effective.",
-                    ]
-                    continue
-                return out + [f"Unable to {verb} MIG Mode for GPU {g.bus_id}: {IN_USE}", TERMINATING], RC_IN_USE
-            state[key(g, "mig.current")] = state[key(g, "mig.pending")] = "1" if enable else "0"
-            destroy_all_instances(state, g)
-            out.append(f"{word} MIG Mode for GPU {g.bus_id}")
-            if not g.flag("persistence"):
-                out += persistence_warning(g, version)
-    return out + [ALL_DONE], rc
+
+    def change(state: dict[str, str], g: Gpu) -> list[str]:
+        unable = f"Unable to {verb} MIG Mode for GPU {g.bus_id}"
+        _require_root(f"{unable}: {NO_PERMISSION}")
+        if not g.flag("mig.supported"):
+            return [f"{unable}: {NOT_SUPPORTED}", WARN_MOVE_ON]
+        busy = _holders(state, g)
+        if not enable and g.gis():
+            raise _stop(RC_IN_USE, f"{unable}: {IN_USE}")
+        if busy:
+            if g.s("architecture") != "Ampere":
+                raise _stop(RC_IN_USE, f"{unable}: {IN_USE}")
+            # Ampere: the mode is stored as pending and applies at the next reset / reboot
+            state[key(g, "mig.pending")] = "1" if enable else "0"
+            return [
+                f"Warning: MIG mode is in pending {verb} state for GPU {g.bus_id}:{IN_USE}",
+                f"{g.bus_id} is currently being used by one or more other processes (e.g. CUDA application "
+                "or a monitoring application such as another instance of nvidia-smi). Please first kill all "
+                "processes using the device and retry the command or reboot the system to make MIG mode "
+                "effective.",
+            ]
+        state[key(g, "mig.current")] = state[key(g, "mig.pending")] = "1" if enable else "0"
+        destroy_all_instances(state, g)
+        return [f"{word} MIG Mode for GPU {g.bus_id}", *persistence_warning(g, version)]
+
+    return _each_gpu(id_arg, change)
 
 
 def reset_gpu_state(state: dict[str, str], g: Gpu) -> None:
@@ -171,23 +171,18 @@ def reset_gpu_state(state: dict[str, str], g: Gpu) -> None:
 
 
 def gpu_reset(id_arg: str | None) -> tuple[list[str], int]:
-    out: list[str] = []
     busy: list[Gpu] = []
-    rc = 0
-    with st.locked() as state:
-        for g in select(state, id_arg):
-            if g.lost:
-                out.append(lost_line(g))
-                rc = RC_GPU_IS_LOST
-                continue
-            if not is_root():
-                return out + [f"Unable to reset GPU {g.bus_id}: {NO_PERMISSION}", TERMINATING], RC_NO_PERMISSION
-            if _holders(state, g):
-                busy.append(g)
-                continue
-            reset_gpu_state(state, g)
-            out.append(f"GPU {g.bus_id} was successfully reset.")
-    if busy:
+
+    def change(state: dict[str, str], g: Gpu) -> list[str]:
+        _require_root(f"Unable to reset GPU {g.bus_id}: {NO_PERMISSION}")
+        if _holders(state, g):
+            busy.append(g)
+            return []
+        reset_gpu_state(state, g)
+        return [f"GPU {g.bus_id} was successfully reset."]
+
+    out, rc = _each_gpu(id_arg, change, done=())
+    if busy:  # (never after a stop: root is checked before any GPU counts as busy)
         n = len(busy)
         what = "1 device is" if n == 1 else f"{n} devices are"
         these = "this device" if n == 1 else "these devices"
@@ -213,54 +208,37 @@ def lock_clocks(id_arg: str | None, value: str | None) -> tuple[list[str], int]:
         if len(parts) != 2 or not all(p.isdigit() for p in parts) or int(parts[0]) > int(parts[1]):
             raise invalid_combination()
         lo, hi = int(parts[0]), int(parts[1])
-    out: list[str] = []
-    rc = 0
-    with st.locked() as state:
-        for g in select(state, id_arg):
-            if g.lost:
-                out.append(lost_line(g))
-                rc = RC_GPU_IS_LOST
-                continue
-            if not is_root():
-                return out + [
-                    f"The current user does not have permission to change clocks for GPU {g.bus_id}.",
-                    TERMINATING,
-                ], RC_NO_PERMISSION
-            if value is None:
-                state[key(g, "clocks.locked.min")] = state[key(g, "clocks.locked.max")] = "0"
-                continue
-            state[key(g, "clocks.locked.min")] = str(lo)
-            state[key(g, "clocks.locked.max")] = str(hi)
-            out.append(f'GPU clocks set to "(gpuClkMin {lo}, gpuClkMax {hi})" for GPU {g.bus_id}')
-    return out + [ALL_DONE], rc
+
+    def change(state: dict[str, str], g: Gpu) -> list[str]:
+        _require_root(f"The current user does not have permission to change clocks for GPU {g.bus_id}.")
+        if value is None:
+            state[key(g, "clocks.locked.min")] = state[key(g, "clocks.locked.max")] = "0"
+            return []
+        state[key(g, "clocks.locked.min")] = str(lo)
+        state[key(g, "clocks.locked.max")] = str(hi)
+        return [f'GPU clocks set to "(gpuClkMin {lo}, gpuClkMax {hi})" for GPU {g.bus_id}']
+
+    return _each_gpu(id_arg, change)
 
 
 def ecc_config(id_arg: str | None, value: str) -> tuple[list[str], int]:
     enable = _bool_arg(value)
-    out: list[str] = []
-    rc = 0
-    changed = False
-    with st.locked() as state:
-        for g in select(state, id_arg):
-            if g.lost:
-                out.append(lost_line(g))
-                rc = RC_GPU_IS_LOST
-                continue
-            if not g.flag("ecc.supported"):
-                out += [f"Unable to set the ECC mode for GPU {g.bus_id}: {NOT_SUPPORTED}", WARN_MOVE_ON]
-                continue
-            if not is_root():
-                return out + [
-                    f"Unable to set the ECC mode for GPU {g.bus_id}: {NO_PERMISSION}",
-                    TERMINATING,
-                ], RC_NO_PERMISSION
-            if g.flag("ecc.pending") == enable:
-                out.append(f"ECC support is already {'Enabled' if enable else 'Disabled'} for GPU {g.bus_id}.")
-                continue
-            state[key(g, "ecc.pending")] = "1" if enable else "0"
-            out.append(f"{'Enabled' if enable else 'Disabled'} ECC support for GPU {g.bus_id}.")
-            changed = True
-    return out + [ALL_DONE] + (["Reboot required."] if changed else []), rc
+    word = "Enabled" if enable else "Disabled"
+    changed: list[Gpu] = []
+
+    def change(state: dict[str, str], g: Gpu) -> list[str]:
+        unable = f"Unable to set the ECC mode for GPU {g.bus_id}"
+        if not g.flag("ecc.supported"):
+            return [f"{unable}: {NOT_SUPPORTED}", WARN_MOVE_ON]
+        _require_root(f"{unable}: {NO_PERMISSION}")
+        if g.flag("ecc.pending") == enable:
+            return [f"ECC support is already {word} for GPU {g.bus_id}."]
+        state[key(g, "ecc.pending")] = "1" if enable else "0"
+        changed.append(g)
+        return [f"{word} ECC support for GPU {g.bus_id}."]
+
+    out, rc = _each_gpu(id_arg, change)
+    return out + (["Reboot required."] if changed else []), rc  # (none changed after a stop: root comes first)
 
 
 COMPUTE_MODES = {
@@ -274,19 +252,10 @@ def compute_mode(id_arg: str | None, value: str) -> tuple[list[str], int]:
     mode = COMPUTE_MODES.get(value.strip().upper())
     if mode is None:
         raise invalid_combination()
-    out: list[str] = []
-    rc = 0
-    with st.locked() as state:
-        for g in select(state, id_arg):
-            if g.lost:
-                out.append(lost_line(g))
-                rc = RC_GPU_IS_LOST
-                continue
-            if not is_root():
-                return out + [
-                    f"Unable to set compute mode for GPU {g.bus_id}: {NO_PERMISSION}",
-                    TERMINATING,
-                ], RC_NO_PERMISSION
-            state[key(g, "compute_mode")] = mode
-            out.append(f"Set compute mode to {mode.upper()} for GPU {g.bus_id}.")
-    return out + [ALL_DONE], rc
+
+    def change(state: dict[str, str], g: Gpu) -> list[str]:
+        _require_root(f"Unable to set compute mode for GPU {g.bus_id}: {NO_PERMISSION}")
+        state[key(g, "compute_mode")] = mode
+        return [f"Set compute mode to {mode.upper()} for GPU {g.bus_id}."]
+
+    return _each_gpu(id_arg, change)

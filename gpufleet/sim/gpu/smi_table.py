@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .smi_common import Gpu, lost_line, timestamp_ctime
+from .smi_common import RC_GPU_IS_LOST, Gpu, for_each_gpu, lost_line, timestamp_ctime
 
 BORDER = "+-----------------------------------------------------------------------------------------+"
 GRID = "+-----------------------------------------+------------------------+----------------------+"
@@ -145,14 +145,15 @@ def proc_rows(gpus: list[Gpu]) -> list[str]:
     return rows
 
 
-def summary(gpus: list[Gpu], version: str, cuda: str) -> tuple[list[str], bool]:
-    """The default table; returns (lines, any_lost)."""
+def summary(gpus: list[Gpu], version: str, cuda: str) -> tuple[list[str], int]:
+    """The default table (the lost GPUs' lines first) and the exit code."""
     out: list[str] = []
     live = [g for g in gpus if not g.lost]
     lost = [g for g in gpus if g.lost]
     out += [lost_line(g) for g in lost]
+    rc = RC_GPU_IS_LOST if lost else 0
     if not live:
-        return out, bool(lost)
+        return out, rc
     out += [
         timestamp_ctime() + "       ",
         BORDER,
@@ -174,18 +175,19 @@ def summary(gpus: list[Gpu], version: str, cuda: str) -> tuple[list[str], bool]:
     procs = proc_rows(live)
     out += procs or [f"|  {'No running processes found':<87}|"]
     out.append(BORDER)
-    return out, bool(lost)
+    return out, rc
 
 
-def list_gpus(gpus: list[Gpu]) -> tuple[list[str], bool]:
-    out = []
-    any_lost = False
-    for gpu in gpus:
-        if gpu.lost:
-            out.append(lost_line(gpu))
-            any_lost = True
-            continue
-        out.append(f"GPU {gpu.index}: {gpu.name} (UUID: {gpu.uuid})")
-        for dev in gpu.mig_devices() if gpu.mig_on else []:
-            out.append(f"  {'MIG ' + dev['name']:<15} Device {dev['index']:>2}: (UUID: {dev['uuid']})")
-    return out, any_lost
+def list_gpus(gpus: list[Gpu]) -> tuple[list[str], int]:
+    """``-L`` and the exit code."""
+
+    def entries(gpu: Gpu) -> list[str]:
+        return [
+            f"GPU {gpu.index}: {gpu.name} (UUID: {gpu.uuid})",
+            *(f"  {'MIG ' + dev['name']:<15} Device {dev['index']:>2}: (UUID: {dev['uuid']})"
+              for dev in (gpu.mig_devices() if gpu.mig_on else [])),
+        ]
+
+    out: list[str] = []
+    rc = for_each_gpu(gpus, out, entries)
+    return out, rc

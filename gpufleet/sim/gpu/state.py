@@ -20,6 +20,11 @@ def state_path() -> str:
     return os.environ.get("GPUFLEET_SIM_STATE", DEFAULT_PATH)
 
 
+def own_driver_version_path() -> str:
+    """Inside a host: the installed driver package's version file, which nvidia-smi and the daemons read."""
+    return os.environ.get("GPUFLEET_SIM_DRIVER_VERSION_FILE", "/" + INSTALLED_DRIVER_VERSION_FILE)
+
+
 def parse(text: str) -> dict[str, str]:
     state: dict[str, str] = {}
     for line in text.splitlines():
