@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import pytest
+from pyinfra_harness import fixture, wrap
 
 from gpufleet.catalog import load_catalog
 from gpufleet.config import load_node_config
@@ -25,16 +25,7 @@ from gpufleet.preflight import (
     run_preflight,
 )
 
-FIXTURES = Path(__file__).parents[1] / "fixtures" / "facts"
 H100 = "NVIDIA H100 80GB HBM3"
-
-
-def fixture(name: str) -> str:
-    return (FIXTURES / name).read_text(encoding="utf-8")
-
-
-def wrap(name: str, text: str, rc: int = 0) -> list[str]:
-    return [f"@@gpufleet begin {name}", *text.splitlines(), f"@@gpufleet end {name} rc={rc}"]
 
 
 def os_fact(name: str = "os_release_ubuntu_2204.txt") -> dict:
