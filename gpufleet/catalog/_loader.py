@@ -167,7 +167,7 @@ class GpuModel:
     compute_capability: str
     datacenter: bool
     form_factor: str
-    sm_count: int
+    sm_count: int | None  # None: never printed by a real source for this GPU (see sources)
     memory_mib: int
     memory_type: str
     memory_bandwidth_gbs: float
@@ -530,7 +530,7 @@ _MODEL_FIELDS: dict[str, Callable[[str, str, Any], Any]] = {
     "compute_capability": _cc,
     "datacenter": _bool,
     "form_factor": _str,
-    "sm_count": _pos_int,
+    "sm_count": _opt_pos_int,
     "memory_mib": _pos_int,
     "memory_type": _str,
     "memory_bandwidth_gbs": _num,

@@ -37,6 +37,18 @@ GPU_FIELDS = {
     "ecc.mode.current": "ecc_current",
     "clocks.max.sm": "clocks_max_sm_mhz",
 }
+# nvidia-smi 610 deprecates the query field ``driver_version`` for ``kmd_version``, which 590 and older do not
+# know; one unknown field fails the whole query, so the fact asks nvidia-smi's own --help-query-gpu which of the
+# two it lists and queries that one (``kmd_version`` first). Both land in the GPU dicts as "driver_version".
+DRIVER_VERSION_FIELDS = ("kmd_version", "driver_version")
+_FIELD_MARKER = "gpufleet-version-field: "
+
+
+def gpu_query_fields(version_field: str = "driver_version") -> dict[str, str]:
+    """``GPU_FIELDS`` with the driver version asked for as ``version_field`` (one of DRIVER_VERSION_FIELDS)."""
+    return {(version_field if name == "driver_version" else name): key for name, key in GPU_FIELDS.items()}
+
+
 NUMERIC = {
     "index": int,
     "memory_total_mib": int,
@@ -147,6 +159,8 @@ class GpuInventory(FactBase):
             "error": None,             # nvidia-smi's message when it failed (or a GPU was lost)
             "exit_code": 0,            # None when nvidia-smi is not installed
             "driver_version": "590.48.01",
+            "driver_version_field": "driver_version",  # the query field used: kmd_version (610+) or
+                                                       # driver_version (older drivers; None: not asked)
             "lost_gpus": [],           # PCI bus ids nvidia-smi could not reach ("fallen off the bus")
             "gpus": [{
                 "index": 0, "name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-…", "serial": "1654…",
@@ -172,13 +186,20 @@ class GpuInventory(FactBase):
             "error": "nvidia-smi not found",
             "exit_code": None,
             "driver_version": None,
+            "driver_version_field": None,
             "lost_gpus": [],
             "gpus": [],
         }
 
     def command(self) -> str:
-        query = "--query-gpu=" + ",".join(GPU_FIELDS)
-        return section("query", f"nvidia-smi {query} --format=csv", requires="nvidia-smi")
+        new, old = DRIVER_VERSION_FIELDS
+        query = "--query-gpu=" + ",".join(gpu_query_fields("$version_field"))
+        script = (
+            f"version_field={old}; "
+            f"nvidia-smi --help-query-gpu 2>/dev/null | grep -q '^\"{new}\"' && version_field={new}; "
+            f"echo \"{_FIELD_MARKER}$version_field\"; nvidia-smi {query} --format=csv"
+        )
+        return section("query", script, requires="nvidia-smi")
 
     def process(self, output):
         sec = parse_sections(output).get("query")
@@ -189,8 +210,15 @@ class GpuInventory(FactBase):
             return result
         rc = sec.rc
         result["exit_code"] = rc
+        lines = [line for line in sec.lines if not line.startswith(_FIELD_MARKER)]
+        asked = [line[len(_FIELD_MARKER):].strip() for line in sec.lines if line.startswith(_FIELD_MARKER)]
+        # without the marker (output of a bare `nvidia-smi --query-gpu=...`) the header tells
+        field = asked[0] if asked else next(
+            (f for f in DRIVER_VERSION_FIELDS for line in lines if line.startswith("index,") and f" {f}," in line),
+            None)
+        result["driver_version_field"] = field
         try:
-            gpus, other = parse_gpu_query(sec.lines)
+            gpus, other = parse_gpu_query(lines, gpu_query_fields(field or "driver_version"))
         except ValueError as exc:
             return {**result, "status": "error", "error": str(exc), "gpus": []}
         message = " ".join(line for line in other if line)

@@ -43,6 +43,9 @@ _PROFILE_LIST = [
     Profile("l40s-4", "l40s", 4, 0, "4x L40S PCIe, no NVLink"),
     Profile("rtx4090-1", "rtx4090", 1, 0, "1x GeForce RTX 4090 workstation"),
     Profile("b200-8", "b200", 8, 2, "HGX B200 8-GPU: 8x B200, 2 NVLink Switch chips (DGX B200 class)"),
+    # A compute tray sees no NVSwitch on its PCI bus (the switches sit in separate NVLink switch trays), so the
+    # simulated host has neither NVLink nor fabric manager.
+    Profile("gb200-4", "gb200", 4, 0, "GB200 NVL compute tray: 4x GB200 on 2 Grace Blackwell superchips"),
 ]
 
 # PCI bus numbers as on real boards (HGX H100/H200 baseboards, DGX A100, DGX B200, 4-GPU PCIe servers)
@@ -50,6 +53,7 @@ _BUS_IDS = {
     ("Hopper", 8): ["18", "2A", "3A", "5D", "9A", "AB", "BA", "DB"],
     ("Ampere", 8): ["07", "0F", "47", "4E", "87", "90", "B7", "BD"],
     ("Blackwell", 8): ["1B", "43", "52", "61", "9D", "C3", "D1", "DF"],
+    ("Blackwell", 4): ["29", "3F", "9C", "B2"],  # real 4x GB200 tray (qx-gb200.xml)
     4: ["17", "65", "CA", "E3"],
     2: ["17", "CA"],
     1: ["01"],
@@ -118,7 +122,7 @@ def _gip_rows(model: GpuModel) -> dict[str, str]:
         memory = p.memory_mib or same_mem or (one.memory_mib or 0) * p.memory_slices
         printed = p.memory_gib_printed or f"{memory / 1024:.2f}"
         full = p.compute_slices == mig.compute_slices
-        sm = p.sm_count or (model.sm_count if full else (one.sm_count or 0) * p.compute_slices)
+        sm = p.sm_count or (model.sm_count if full else None) or (one.sm_count or 0) * p.compute_slices
         ce = p.copy_engines if p.copy_engines is not None else (one.copy_engines or 1) * p.compute_slices
         dec = p.decoders if p.decoders is not None else (one.decoders or 0) * p.compute_slices
         jpeg = p.jpeg if p.jpeg is not None else (one.jpeg or 0) * p.compute_slices

@@ -10,7 +10,7 @@ from pyinfra_harness import FACT_FIXTURES, fixture, wrap
 
 from gpufleet.facts import GpuInventory, MigState, instances_by_gpu
 from gpufleet.facts._sections import parse_sections, section
-from gpufleet.facts.nvidia import GPU_FIELDS, parse_gpu_query
+from gpufleet.facts.nvidia import gpu_query_fields, parse_gpu_query
 
 
 def inventory(text: str | None, rc: int = 0) -> dict:
@@ -47,7 +47,7 @@ def test_commands_always_exit_zero_without_nvidia_smi(tmp_path):
 def test_command_is_one_query_with_all_fields():
     command = GpuInventory().command()
     assert command.count("nvidia-smi --query-gpu=") == 1
-    assert "--query-gpu=" + ",".join(GPU_FIELDS) + " --format=csv" in command
+    assert "--query-gpu=" + ",".join(gpu_query_fields("$version_field")) + " --format=csv" in command
 
 
 def test_query_fixtures_are_the_captures_columns():
@@ -62,7 +62,80 @@ def test_query_fixtures_are_the_captures_columns():
         for phase in ("idle", "load"):
             assert fixture(f"query_gpu_{key}_{phase}.txt") == extract.extract(extract.DEFAULT_CAPTURES / name, phase)
             checked += 1
-    assert checked == 10
+    assert checked == 16
+
+
+# -------------------------------------------------------------- driver_version (590) / kmd_version (595, 610)
+
+REAL_HELP = Path(__file__).resolve().parents[1] / "fixtures" / "reference" / "captures"
+
+
+def _help_query_gpu(capture: str) -> str:
+    """The real `nvidia-smi --help-query-gpu` section of a capture."""
+    lines = (REAL_HELP / capture).read_text(encoding="utf-8").splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("# capabilities :: help-query-gpu"))
+    end = next(i for i in range(start + 4, len(lines)) if lines[i].startswith("####"))
+    return "\n".join(lines[start + 4:end]) + "\n"
+
+
+def run_command_against(tmp_path, capture: str, query_fixture: str) -> dict:
+    """GpuInventory's own shell command run by bash against an nvidia-smi stand-in that prints the real
+    --help-query-gpu of ``capture`` and answers a query only when its fields are exactly the fixture's header
+    (otherwise nvidia-smi's rejection of a field it does not know)."""
+    (tmp_path / "help.txt").write_text(_help_query_gpu(capture))
+    (tmp_path / "query.txt").write_text(fixture(query_fixture))
+    header = fixture(query_fixture).splitlines()[0]
+    wanted = ",".join(c.split(" [")[0] for c in header.split(", "))
+    stub = tmp_path / "nvidia-smi"
+    stub.write_text(f"""#!/bin/sh
+case "$1" in
+  --help-query-gpu) cat {tmp_path}/help.txt ;;
+  --query-gpu={wanted}) cat {tmp_path}/query.txt ;;
+  *) echo 'Field "kmd_version" is not a valid field to query.'; echo; exit 2 ;;
+esac
+""")
+    stub.chmod(0o755)
+    out = subprocess.run(["bash", "-c", GpuInventory().command()], capture_output=True, text=True,
+                         env={"PATH": f"{tmp_path}:/usr/bin:/bin"}, timeout=30)
+    return GpuInventory().process(out.stdout.splitlines())
+
+
+def test_590_query_uses_driver_version(tmp_path):
+    fact = run_command_against(tmp_path, "linux-x86_64__nvidia-h200__590.48.01.txt",
+                               "query_gpu_h200_590.48.01_idle.txt")
+    assert (fact["status"], fact["driver_version_field"], fact["driver_version"]) == (
+        "ok", "driver_version", "590.48.01")
+    assert fact["gpus"][0]["driver_version"] == "590.48.01"
+
+
+def test_610_query_uses_kmd_version(tmp_path):
+    fact = run_command_against(tmp_path, "linux-x86_64__nvidia-geforce-rtx-2080-super__610.57.04.txt",
+                               "query_gpu_rtx2080-super_610.57.04_idle.txt")
+    assert (fact["status"], fact["driver_version_field"], fact["driver_version"]) == (
+        "ok", "kmd_version", "610.57.04")
+    assert fact["gpus"][0]["name"] == "NVIDIA GeForce RTX 2080 SUPER"
+
+
+def test_595_already_lists_kmd_version(tmp_path):
+    # the deprecation came with 595, not 610: the real 595.80 help lists kmd_version
+    fact = run_command_against(tmp_path, "linux-x86_64__nvidia-l40s__595.80.txt", "query_gpu_l40s_595.80_idle.txt")
+    assert (fact["driver_version_field"], fact["driver_version"]) == ("kmd_version", "595.80")
+
+
+def test_version_field_marker_and_header():
+    marker = ["gpufleet-version-field: kmd_version"]
+    fact = GpuInventory().process(wrap("query", "\n".join(marker) + "\n"
+                                       + fixture("query_gpu_rtx2080-super_610.57.04_load.txt")))
+    assert (fact["driver_version_field"], fact["driver_version"], fact["status"]) == ("kmd_version", "610.57.04", "ok")
+    # a bare query's output (no marker): the header says which field was asked
+    bare = inventory(fixture("query_gpu_h200-mig_590.48.01_idle.txt"))
+    assert (bare["driver_version_field"], bare["driver_version"]) == ("driver_version", "590.48.01")
+    assert bare["gpus"][0]["mig_current"] == "Enabled"
+    # driver not loaded: the field asked for is still reported, no GPUs
+    failed = GpuInventory().process(wrap("query", "gpufleet-version-field: driver_version\n"
+                                         + fixture("smi_driver_not_loaded.txt"), rc=9))
+    assert (failed["status"], failed["driver_version_field"], failed["gpus"]) == (
+        "driver_not_loaded", "driver_version", [])
 
 
 def test_h100_capture():
