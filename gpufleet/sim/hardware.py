@@ -74,6 +74,19 @@ _MAX_OPERATING_C = {"Hopper": 87, "Blackwell": 87, "Ampere": 85, "Ada Lovelace":
 _FALLBACK_CLOCKS = {"rtx4090": (3120, 10501)}
 _FALLBACK_SUBSYS = {"a100-sxm4-80gb": 0x147F10DE, "h200": 0x18BE10DE, "rtx4090": 0x16F010DE}
 
+# Board identity as real nvidia-smi prints it per model (Board / GPU Part Number, Inforom Image / OEM / ECC object,
+# row-remapper histogram max banks): the 590.48.01 H100 / H200 captures (reference/captures) and the real
+# `nvidia-smi -q -x` of NVIDIA/k8s-test-infra (qx-b200 / qx-a100 / qx-l40s / qx-gb200.xml). Models absent here keep
+# the H100 capture's values (smi_fields DEFAULTS).
+_IDENTITY = {
+    "h100-sxm": ("692-2G520-0200-000", "2330-885-A1", "G520.0200.00.05", "2.1", "7.16", 2560),
+    "h200": ("695-2G520-0280-001", "2335-895-A1", "G520.0280.02.02", "2.1", "7.16", 3072),
+    "b200": ("692-2G525-0220-500", "2901-886-A1", "G525.0220.00.03", "2.1", "7.16", 3840),
+    "a100-sxm4-40gb": ("692-2G506-0200-003", "20B0-884-A1", "G506.0200.00.04", "2.0", "6.16", 640),
+    "l40s": ("900-2G133-A880-000", "26B9-896-A1", "G133.0242.00.03", "2.1", "6.16", 192),
+    "gb200": ("900-2G548-A801-000", "2941-892-A1", "G548.0201.00.06", "2.1", "7.16", 3968),
+}
+
 PROFILES: dict[str, Profile] = {p.name: p for p in _PROFILE_LIST}
 
 
@@ -224,6 +237,9 @@ def _gpu_state(model: GpuModel, profile: Profile, hostname: str, index: int, bus
         "remap.uncorrectable": "0",
         "remap.pending": "0",
         "remap.failure": "0",
+        **({} if model.key not in _IDENTITY else dict(zip(
+            ("part.board", "part.gpu", "inforom.img", "inforom.oem", "inforom.ecc", "remap.histogram_max"),
+            map(str, _IDENTITY[model.key]), strict=True))),
         "nvlink.count": str(links),
         "nvlink.down": "",
         "nvlink.speed_gbps": str(_attr(model, "nvlink_speed_gbs", _NVLINK_SPEED.get(arch, "26.562"))) if links else "",

@@ -25,6 +25,8 @@ from .paths import cache_dir, sim_dir
 PORT = 8731
 # branch -> (driver version, CUDA version it supports)
 BRANCHES = {"570": ("570.172.08", "12.8"), "580": ("580.95.05", "13.0")}
+# the driver generation whose nvidia-smi deprecates driver_version for kmd_version (real 610.57.04, CUDA 13.3)
+BRANCHES["610"] = ("610.57.04", "13.3")
 DEFAULT_BRANCH = "580"
 KEYRING_NAME = "gpufleet-sim-keyring.gpg"
 SIMGPU_DIR = Path(__file__).with_name("gpu")

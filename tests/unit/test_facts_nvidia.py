@@ -75,7 +75,7 @@ def _help_query_gpu(capture: str) -> str:
     lines = (REAL_HELP / capture).read_text(encoding="utf-8").splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("# capabilities :: help-query-gpu"))
     end = next(i for i in range(start + 4, len(lines)) if lines[i].startswith("####"))
-    return "\n".join(lines[start + 4:end]) + "\n"
+    return "\n".join(lines[start + 3:end]) + "\n"
 
 
 def run_command_against(tmp_path, capture: str, query_fixture: str) -> dict:

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import sys
 
-from . import smi_mig, smi_misc, smi_q, smi_query, smi_set, smi_table
+from . import smi_help_query, smi_mig, smi_misc, smi_monitor, smi_q, smi_query, smi_set, smi_table
 from . import state as st
-from .smi_common import SmiExit, bad_option, init_nvml, invalid_combination, option_value, select
+from .smi_common import SmiExit, bad_option, init_nvml, invalid_combination, major, option_value, select
 from .smi_help import HELP
 
 # option spellings -> destination; VALUE options take an argument
@@ -21,6 +21,7 @@ VALUE_OPTIONS = {
     "-l": "loop", "--loop": "loop", "-lms": "loop", "--loop-ms": "loop",
     "-d": "display", "--display": "display",
     "--query-gpu": "query_gpu", "--query-compute-apps": "query_apps",
+    "--query-accounted-apps": "query_accounted", "--query-retired-pages": "query_retired",
     "--format": "format",
     "-pm": "pm", "--persistence-mode": "pm",
     "-pl": "pl", "--power-limit": "pl",
@@ -39,10 +40,19 @@ FLAG_OPTIONS = {
     "-r": "reset", "--gpu-reset": "reset",
     "-rgc": "rgc", "--reset-gpu-clocks": "rgc",
     "-eow": "eow", "--error-on-warning": "eow",
+    "--help-query-gpu": "help_gpu", "--help-query-compute-apps": "help_compute_apps",
+    "--help-query-accounted-apps": "help_accounted_apps", "--help-query-retired-pages": "help_retired_pages",
 }  # fmt: skip
-ACTIONS = ("version", "list", "query", "query_gpu", "query_apps", "pm", "pl", "mig", "reset", "lgc", "rgc",
-           "ecc", "compute_mode")  # fmt: skip
-SUBCOMMANDS = ("mig", "nvlink", "topo")
+# --help-query-* texts by the driver generation of the installed nvidia-smi (595+ list kmd_version)
+HELP_QUERY = {
+    "help_gpu": (smi_help_query.GPU_590, smi_help_query.GPU_610),
+    "help_compute_apps": (smi_help_query.COMPUTE_APPS,) * 2,
+    "help_accounted_apps": (smi_help_query.ACCOUNTED_APPS,) * 2,
+    "help_retired_pages": (smi_help_query.RETIRED_PAGES,) * 2,
+}
+ACTIONS = ("version", "list", "query", "query_gpu", "query_apps", "query_accounted", "query_retired", "pm", "pl",
+           "mig", "reset", "lgc", "rgc", "ecc", "compute_mode")  # fmt: skip
+SUBCOMMANDS = ("mig", "nvlink", "topo", "dmon", "pmon")
 
 
 def parse(argv: list[str]) -> dict[str, str | bool]:
@@ -69,12 +79,17 @@ def _run(argv: list[str]) -> tuple[list[str], int, str | None]:
             lines, rc = smi_mig.run(argv[1:], state, version)
         elif argv[0] == "nvlink":
             lines, rc = smi_misc.nvlink(argv[1:], state)
+        elif argv[0] in ("dmon", "pmon"):
+            lines, rc = smi_monitor.run(argv[0], argv[1:])
         else:
             lines, rc = smi_misc.topo(argv[1:], state)
         return lines, rc, None
     opts = parse(argv)
     if opts.get("help"):
         return [HELP.replace("{version}", _help_version())], 0, None
+    for option, texts in HELP_QUERY.items():
+        if opts.get(option):  # static text: no driver needed
+            return [texts[major(_help_version()) >= smi_query.KMD_VERSION_SINCE].rstrip("\n") + "\n"], 0, None
     actions = [a for a in ACTIONS if a in opts]
     if len(actions) > 1:
         raise invalid_combination()
@@ -103,6 +118,10 @@ def _run(argv: list[str]) -> tuple[list[str], int, str | None]:
     elif action == "query_apps":
         fmt = opts.get("format")
         lines, rc = smi_query.query_compute_apps(select(state, id_arg), value, fmt if isinstance(fmt, str) else None)
+    elif action in ("query_accounted", "query_retired"):
+        fmt = opts.get("format")
+        query = smi_query.query_accounted_apps if action == "query_accounted" else smi_query.query_retired_pages
+        lines, rc = query(select(state, id_arg), value, fmt if isinstance(fmt, str) else None)
     elif action == "pm":
         lines, rc = smi_set.persistence(id_arg, value, version)
     elif action == "pl":

@@ -223,6 +223,8 @@ class Gpu:
     def mig_devices(self) -> list[dict]:
         """MIG devices (one per CI) in nvidia-smi's order (by GI id then CI id), numbered from 0."""
         profiles = self.gip()
+        # a compute instance smaller than its GPU instance has its slices' SMs (real H200: 1c.3g 16, 2c.3g 32)
+        one_slice_sm = min((p["sm"] for p in profiles.values() if p["compute_slices"] == 1), default=0)
         devices = []
         gis = self.gis()
         for (gi_id, ci_id), parts in self.cis().items():
@@ -245,6 +247,8 @@ class Gpu:
                     "profile": prof,
                     "name": name,
                     "ci_slices": ci_slices,
+                    "sm": prof["sm"] if ci_slices == prof["compute_slices"] else min(one_slice_sm * ci_slices,
+                                                                                     prof["sm"]),
                     "uuid": ci_uuid,
                     "start": start,
                     "size": size,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from .smi_common import Gpu, bad_option, for_each_gpu, invalid_combination, select
+from .smi_common import Gpu, bad_option, for_each_gpu, invalid_combination, major, select
 
 TOPO_LEGEND = [
     "",
@@ -22,6 +22,15 @@ TOPO_LEGEND = [
 
 def version_banner(version: str, cuda: str) -> list[str]:
     nvml = ".".join(version.split(".")[:2])
+    if major(version) >= 610:  # real 610.57.04: DRIVER / CUDA version deprecated for KMD / CUDA UMD version
+        return [
+            f"NVIDIA-SMI version  : {version}",
+            f"NVML version        : {nvml}",
+            'DRIVER version      : Deprecated, see "KMD version" instead',
+            'CUDA version        : Deprecated, see "CUDA UMD version" instead',
+            f"KMD version         : {version}",
+            f"CUDA UMD version    : {cuda}",
+        ]
     return [
         f"NVIDIA-SMI version  : {version}",
         f"NVML version        : {nvml}",

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from . import state as st
-from .smi_common import DEPRECATED, Gpu, for_each_gpu, invalid_combination, timestamp_ctime, watts
+from .smi_common import DEPRECATED, Gpu, for_each_gpu, invalid_combination, major, timestamp_ctime, watts
+from .smi_fields import DEFAULTS
 from .smi_query import EVENT_BITS, FABRIC_STATE
 from .smi_table import bar1_slice_mib, free_mib, gi_overhead_mib, used_mib
 
@@ -133,7 +134,7 @@ def _remap(g: Gpu) -> list[str]:
         line(2, "Pending", "Yes" if g.i("remap.pending") else "No"),
         line(2, "Remapping Failure Occurred", "Yes" if g.i("remap.failure") else "No"),
         line(2, "Bank Remap Availability Histogram"),
-        line(3, "Max", "2560 bank(s)"),
+        line(3, "Max", f"{g.s('remap.histogram_max', DEFAULTS['remapped_rows.histogram.max'])} bank(s)"),
         *(line(3, n, "0 bank(s)") for n in ("High", "Partial", "Low", "None")),
     ]
 
@@ -276,7 +277,7 @@ def _mig_devices(g: Gpu) -> list[str]:
             line(2, "Compute Instance ID", str(dev["ci"])),
             line(2, "Device Attributes"),
             line(3, "Shared"),
-            line(4, "Multiprocessor count", str(p["sm"])),
+            line(4, "Multiprocessor count", str(dev["sm"])),
             line(4, "Copy Engine count", str(p["ce"])),
             line(4, "Encoder count", str(p["enc"])),
             line(4, "Decoder count", str(p["dec"])),
@@ -352,7 +353,7 @@ def gpu_block(g: Gpu, version: str, fabric: str, only: set[str] | None) -> list[
             line(1, "Product Brand", g.s("brand", "NVIDIA")),
             line(1, "Product Architecture", g.s("architecture")),
             line(1, "Display Mode", DEPRECATED),
-            line(1, "Display Attached", "No"),
+            line(1, "Display Attached", DEFAULTS["display_attached"]),
             line(1, "Display Active", _en(g.flag("display.active"))),
             line(1, "Persistence Mode", _en(g.flag("persistence"))),
             line(1, "Addressing Mode", "None" if hopper else "HMM"),
@@ -373,18 +374,18 @@ def gpu_block(g: Gpu, version: str, fabric: str, only: set[str] | None) -> list[
             line(1, "VBIOS Version", g.s("vbios")),
             line(1, "MultiGPU Board", "No"),
             line(1, "Board ID", f"0x{int(bus[9:11], 16) << 8:x}"),
-            line(1, "Board Part Number", NA),
-            line(1, "GPU Part Number", NA),
+            line(1, "Board Part Number", g.s("part.board") or NA),
+            line(1, "GPU Part Number", g.s("part.gpu") or NA),
             line(1, "FRU Part Number", NA),
             line(1, "Platform Info"),
             *(line(2, n, NA) for n in ("Chassis Serial Number", "Slot Number", "Tray Index", "Host ID", "Peer Type")),
             line(2, "Module Id", str(g.index + 1)),
             line(2, "GPU Fabric GUID", NA),
             line(1, "Inforom Version"),
-            line(2, "Image Version", NA),
-            line(2, "OEM Object", NA),
-            line(2, "ECC Object", NA),
-            line(2, "Power Management Object", NA),
+            line(2, "Image Version", g.s("inforom.img", DEFAULTS["inforom.img"])),
+            line(2, "OEM Object", g.s("inforom.oem", DEFAULTS["inforom.oem"])),
+            line(2, "ECC Object", g.s("inforom.ecc", DEFAULTS["inforom.ecc"])),
+            line(2, "Power Management Object", DEFAULTS["inforom.pwr"].strip("[]")),
             line(1, "Inforom BBX Object Flush"),
             line(2, "Latest Timestamp", NA),
             line(2, "Latest Duration", NA),
@@ -479,13 +480,22 @@ def query(state: dict[str, str], gpus: list[Gpu], display: str | None, version: 
         if not only or not only <= DISPLAY_TYPES:
             raise invalid_combination()
     fabric = state.get("fabric.state", "none")
+    cuda = state.get("driver.cuda_version") or st.cuda_version_for(version)
+    if major(version) >= 610:  # real 610.57.04
+        versions = [
+            line(0, "Driver Version", f"{version} [Deprecated; will be removed in CUDA 14.0. Use KMD Version instead]"),
+            line(0, "CUDA Version", f"{cuda} [Deprecated; will be removed in CUDA 14.0. Use CUDA UMD Version instead]"),
+            line(0, "KMD Version", version),
+            line(0, "CUDA UMD Version", cuda),
+        ]
+    else:
+        versions = [line(0, "Driver Version", version), line(0, "CUDA Version", cuda)]
     out = [
         "",
         "==============NVSMI LOG==============",
         "",
         line(0, "Timestamp", timestamp_ctime()),
-        line(0, "Driver Version", version),
-        line(0, "CUDA Version", state.get("driver.cuda_version") or st.cuda_version_for(version)),
+        *versions,
         "",
         line(0, "Attached GPUs", str(st.gpu_count(state))),
     ]

@@ -9,6 +9,7 @@ from .smi_common import (
     SmiExit,
     for_each_gpu,
     invalid_combination,
+    major,
     timestamp_csv,
     watts,
 )
@@ -29,6 +30,10 @@ EVENT_BITS = {
 FABRIC_STATE = {"not_started": "Not Started", "in_progress": "In Progress", "completed": "Completed"}
 # --query-gpu / --query-compute-apps: the name a field is asked by -> (name it is printed as, unit)
 GPU_FIELDS = {alias: (name, UNITS[name]) for alias, name in ALIASES.items()}
+# 595 and later add "kmd_version" and deprecate "driver_version" (still answered; real 595.80 / 610.57.04
+# --help-query-gpu); 590 and older reject kmd_version like any unknown field.
+KMD_VERSION_SINCE = 595
+GPU_FIELDS_595 = {**GPU_FIELDS, "kmd_version": ("kmd_version", "")}
 COMPUTE_APP_FIELDS = {
     "timestamp": ("timestamp", ""),
     "gpu_name": ("gpu_name", ""),
@@ -110,6 +115,7 @@ def gpu_value(gpu: Gpu, field: str, ctx: dict) -> str:
     simple = {
         "timestamp": ctx["timestamp"],
         "driver_version": ctx["version"],
+        "kmd_version": ctx["version"],
         "count": str(ctx["count"]),
         "name": g.name,
         "serial": g.s("serial") or NA,
@@ -133,6 +139,9 @@ def gpu_value(gpu: Gpu, field: str, ctx: dict) -> str:
         "persistence_mode": _enabled(g.flag("persistence")) if g.s("persistence.supported", "1") != "0" else NA,
         "addressing_mode": "None" if g.s("architecture") in ("Hopper", "Blackwell") else "HMM",
         "vbios_version": g.s("vbios"),
+        "inforom.img": g.s("inforom.img", DEFAULTS["inforom.img"]),
+        "inforom.oem": g.s("inforom.oem", DEFAULTS["inforom.oem"]),
+        "inforom.ecc": g.s("inforom.ecc", DEFAULTS["inforom.ecc"]),
         "fan.speed": g.s("fan") or NA,
         "pstate": g.s("pstate", "P0"),
         "clocks_event_reasons.active": f"0x{reasons:016X}",
@@ -190,7 +199,14 @@ def gpu_value(gpu: Gpu, field: str, ctx: dict) -> str:
         if not g.flag("ecc.supported"):
             return NA
     if field.startswith("remapped_rows."):
-        if not g.flag("remap.supported") or mig:
+        if not g.flag("remap.supported"):
+            return NA
+        if field.startswith("remapped_rows.histogram."):
+            # printed in MIG mode too (real H200 / H100 MIG captures): banks without remapped rows
+            if field == "remapped_rows.histogram.max":
+                return g.s("remap.histogram_max", DEFAULTS[field])
+            return DEFAULTS[field]
+        if mig:  # the counters are per GPU instance in MIG mode: [N/A] for the whole GPU (real MIG captures)
             return NA
         remap = {
             "remapped_rows.correctable": str(g.i("remap.correctable")),
@@ -215,7 +231,7 @@ def query_gpu(
     state: dict[str, str], gpus: list[Gpu], spec: str, fmt: str | None, version: str
 ) -> tuple[list[str], int]:
     header, units = parse_format(fmt)
-    fields = _fields(spec, GPU_FIELDS)
+    fields = _fields(spec, GPU_FIELDS_595 if major(version) >= KMD_VERSION_SINCE else GPU_FIELDS)
     out = [_header(fields, units)] if header else []
     ctx = {
         "timestamp": timestamp_csv(),
@@ -255,6 +271,56 @@ def query_compute_apps(gpus: list[Gpu], spec: str, fmt: str | None) -> tuple[lis
             )
             for proc in gpu.procs()
         ]
+
+    rc = for_each_gpu(gpus, out, rows)
+    return out, rc
+
+
+ACCOUNTED_APP_FIELDS = {
+    "timestamp": ("timestamp", ""),
+    "gpu_name": ("gpu_name", ""),
+    "gpu_bus_id": ("gpu_bus_id", ""),
+    "gpu_serial": ("gpu_serial", ""),
+    "gpu_uuid": ("gpu_uuid", ""),
+    "vgpu_instance": ("vgpu_instance", ""),
+    "pid": ("pid", ""),
+    "gpu_utilization": ("gpu_utilization", "%"),
+    "gpu_util": ("gpu_utilization", "%"),
+    "mem_utilization": ("mem_utilization", "%"),
+    "mem_util": ("mem_utilization", "%"),
+    "max_memory_usage": ("max_memory_usage", "MiB"),
+    "time": ("time", "ms"),
+}
+RETIRED_PAGE_FIELDS = {
+    name: (name, "")
+    for name in ("timestamp", "gpu_name", "gpu_bus_id", "gpu_serial", "gpu_uuid", "retired_pages.address",
+                 "retired_pages.timestamp", "retired_pages.cause")
+}  # fmt: skip
+
+
+def query_accounted_apps(gpus: list[Gpu], spec: str, fmt: str | None) -> tuple[list[str], int]:
+    """The header only: accounting mode is Disabled on every simulated GPU (as in the real H100 captures, whose
+    accounted-apps query prints just the header), so no process is ever accounted."""
+    header, units = parse_format(fmt)
+    fields = _fields(spec, ACCOUNTED_APP_FIELDS)
+    out = [_header(fields, units)] if header else []
+    rc = for_each_gpu(gpus, out, lambda gpu: [])
+    return out, rc
+
+
+def query_retired_pages(gpus: list[Gpu], spec: str, fmt: str | None) -> tuple[list[str], int]:
+    """Two rows per GPU with [N/A] address and timestamp, causes Single / Double Bit ECC: what the real 590 / 595
+    drivers print on every captured GPU (H100, H200, L40S, GeForce), which retire no pages (row remapping)."""
+    header, units = parse_format(fmt)
+    fields = _fields(spec, RETIRED_PAGE_FIELDS)
+    out = [_header(fields, units)] if header else []
+    stamp = timestamp_csv()
+
+    def rows(gpu: Gpu) -> list[str]:
+        base = {"timestamp": stamp, "gpu_name": gpu.name, "gpu_bus_id": gpu.bus_id, "gpu_serial": gpu.s("serial") or NA,
+                "gpu_uuid": gpu.uuid, "retired_pages.address": NA, "retired_pages.timestamp": NA}
+        return [_row({**base, "retired_pages.cause": cause}, fields, units)
+                for cause in ("Single Bit ECC", "Double Bit ECC")]
 
     rc = for_each_gpu(gpus, out, rows)
     return out, rc

@@ -109,19 +109,13 @@ def mig_rows(gpu: Gpu) -> list[str]:
     rows = []
     procs = gpu.procs()
     ecc = str(gpu.i("ecc.volatile.uncorrected")) if gpu.ecc_on else "N/A"
-    profiles = gpu.gip()
-    one_slice_sm = min((p["sm"] for p in profiles.values() if p["compute_slices"] == 1), default=0)
     for dev in gpu.mig_devices():
         prof = dev["profile"]
         used = gi_overhead_mib(prof["compute_slices"]) + sum(p["used"] for p in procs if p["gi"] == dev["gi"])
         total = f"{prof['memory_mib']}MiB"
         bar1 = f"{int(bar1_slice_mib(gpu) * prof['memory_slices'])}MiB"
         width = 19 - max(len(total) - 8, 0)
-        sm = (
-            prof["sm"]
-            if dev["ci_slices"] == prof["compute_slices"]
-            else min(one_slice_sm * dev["ci_slices"], prof["sm"])
-        )
+        sm = dev["sm"]
         rows += [
             f"|{gpu.index:>3}{dev['gi']:>5}{dev['ci']:>4}{dev['index']:>4}  |{f'{used}MiB':>{width}} / {total:>8}    |"
             f" {sm:<3}{ecc:>6} |{prof['ce']:>3}{prof['enc']:>4}{prof['dec']:>5}{prof['ofa']:>5}{prof['jpeg']:>5} |",
