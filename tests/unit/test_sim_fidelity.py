@@ -11,6 +11,7 @@ import re
 
 import pytest
 from test_sim_nvidia_smi import Smi, capture_section, holder, make_smi, shape  # noqa: F401 - fixtures
+from test_sim_nvml import libdir, sim  # noqa: F401 - fixtures
 
 H200 = "linux-x86_64__nvidia-h200__590.48.01.txt"
 H200_MIG = "linux-x86_64__nvidia-h200-mig__590.48.01.txt"
@@ -226,3 +227,32 @@ def test_610_version_and_q_header_are_the_real_ones(make_smi):
     real = capture_section(R610, "idle :: query (-q)")
     assert real[3].startswith("Timestamp") and real[4].startswith("Driver Version")
     assert [shape(line) for line in out.splitlines()[4:8]] == [shape(line) for line in real[4:8]]
+
+
+# ------------------------------------------------------------------------------------- NVML field values
+
+
+def test_nvml_field_value_memory_temperature(sim):  # the sim fixture of test_sim_nvml: the built library
+    from test_sim_nvml import make_state
+
+    state = make_state("h200-8")
+    state["gpu.0.temp.memory"] = real_row(H200)["temperature.memory"]  # 32, the real H200's
+    l40s = make_state("l40s-4")
+    sim.write(state)
+    out = sim.run('''
+        nvmlInit()
+        h = nvmlDeviceGetHandleByIndex(0)
+        v = nvmlDeviceGetFieldValues(h, [NVML_FI_DEV_MEMORY_TEMP, NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION])
+        out["mem"] = [v[0].nvmlReturn, v[0].valueType, v[0].value.uiVal, v[0].fieldId, v[0].timestamp > 0]
+        out["other"] = v[1].nvmlReturn
+    ''')
+    assert out["mem"] == [0, 1, 32, 82, True]
+    assert out["other"] == 3  # NVML_ERROR_NOT_SUPPORTED, per value
+    sim.write(l40s)  # GDDR: nvidia-smi prints N/A for the memory temperature (real L40S capture)
+    assert real_row("linux-x86_64__nvidia-l40s__595.80.txt")["temperature.memory"] == "N/A"
+    out = sim.run('''
+        nvmlInit()
+        v = nvmlDeviceGetFieldValues(nvmlDeviceGetHandleByIndex(0), [NVML_FI_DEV_MEMORY_TEMP])
+        out["ret"] = v[0].nvmlReturn
+    ''')
+    assert out["ret"] == 3

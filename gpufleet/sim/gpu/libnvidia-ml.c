@@ -25,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <strings.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -1879,6 +1880,56 @@ EXPORT nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device, unsigned int s
     if (!temp || sensorType != 0) /* NVML_TEMPERATURE_GPU is the only sensor */
         END(NVML_ERROR_INVALID_ARGUMENT);
     END(gf_uint(&c.st, c.gpu, "temp.gpu", temp) ? NVML_SUCCESS : NVML_ERROR_NOT_SUPPORTED);
+}
+
+/* nvmlDeviceGetFieldValues: the call returns SUCCESS and each value carries its own return code (nvml.h).
+ * Only NVML_FI_DEV_MEMORY_TEMP (82) is modelled, from temp.memory (HBM GPUs; GDDR GPUs print "N/A" for the
+ * memory temperature, so NOT_SUPPORTED); every other field id answers NOT_SUPPORTED. */
+typedef union {
+    double dVal;
+    unsigned int uiVal;
+    unsigned long ulVal;
+    unsigned long long ullVal;
+    long long sllVal;
+    int siVal;
+    unsigned short usVal;
+} nvmlValue_t;
+
+typedef struct {
+    unsigned int fieldId;
+    unsigned int scopeId;
+    long long timestamp;
+    long long latencyUsec;
+    int valueType; /* nvmlValueType_t: 1 = unsigned int */
+    nvmlReturn_t nvmlReturn;
+    nvmlValue_t value;
+} nvmlFieldValue_t;
+
+#define NVML_FI_DEV_MEMORY_TEMP 82
+
+EXPORT nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCount, nvmlFieldValue_t *values)
+{
+    BEGIN(device, K_GPU, 0);
+    if (valuesCount < 0 || (valuesCount > 0 && !values))
+        END(NVML_ERROR_INVALID_ARGUMENT);
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    for (int i = 0; i < valuesCount; i++) {
+        nvmlFieldValue_t *v = &values[i];
+        unsigned t;
+        v->timestamp = (long long)now.tv_sec * 1000000LL + now.tv_nsec / 1000;
+        v->latencyUsec = 0;
+        memset(&v->value, 0, sizeof v->value);
+        if (v->fieldId == NVML_FI_DEV_MEMORY_TEMP && gf_uint(&c.st, c.gpu, "temp.memory", &t)) {
+            v->valueType = 1;
+            v->value.uiVal = t;
+            v->nvmlReturn = NVML_SUCCESS;
+        } else {
+            v->valueType = 1;
+            v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+        }
+    }
+    END(NVML_SUCCESS);
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetTemperatureV(nvmlDevice_t device, nvmlTemperature_t *temperature)
