@@ -219,6 +219,12 @@ def test_590_rejects_kmd_version_and_610_answers_both(make_smi):
     assert real["kmd_version"] == real["driver_version"] == DRIVER_610
 
 
+@pytest.mark.parametrize(("driver", "capture"), [("590.48.01", H100), (DRIVER_610, R610)])
+def test_help_is_the_real_one_of_each_generation(make_smi, driver, capture):
+    out, rc = make_smi("h200-8", driver=driver)("-h")
+    assert rc == 0 and out.rstrip("\n").split("\n") == capture_section(capture, "capabilities :: help (-h)")
+
+
 def test_610_version_and_q_header_are_the_real_ones(make_smi):
     smi = make_smi("h200-8", driver=DRIVER_610)
     out, rc = smi("--version")

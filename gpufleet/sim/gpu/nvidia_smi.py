@@ -12,7 +12,7 @@ import sys
 from . import smi_help_query, smi_mig, smi_misc, smi_monitor, smi_q, smi_query, smi_set, smi_table
 from . import state as st
 from .smi_common import SmiExit, bad_option, init_nvml, invalid_combination, major, option_value, select
-from .smi_help import HELP
+from .smi_help import HELP, HELP_610
 
 # option spellings -> destination; VALUE options take an argument
 VALUE_OPTIONS = {
@@ -86,7 +86,8 @@ def _run(argv: list[str]) -> tuple[list[str], int, str | None]:
         return lines, rc, None
     opts = parse(argv)
     if opts.get("help"):
-        return [HELP.replace("{version}", _help_version())], 0, None
+        version = _help_version()
+        return [(HELP_610 if major(version) >= 610 else HELP).replace("{version}", version)], 0, None
     for option, texts in HELP_QUERY.items():
         if opts.get(option):  # static text: no driver needed
             return [texts[major(_help_version()) >= smi_query.KMD_VERSION_SINCE].rstrip("\n") + "\n"], 0, None
