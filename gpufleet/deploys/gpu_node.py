@@ -13,17 +13,19 @@ concurrently.
 from __future__ import annotations
 
 from pyinfra import host, inventory, logger
-from pyinfra.api import deploy
+from pyinfra.api import deploy, operation
 from pyinfra.operations import python
 
 from gpufleet import preflight
-from gpufleet.config import NodeConfig, resolve_power_limits
+from gpufleet.config import NodeConfig
 from gpufleet.facts import prefetch
 from gpufleet.facts.nvidia import GpuInventory
 from gpufleet.facts.packages import NvidiaPackages
 from gpufleet.facts.pci import NvidiaPciDevices
 from gpufleet.facts.system import OsInfo, SecureBoot
 from gpufleet.operations import clocks, driver, mig, nccl, persistence, power
+from gpufleet.operations._systemd import refuse
+from gpufleet.plan import NodePlan, gpus_from_facts
 
 from ._inputs import checked_facts, node_config
 
@@ -46,37 +48,35 @@ def driver_stage(config: NodeConfig, facts: preflight.HostFacts) -> None:
     )
 
 
-def mig_layout(config: NodeConfig, gpus: list[dict]) -> dict[int, dict[str, int] | None]:
-    """The MIG layout of each GPU the configuration selects: {index: {profile: count}} or None (disabled)."""
-    layout: dict[int, dict[str, int] | None] = {}
-    if config.mig is None:
-        return layout
-    for gpu in gpus:
-        entry = config.mig.layout_for(gpu["index"], gpu.get("pci_device_id"))
-        if entry is not None:
-            layout[gpu["index"]] = dict(entry.mig_devices) if entry.mig_enabled else None
-    return layout
+@operation()
+def refused(message: str):
+    """Fail this host with ``message``: a setting the plan cannot apply, found once the driver answered."""
+    yield from refuse(message)
 
 
 def gpu_stages(config: NodeConfig, inventory_fact: dict) -> None:
-    """persistence, power, mig, nccl, clocks for the GPUs the driver reports."""
-    gpus = inventory_fact.get("gpus") or []
+    """persistence, power, mig, nccl, clocks for the GPUs the driver reports, from the node plan."""
+    gpus = gpus_from_facts(inventory_fact) if inventory_fact.get("gpus") else []
+    plan = NodePlan.resolve(config, gpus)
     if config.stage_enabled("persistence"):
         persistence.nvidia_persistenced(name="nvidia-persistenced with persistence mode")
     if not gpus:
         logger.warning(f"{host.name}: the NVIDIA driver does not answer ({inventory_fact.get('error')}); "
                        "GPU settings are skipped until it does (a reboot is probably pending)")
-    if gpus and config.stage_enabled("mig"):
-        layout = mig_layout(config, gpus)
-        if layout:
-            mig.mig_layout(name="MIG layout", layout=layout, allow_reboot=config.allow_reboot)
+    else:
+        # Checked by preflight already when the GPUs were known then; here for a driver installed by this run.
+        problems = plan.problems(lost=inventory_fact.get("lost_gpus") or [])
+        if problems.errors:
+            refused(name="GPU settings refused", message="; ".join(e.message for e in problems.errors))
+            return
+    if gpus and plan.mig is not None and plan.mig.layout:
+        mig.layout(name="MIG layout", layout=dict(plan.mig.layout), allow_reboot=config.allow_reboot)
     if gpus and config.stage_enabled("power"):
-        power.power_limits(name="GPU power limits", limits=resolve_power_limits(config, gpus))
+        power.limits(name="GPU power limits", limits=plan.power.limits if plan.power is not None else {})
     if config.stage_enabled("nccl"):
         nccl.nccl_conf(name="/etc/nccl.conf", settings=dict(config.nccl.settings))
-    if gpus and config.stage_enabled("clocks") and config.clocks.mode is not None:
-        lock = config.clocks.lock_gpu_mhz if config.clocks.mode == "lock" else None
-        clocks.gpu_clocks(name="GPU clocks", lock_mhz=lock)
+    if gpus and plan.clocks is not None:
+        clocks.locked(name="GPU clocks", lock_mhz=plan.clocks.lock_mhz)
 
 
 def _gpu_stages_after_driver(config: NodeConfig) -> None:

@@ -135,7 +135,7 @@ def test_uuid_not_on_a_host_fails_that_host_only(fleet):
     """Planning (--dry) refuses before anything runs; executing (-y) fails that host, the others converge."""
     bad = "--data=settings_bad_uuid_host=node02"
     message = (
-        "power_limits: GPU GPU-00000000-0000-0000-0000-000000000000 is not on node02 "
+        "power.limits: GPU GPU-00000000-0000-0000-0000-000000000000 is not on node02 "
         f"(its GPUs: {gpus(fleet, 'node02')[0]['uuid']})"
     )
     dry = subprocess.run(
