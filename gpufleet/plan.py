@@ -25,6 +25,7 @@ Lower layer than operations and verify: imports config and catalog only (no pyin
 from __future__ import annotations
 
 import functools
+import json
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -609,9 +610,29 @@ def mig_target(gpu: Gpu, want: Mapping[str, int] | None) -> tuple[MigTarget | No
     return MigTarget(gpu, True, tuple(profiles)), None
 
 
-def mig_layout_doc(targets: Iterable[MigTarget], holders: Iterable[str]) -> dict:
+def norm_bus(bus_id: Any) -> str:
+    """``0000:18:00.0`` / ``00000000:18:00.0`` -> ``00000000:18:00.0`` (upper case), as nvidia-smi prints it."""
+    text = str(bus_id or "").strip().upper()
+    domain, sep, rest = text.partition(":")
+    return f"{domain.zfill(8)}:{rest}" if sep and rest.count(":") == 1 else text
+
+
+def kept_mig_entries(previous: str | None, lost: Iterable[str]) -> list[dict]:
+    """The entries of the layout file written before (``previous``, its text) for GPUs that are lost now: their
+    desired layout is kept, for the boot unit to apply when they are back."""
+    lost_buses = {norm_bus(b) for b in lost}
+    if not previous or not lost_buses:
+        return []
+    try:
+        entries = json.loads(previous).get("gpus") or []
+    except (ValueError, AttributeError):
+        return []
+    return [e for e in entries if isinstance(e, dict) and norm_bus(e.get("pci_bus_id")) in lost_buses]
+
+
+def mig_layout_doc(targets: Iterable[MigTarget], holders: Iterable[str], kept: Iterable[dict] = ()) -> dict:
     """The content of ``/etc/gpufleet/mig-layout.json`` (read at boot by ``gpufleet-mig-apply apply``); GPUs are
-    keyed by PCI bus id, as a layout belongs to a GPU position."""
+    keyed by PCI bus id, as a layout belongs to a GPU position. ``kept``: entries of lost GPUs, kept as they were."""
     return {
         "version": 1,
         "comment": "Managed by gpufleet (MIG stage), overwritten on every run. Applied at boot by "
@@ -628,7 +649,7 @@ def mig_layout_doc(targets: Iterable[MigTarget], holders: Iterable[str]) -> dict
             }
             for t in targets
             if t.gpu.mig_current is not None  # GPUs without MIG have nothing to apply at boot
-        ],
+        ] + list(kept),
     }
 
 

@@ -3,7 +3,8 @@
 driver → persistence → power → mig → nccl → clocks. The GPU stages need the GPUs' UUIDs and current state,
 which only the driver can tell: on a host whose driver is installed by this very run they are planned at
 execution time, right after the driver stage, from fresh facts (a nested pyinfra step); on every later run
-they are planned up front like any operation, so a converged node reports no change.
+they are planned up front like any operation, so a converged node reports no change. Their inputs are the node
+plan (:class:`gpufleet.plan.NodePlan`) resolved from the GPUs the driver lists.
 
 Fact reads go through :mod:`gpufleet.facts.prefetch` (installed when the first host is prepared): each distinct
 read costs one SSH round trip until something changes the host, and the preflight facts of every host are read
@@ -95,8 +96,13 @@ def gpu_node() -> None:
         driver_stage(config, facts)
     if not any(config.stage_enabled(stage) for stage in GPU_STAGES):
         return
-    if (facts.gpu_inventory or {}).get("gpus") or not config.stage_enabled("driver"):
-        gpu_stages(config, facts.gpu_inventory or {})
+    found = facts.gpu_inventory or {}
+    # A driver installed but not loaded (or of another version than the one loaded) answers only after a
+    # reboot: unless this run may reboot, planning after the driver stage would find the same, and only report a
+    # change that is none. Plan now (the GPU settings are skipped with a warning).
+    answers_after_reboot = found.get("status") in ("driver_not_loaded", "version_mismatch")
+    if found.get("gpus") or not config.stage_enabled("driver") or (answers_after_reboot and not config.allow_reboot):
+        gpu_stages(config, found)
     else:
         python.call(name="GPU settings (planned once the driver answers)", function=_gpu_stages_after_driver,
                     config=config)

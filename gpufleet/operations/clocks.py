@@ -7,11 +7,20 @@ from __future__ import annotations
 
 import shlex
 
-from pyinfra import host
+from pyinfra import host, logger
 from pyinfra.api import OperationValueError, StringCommand, operation
 
 from gpufleet.facts.nvidia import GpuInventory
-from gpufleet.plan import CLOCKS_CONF, CLOCKS_UNIT, ClocksPlan, Gpu, clocks_conf_text, gpu_label, parse_uuid_conf
+from gpufleet.plan import (
+    CLOCKS_CONF,
+    CLOCKS_UNIT,
+    ClocksPlan,
+    Gpu,
+    clocks_conf_text,
+    gpu_label,
+    missing_gpu_warning,
+    parse_uuid_conf,
+)
 
 from ._systemd import (
     all_of,
@@ -82,7 +91,7 @@ def locked(lock_mhz: tuple[int, int] | None):
     """
     lock = _check_lock(lock_mhz)
     inventory = host.get_fact(GpuInventory)
-    state = get_state(paths=(*gpu_settings_paths(UNIT, CONF), LOCKED), read=(LOCKED,), units=(UNIT,))
+    state = get_state(paths=(*gpu_settings_paths(UNIT, CONF), LOCKED), read=(LOCKED, CONF), units=(UNIT,))
     present = {gpu["uuid"]: gpu for gpu in inventory["gpus"] if gpu.get("uuid")}
     applied = parse_uuid_conf(state["contents"][LOCKED])
     commands: list = []
@@ -94,6 +103,11 @@ def locked(lock_mhz: tuple[int, int] | None):
                               f"above the GPU's max SM clock {top} MHz")
             return
         desired = plan.desired(present)
+        lost = inventory.get("lost_gpus") or []
+        # GPUs in the boot file that are lost now: kept there, locked at boot when they are back
+        kept = plan.desired(u for u in parse_uuid_conf(state["contents"][CONF]) if u not in present) if lost else {}
+        if kept:
+            logger.warning(missing_gpu_warning(host.name, sorted(kept), lost, "clock lock"))
         commands += all_of([
             StringCommand("nvidia-smi", "-i", shlex.quote(uuid), "-lgc", shlex.quote(desired[uuid]))
             for uuid in sorted(present, key=lambda u: present[u]["index"])
@@ -106,7 +120,7 @@ def locked(lock_mhz: tuple[int, int] | None):
             if applied != desired:
                 commands += put_file(state["files"][LOCKED], LOCKED, locked_text(desired))
             # the host's GPUs by UUID (a GPU replaced later is locked by the next run)
-            commands += install_gpu_settings(state, UNIT, DESCRIPTION, "clocks", CONF, conf_text(desired),
+            commands += install_gpu_settings(state, UNIT, DESCRIPTION, "clocks", CONF, conf_text({**kept, **desired}),
                                              start=True)
     else:
         commands += all_of([

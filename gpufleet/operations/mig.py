@@ -22,10 +22,13 @@ from gpufleet.plan import (
     MIG_UNIT,
     Gpu,
     MigTarget,
+    kept_mig_entries,
     mig_instances_ok,
     mig_layout_doc,
     mig_mode_ok,
     mig_target,
+    missing_gpu_warning,
+    norm_bus,
 )
 
 from ._systemd import UNIT_DIR, all_of, fail, get_state, node_script, put_file, refuse, render, systemctl
@@ -117,9 +120,9 @@ def _targets(wanted: dict[int, dict[str, int] | None], gpus: dict[int, Gpu], los
     return targets, None
 
 
-def layout_text(targets: list[MigTarget], holders: Sequence[str]) -> str:
+def layout_text(targets: list[MigTarget], holders: Sequence[str], kept: Sequence[dict] = ()) -> str:
     """The layout file read at boot by ``gpufleet-mig-apply apply`` (JSON, stable key order)."""
-    return json.dumps(mig_layout_doc(targets, holders), indent=2, sort_keys=True) + "\n"
+    return json.dumps(mig_layout_doc(targets, holders, kept), indent=2, sort_keys=True) + "\n"
 
 
 def unit_text() -> str:
@@ -254,12 +257,18 @@ def layout(
     if problem:
         yield from refuse(f"mig.layout: {problem}")
         return
-    managed = get_state(paths=(LAYOUT_PATH, APPLIER, UNIT_PATH), units=(UNIT, *holders))
+    managed = get_state(paths=(LAYOUT_PATH, APPLIER, UNIT_PATH), read=(LAYOUT_PATH,), units=(UNIT, *holders))
     changed = False
+    lost = inventory.get("lost_gpus") or []
+    # a lost GPU's entry is never pruned: the boot unit applies it when the GPU is back
+    kept = [e for e in kept_mig_entries(managed["contents"][LAYOUT_PATH], lost)
+            if norm_bus(e.get("pci_bus_id")) not in {norm_bus(p.gpu.pci_bus_id) for p in plans}]
+    if kept:
+        _warn(missing_gpu_warning(host.name, [str(e.get("pci_bus_id")) for e in kept], lost, "MIG layout"))
 
     # 1. The layout, the node script and the boot unit, before any change to a GPU.
     files = managed["files"]
-    commands = list(put_file(files[LAYOUT_PATH], LAYOUT_PATH, layout_text(plans, holders)))
+    commands = list(put_file(files[LAYOUT_PATH], LAYOUT_PATH, layout_text(plans, holders, kept)))
     commands += put_file(files[APPLIER], APPLIER, node_script("mig_apply.py"), "755")
     unit_commands = list(put_file(files[UNIT_PATH], UNIT_PATH, unit_text()))
     commands += unit_commands

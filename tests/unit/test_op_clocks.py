@@ -139,3 +139,13 @@ def test_lock_above_the_gpus_max_clock_fails_the_host_naming_it():
 
 def test_deprecated_name_is_the_same_operation():
     assert clocks.gpu_clocks is clocks.locked
+
+
+def test_boot_file_keeps_a_lost_gpus_lock(caplog):
+    locks = {UUID0: "1500,1980", UUID1: "1500,1980"}
+    inv = gpu_inventory([{"index": 0, "uuid": UUID0, "name": "NVIDIA H100 80GB HBM3", "clocks_max_sm_mhz": 1980}],
+                        lost=("00000000:19:00.0",))
+    files = {**converged(locks), clocks.LOCKED: clocks.locked_text({UUID0: "1500,1980"})}
+    commands, noops = run(inv, (1500, 1980), files, ACTIVE)
+    assert commands == [] and noops  # GPU 1 stays in the boot file, its lock applied at boot when it is back
+    assert f"GPU {UUID1} is missing" in caplog.text

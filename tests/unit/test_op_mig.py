@@ -713,3 +713,23 @@ def test_node_script_usage_and_unreadable_layout(node, tmp_path):
 def test_installed_script_is_the_packaged_source():
     assert node_script("mig_apply.py") == APPLIER_SRC.read_text()
     assert textwrap.dedent(mig.layout.__doc__ or "")  # documented
+
+
+def test_layout_entry_of_a_lost_gpu_is_kept_for_boot_with_a_warning(caplog):
+    # GPU 1 fell off the bus: nvidia-smi lists GPU 0 only and names GPU 1's bus id
+    layout = {0: {"7g.80gb": 1}, 1: {"1g.10gb": 7}}
+    gpus = [gpu(0, "Enabled"), gpu(1, "Enabled")]
+    files = installed(layout, gpus)
+    inv = gpu_inventory([gpus[0]], status="ok", lost=(BUS[1],))
+    commands, noops = run({0: {"7g.80gb": 1}}, inv, migs=mig_state({0: ["7g.80gb"]}), files=files, units=ENABLED)
+    assert commands == []  # the file still holds GPU 1's entry: nothing to rewrite, nothing reported changed
+    assert noops == ["MIG layout already applied on 1 GPU(s), reapplied at boot by gpufleet-mig.service"]
+    assert f"GPU {BUS[1]} is missing" in caplog.text
+
+
+def test_entry_of_a_gpu_gone_without_a_lost_gpu_is_dropped():
+    layout = {0: {"7g.80gb": 1}, 1: {"1g.10gb": 7}}
+    gpus = [gpu(0, "Enabled"), gpu(1, "Enabled")]
+    commands, _ = run({0: {"7g.80gb": 1}}, inventory(gpus[0]), migs=mig_state({0: ["7g.80gb"]}),
+                      files=installed(layout, gpus), units=ENABLED)
+    assert commands == [f"upload {mig.LAYOUT_PATH}\n{layout_file({0: {'7g.80gb': 1}}, gpus)}"]
