@@ -309,6 +309,14 @@ class PowerPlan:
         """``{GPU uuid: watts}`` of every GPU with a UUID and a resolved limit."""
         return {t.gpu.uuid: t.watts for t in self.targets if t.gpu.uuid and t.watts is not None}
 
+    def diff(self, observed: Iterable[Gpu]) -> dict[str, float]:
+        """``{uuid: watts}`` of the GPUs in ``observed`` not at their planned limit (:func:`power_diff`)."""
+        return power_diff(self.limits, observed)
+
+    def serialize(self) -> str:
+        """The boot file ``/etc/gpufleet/power-limits.conf`` (:func:`power_conf_text`)."""
+        return power_conf_text(self.limits)
+
     def problems(self, host: str, gpus: list[Gpu], lost: list[str]) -> Problems:
         out = Problems()
         pci_only = bool(gpus) and gpus[0].source == "pci"
@@ -352,6 +360,17 @@ class PowerPlan:
 def missing_gpu_warning(host: str, uuids: Iterable[str], lost: Iterable[str], what: str) -> str:
     return (f"{host}: GPU {', '.join(uuids)} is missing (nvidia-smi reports lost GPU(s) {', '.join(lost)}): its "
             f"desired {what} is kept and applied at boot when it is back")
+
+
+def power_diff(limits: Mapping[str, float], observed: Iterable[Gpu]) -> dict[str, float]:
+    """``{uuid: watts}`` to set, in GPU index order: the GPUs of ``limits`` present in ``observed`` whose current
+    limit differs (:func:`power_differs`). What the power operation sets."""
+    changes = {}
+    for gpu in sorted(observed, key=lambda g: g.index):
+        want = limits.get(gpu.uuid) if gpu.uuid else None
+        if want is not None and gpu.power_limit_w is not None and power_differs(gpu.power_limit_w, want):
+            changes[gpu.uuid] = want
+    return changes
 
 
 def power_refusal(host: str, limits: Mapping[str, float], gpus: Iterable[Gpu]) -> str | None:
@@ -696,6 +715,18 @@ class ClocksPlan:
         if self.lock_mhz is None:
             return {}
         return {uuid: f"{self.lock_mhz[0]},{self.lock_mhz[1]}" for uuid in uuids}
+
+    def diff(self, observed: Iterable[Gpu], applied: Mapping[str, str]) -> list[str]:
+        """UUIDs (index order) of the GPUs in ``observed`` to lock: not recorded as locked at the range in
+        ``applied`` (the driver cannot read a lock back: gpufleet's record of what it applied since boot)."""
+        observed = list(observed)
+        desired = self.desired(g.uuid for g in observed if g.uuid)
+        return [g.uuid for g in sorted(observed, key=lambda g: g.index)
+                if g.uuid in desired and applied.get(g.uuid) != desired[g.uuid]]
+
+    def serialize(self, uuids: Iterable[str]) -> str:
+        """The boot file ``/etc/gpufleet/gpu-clocks.conf`` for these GPUs (:func:`clocks_conf_text`)."""
+        return clocks_conf_text(self.desired(uuids))
 
 
 # ---------------------------------------------------------------------------------------------- node plan

@@ -59,17 +59,18 @@ def gpu_stages(config: NodeConfig, inventory_fact: dict) -> None:
     """persistence, power, mig, nccl, clocks for the GPUs the driver reports, from the node plan."""
     gpus = gpus_from_facts(inventory_fact) if inventory_fact.get("gpus") else []
     plan = NodePlan.resolve(config, gpus)
+    if gpus:
+        # Checked by preflight already when the GPUs were known then; here for a driver installed by this run:
+        # before any GPU setting, so that a refused host gets none of them.
+        problems = plan.problems(lost=inventory_fact.get("lost_gpus") or [])
+        if problems.errors:
+            refused(name="GPU settings refused", message="; ".join(e.message for e in problems.errors))
+            return
     if config.stage_enabled("persistence"):
         persistence.nvidia_persistenced(name="nvidia-persistenced with persistence mode")
     if not gpus:
         logger.warning(f"{host.name}: the NVIDIA driver does not answer ({inventory_fact.get('error')}); "
                        "GPU settings are skipped until it does (a reboot is probably pending)")
-    else:
-        # Checked by preflight already when the GPUs were known then; here for a driver installed by this run.
-        problems = plan.problems(lost=inventory_fact.get("lost_gpus") or [])
-        if problems.errors:
-            refused(name="GPU settings refused", message="; ".join(e.message for e in problems.errors))
-            return
     if gpus and plan.mig is not None and plan.mig.layout:
         mig.layout(name="MIG layout", layout=dict(plan.mig.layout), allow_reboot=config.allow_reboot)
     if gpus and config.stage_enabled("power"):

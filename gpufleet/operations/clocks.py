@@ -110,8 +110,7 @@ def locked(lock_mhz: tuple[int, int] | None):
             logger.warning(missing_gpu_warning(host.name, sorted(kept), lost, "clock lock"))
         commands += all_of([
             StringCommand("nvidia-smi", "-i", shlex.quote(uuid), "-lgc", shlex.quote(desired[uuid]))
-            for uuid in sorted(present, key=lambda u: present[u]["index"])
-            if applied.get(uuid) != desired[uuid]
+            for uuid in plan.diff(map(Gpu.from_fact, present.values()), applied)
         ])
         if not present:
             # the file is keyed by UUID: without the GPUs' UUIDs there is nothing to write yet

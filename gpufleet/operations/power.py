@@ -19,6 +19,7 @@ from gpufleet.plan import (
     missing_gpu_warning,
     parse_uuid_conf,
     power_conf_text,
+    power_diff,
     power_differs,
     power_refusal,
 )
@@ -117,9 +118,7 @@ def limits(limits: dict[str, float]):
             absent = sorted({*missing, *kept})
             if absent:
                 logger.warning(missing_gpu_warning(host.name, absent, lost, "power limit"))
-        for uuid, watts in sorted(wanted.items(), key=lambda item: _order(by_uuid, item[0])):
-            if uuid in by_uuid and power_differs(by_uuid[uuid].power_limit_w, watts):
-                apply.append(_set_limit(uuid, watts))
+        apply += [_set_limit(uuid, watts) for uuid, watts in power_diff(wanted, gpus).items()]
         # GPUs managed before and dropped from `limits`: back to their default
         for uuid in sorted(set(previous) - set(wanted) - set(kept)):
             gpu = by_uuid.get(uuid)
@@ -144,11 +143,6 @@ def limits(limits: dict[str, float]):
 
 # Deprecated name (before 0.2): power.power_limits
 power_limits = limits
-
-
-def _order(by_uuid: dict[str, Gpu], uuid: str) -> int:
-    gpu = by_uuid.get(uuid)
-    return gpu.index if gpu is not None else 1 << 16
 
 
 def _watts(text: str) -> float | None:

@@ -75,6 +75,19 @@ def test_mig_on_a_geforce_gpu_is_refused(fleet, tmp_path):
     assert all(untouched(fleet, name) for name in ("node01", "node02", "node03"))
 
 
+def test_gpu_known_only_after_the_driver_install_is_checked_then_and_fails_that_host(fleet, tmp_path):
+    """A per-UUID limit cannot be checked on a bare host (no driver: no UUIDs); once this run's driver answers,
+    a UUID naming no GPU of the host fails that host, with a message, instead of being ignored."""
+    absent = "GPU-00000000-0000-0000-0000-0000000000aa"
+    data = override(tmp_path, "workstations", f'gpufleet_power_limit_by_uuid = {{"{absent}": 300}}\n')
+    result = run_gpu_node("--limit", "node03", *data)
+    assert result.returncode != 0, result.stdout
+    assert f"node03: gpufleet_power_limit_by_uuid['{absent}']='{absent}': no such GPU on this host; allowed: a " \
+           "UUID of this host's GPUs: GPU-" in result.stdout
+    assert ssh(fleet, "node03", "command -v nvidia-smi").stdout.strip()  # the driver stage ran before
+    assert ssh(fleet, "node03", "ls /etc/gpufleet/power-limits.conf", check=False).returncode != 0  # no settings
+
+
 def test_first_run_converges_bare_hosts(fleet):
     result = run_gpu_node()
     assert result.returncode == 0, result.stdout
