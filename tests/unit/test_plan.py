@@ -216,3 +216,19 @@ def test_mig_layout_doc_is_keyed_by_pci_bus_id():
     assert json.loads(json.dumps(doc))["gpus"] == [{"pci_bus_id": "00000000:18:00.0", "index": 0, "name": H100,
                                                    "mig_enabled": True, "instances": {"1g.10gb": 2},
                                                    "create": [19, 19]}]
+
+
+def test_power_diff_and_serialize_are_what_the_operation_sets_and_writes():
+    config = load_node_config("n", {"gpufleet_power_limit": 600})
+    facts = [{"index": 1, **gpu(UUID_B, power_limit_w=600.004)}, {"index": 0, **gpu(UUID_A, power_limit_w=700.0)}]
+    plan = NodePlan.resolve(config, gpus_from_facts({"gpus": facts}))
+    assert plan.power.diff(plan.gpus) == {UUID_A: 600.0}  # GPU 1 is within the tolerance
+    assert plan.power.serialize() == power_conf_text({UUID_A: 600.0, UUID_B: 600.0})
+
+
+def test_clocks_diff_against_the_record_of_applied_locks():
+    config = load_node_config("n", {"gpufleet_stages": ["clocks"], "gpufleet_clocks": {"lock_gpu_mhz": [1200, 1400]}})
+    gpus = gpus_from_facts({"gpus": [{"index": 0, **gpu(UUID_A)}, {"index": 1, **gpu(UUID_B)}]})
+    plan = NodePlan.resolve(config, gpus)
+    assert plan.clocks.diff(gpus, {UUID_A: "1200,1400", UUID_B: "1000,1400"}) == [UUID_B]
+    assert plan.clocks.serialize([UUID_B, UUID_A]).splitlines()[-2:] == [f"{UUID_A}=1200,1400", f"{UUID_B}=1200,1400"]
