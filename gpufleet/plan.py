@@ -4,12 +4,13 @@
     plan = NodePlan.resolve(config, gpus)
     plan.problems()          # what preflight reports (errors naming host, key, value, allowed; warnings; notes)
     plan.power.limits        # {GPU UUID: watts}: what the power operation applies and verify expects
+    plan.power.diff(gpus)    # {GPU UUID: watts} to set;  plan.power.serialize(): /etc/gpufleet/power-limits.conf
     plan.mig.layout          # {GPU index: {profile: count} | None}: what the MIG operation applies / verify expects
-    plan.clocks.lock_mhz     # (min, max) | None
+    plan.clocks.lock_mhz     # (min, max) | None;  plan.clocks.diff(gpus, applied) / .serialize(uuids)
 
 Each setting has ONE decision here, used by preflight, the operations, the boot files and verify:
 
-* power: :func:`power_limit_for` (per-UUID > per-model > fleet-wide), :meth:`PowerTarget.watts` (``"80%"`` of
+* power: :func:`power_limit_for` (per-UUID > per-model > fleet-wide), :attr:`PowerTarget.watts` (``"80%"`` of
   this GPU's default limit), the range check :func:`outside_range` and the comparison :func:`power_differs`,
   both within :data:`POWER_TOLERANCE_W`; the boot file :func:`power_conf_text` (which carries the tolerance for
   the boot script);
@@ -18,6 +19,11 @@ Each setting has ONE decision here, used by preflight, the operations, the boot 
   in the wanted mode (:func:`mig_mode_ok`) and holds the wanted instances (:func:`mig_instances_ok`, compared as
   a multiset of profile ids), and the boot file :func:`mig_layout_doc`;
 * clocks: the lock range against the GPU's maximum SM clock, and the boot file :func:`clocks_conf_text`.
+
+The operations take plain arguments (``limits={uuid: watts}``, ``layout={index: ...}``, ``lock_mhz``) so that
+they can be called from any deploy or the pyinfra CLI; they build the same records from their facts
+(:meth:`Gpu.from_fact`) and decide with the same functions. A desired value of a GPU that is lost now (fallen
+off the bus) is kept in the boot files (:func:`missing_gpu_warning`, :func:`kept_mig_entries`).
 
 Lower layer than operations and verify: imports config and catalog only (no pyinfra).
 """

@@ -4,11 +4,10 @@
 facts (:class:`HostFacts`); :func:`gather_facts` reads those facts from a pyinfra host (one command per fact).
 It checks:
 
-* power limits: the resolved limit of each GPU within that GPU's min/max (NVML's when the driver answers,
-  the catalog's otherwise);
-* MIG layout: the profile exists for the GPU model, per-profile instance counts, total memory/compute slices,
-  that a placement exists, that listed device indices exist, that one GPU is not selected twice; MIG requested
-  on a GPU without MIG;
+* power limits, MIG layout and clocks: :meth:`gpufleet.plan.NodePlan.problems` (the node plan the operations and
+  verify use): each GPU's resolved limit within its min/max (NVML's when the driver answers, the catalog's
+  otherwise), per-UUID limits naming a GPU of the host; MIG profiles, instance counts, slices and placements,
+  device indices, a GPU selected twice, MIG on a GPU without MIG; a clock lock above the GPU's max SM clock;
 * driver: open kernel modules required (Blackwell, Grace) but ``proprietary`` requested (and ``open`` on
   pre-Turing GPUs); DKMS-built modules with Secure Boot on and no signing set up; an OS the driver stage does not
   support.
