@@ -935,7 +935,7 @@ def validate_pyinfra_inventory(inventory) -> dict[str, NodeConfig]:
     return validate_inventory((host.name, host.data.dict()) for host in inventory)
 
 
-# ---------------------------------------------------------------------------------------- power resolution
+# --------------------------------------------------------------------------- GPU model names (validation)
 
 
 def _catalog_model(name: Any) -> GpuModel | None:
@@ -948,54 +948,3 @@ def _catalog_model(name: Any) -> GpuModel | None:
         return catalog.by_name(name)
     except UnknownGpuModel:
         return None
-
-
-def gpu_model(gpu: Mapping) -> GpuModel | None:
-    """Catalog model of a GPU dict (GpuInventory GPU, or a PCI device): by nvidia-smi name, else PCI id."""
-    model = _catalog_model(gpu.get("name"))
-    if model is None and gpu.get("pci_device_id"):
-        model = load_catalog().by_pci_device_id(gpu["pci_device_id"])
-    return model
-
-
-def power_limit_for(config: NodeConfig, gpu: Mapping) -> tuple[str, PowerLimit] | None:
-    """The limit that applies to ``gpu`` and the setting it came from; precedence uuid > model > fleet-wide."""
-    power = config.power
-    uuid = gpu.get("uuid")
-    if isinstance(uuid, str) and _UUID_RE.match(uuid) and _normalize_uuid(uuid) in power.by_uuid:
-        return f"gpufleet_power_limit_by_uuid[{uuid!r}]", power.by_uuid[_normalize_uuid(uuid)]
-    model = gpu_model(gpu)
-    if model is not None and model.key in power.by_model:
-        return f"gpufleet_power_limit_by_model[{model.key!r}]", power.by_model[model.key]
-    if power.limit is not None:
-        return "gpufleet_power_limit", power.limit
-    return None
-
-
-def gpu_default_power(gpu: Mapping) -> float | None:
-    """The GPU's default power limit: NVML's (nvidia-smi power.default_limit) when known, else the catalog's."""
-    if gpu.get("power_default_w") is not None:
-        return float(gpu["power_default_w"])
-    model = gpu_model(gpu)
-    return model.power_default_w if model is not None else None
-
-
-def resolve_power_limits(config: NodeConfig, gpus: Iterable[Mapping]) -> dict[str, float]:
-    """``{GPU uuid: watts}`` for every GPU that has a desired limit (uuid > model > fleet-wide).
-
-    ``gpus`` are GpuInventory GPU dicts (``uuid``, ``name``, ``power_default_w``…). Percent and ``default``
-    limits are relative to the GPU's default limit. Raises :class:`ConfigError` when a relative limit applies
-    to a GPU whose default limit is unknown (preflight reports this before any change).
-    """
-    out: dict[str, float] = {}
-    for gpu in gpus:
-        found = power_limit_for(config, gpu)
-        if found is None or not gpu.get("uuid"):
-            continue
-        key, limit = found
-        watts = limit.resolve(gpu_default_power(gpu))
-        if watts is None:
-            raise ConfigError(config.host, key, str(limit), "a limit in watts (this GPU's default limit is "
-                              "unknown)", f"cannot resolve a relative limit for GPU {gpu.get('uuid')}")
-        out[gpu["uuid"]] = watts
-    return out

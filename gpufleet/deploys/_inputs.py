@@ -8,6 +8,7 @@ are collected host by host and raised, all together, when the last host has been
 
 from __future__ import annotations
 
+from pyinfra import logger
 from pyinfra.api.exceptions import PyinfraError
 
 from gpufleet import preflight
@@ -41,6 +42,8 @@ def checked_facts(host, inventory, config: NodeConfig) -> tuple[preflight.HostFa
     facts = preflight.gather_facts(host)
     results = _prepared.setdefault(id(inventory), {})
     results[host.name] = preflight.run_preflight(host.name, config, facts)
+    for warning in results[host.name].warnings:
+        logger.warning(warning)
     activated = {h.name for h in inventory.iter_activated_hosts()}
     errors = [e for result in results.values() for e in result.errors]
     if errors and activated <= set(results):

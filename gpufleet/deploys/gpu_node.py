@@ -3,7 +3,8 @@
 driver → persistence → power → mig → nccl → clocks. The GPU stages need the GPUs' UUIDs and current state,
 which only the driver can tell: on a host whose driver is installed by this very run they are planned at
 execution time, right after the driver stage, from fresh facts (a nested pyinfra step); on every later run
-they are planned up front like any operation, so a converged node reports no change.
+they are planned up front like any operation, so a converged node reports no change. Their inputs are the node
+plan (:class:`gpufleet.plan.NodePlan`) resolved from the GPUs the driver lists.
 
 Fact reads go through :mod:`gpufleet.facts.prefetch` (installed when the first host is prepared): each distinct
 read costs one SSH round trip until something changes the host, and the preflight facts of every host are read
@@ -13,17 +14,19 @@ concurrently.
 from __future__ import annotations
 
 from pyinfra import host, inventory, logger
-from pyinfra.api import deploy
+from pyinfra.api import deploy, operation
 from pyinfra.operations import python
 
 from gpufleet import preflight
-from gpufleet.config import NodeConfig, resolve_power_limits
+from gpufleet.config import NodeConfig
 from gpufleet.facts import prefetch
 from gpufleet.facts.nvidia import GpuInventory
 from gpufleet.facts.packages import NvidiaPackages
 from gpufleet.facts.pci import NvidiaPciDevices
 from gpufleet.facts.system import OsInfo, SecureBoot
 from gpufleet.operations import clocks, driver, mig, nccl, persistence, power
+from gpufleet.operations._systemd import refuse
+from gpufleet.plan import NodePlan, gpus_from_facts
 
 from ._inputs import checked_facts, node_config
 
@@ -46,37 +49,36 @@ def driver_stage(config: NodeConfig, facts: preflight.HostFacts) -> None:
     )
 
 
-def mig_layout(config: NodeConfig, gpus: list[dict]) -> dict[int, dict[str, int] | None]:
-    """The MIG layout of each GPU the configuration selects: {index: {profile: count}} or None (disabled)."""
-    layout: dict[int, dict[str, int] | None] = {}
-    if config.mig is None:
-        return layout
-    for gpu in gpus:
-        entry = config.mig.layout_for(gpu["index"], gpu.get("pci_device_id"))
-        if entry is not None:
-            layout[gpu["index"]] = dict(entry.mig_devices) if entry.mig_enabled else None
-    return layout
+@operation()
+def refused(message: str):
+    """Fail this host with ``message``: a setting the plan cannot apply, found once the driver answered."""
+    yield from refuse(message)
 
 
 def gpu_stages(config: NodeConfig, inventory_fact: dict) -> None:
-    """persistence, power, mig, nccl, clocks for the GPUs the driver reports."""
-    gpus = inventory_fact.get("gpus") or []
+    """persistence, power, mig, nccl, clocks for the GPUs the driver reports, from the node plan."""
+    gpus = gpus_from_facts(inventory_fact) if inventory_fact.get("gpus") else []
+    plan = NodePlan.resolve(config, gpus)
+    if gpus:
+        # Checked by preflight already when the GPUs were known then; here for a driver installed by this run:
+        # before any GPU setting, so that a refused host gets none of them.
+        problems = plan.problems(lost=inventory_fact.get("lost_gpus") or [])
+        if problems.errors:
+            refused(name="GPU settings refused", message="; ".join(e.message for e in problems.errors))
+            return
     if config.stage_enabled("persistence"):
         persistence.nvidia_persistenced(name="nvidia-persistenced with persistence mode")
     if not gpus:
         logger.warning(f"{host.name}: the NVIDIA driver does not answer ({inventory_fact.get('error')}); "
                        "GPU settings are skipped until it does (a reboot is probably pending)")
-    if gpus and config.stage_enabled("mig"):
-        layout = mig_layout(config, gpus)
-        if layout:
-            mig.mig_layout(name="MIG layout", layout=layout, allow_reboot=config.allow_reboot)
+    if gpus and plan.mig is not None and plan.mig.layout:
+        mig.layout(name="MIG layout", layout=dict(plan.mig.layout), allow_reboot=config.allow_reboot)
     if gpus and config.stage_enabled("power"):
-        power.power_limits(name="GPU power limits", limits=resolve_power_limits(config, gpus))
+        power.limits(name="GPU power limits", limits=plan.power.limits if plan.power is not None else {})
     if config.stage_enabled("nccl"):
         nccl.nccl_conf(name="/etc/nccl.conf", settings=dict(config.nccl.settings))
-    if gpus and config.stage_enabled("clocks") and config.clocks.mode is not None:
-        lock = config.clocks.lock_gpu_mhz if config.clocks.mode == "lock" else None
-        clocks.gpu_clocks(name="GPU clocks", lock_mhz=lock)
+    if gpus and plan.clocks is not None:
+        clocks.locked(name="GPU clocks", lock_mhz=plan.clocks.lock_mhz)
 
 
 def _gpu_stages_after_driver(config: NodeConfig) -> None:
@@ -95,8 +97,13 @@ def gpu_node() -> None:
         driver_stage(config, facts)
     if not any(config.stage_enabled(stage) for stage in GPU_STAGES):
         return
-    if (facts.gpu_inventory or {}).get("gpus") or not config.stage_enabled("driver"):
-        gpu_stages(config, facts.gpu_inventory or {})
+    found = facts.gpu_inventory or {}
+    # A driver installed but not loaded (or of another version than the one loaded) answers only after a
+    # reboot: unless this run may reboot, planning after the driver stage would find the same, and only report a
+    # change that is none. Plan now (the GPU settings are skipped with a warning).
+    answers_after_reboot = found.get("status") in ("driver_not_loaded", "version_mismatch")
+    if found.get("gpus") or not config.stage_enabled("driver") or (answers_after_reboot and not config.allow_reboot):
+        gpu_stages(config, found)
     else:
         python.call(name="GPU settings (planned once the driver answers)", function=_gpu_stages_after_driver,
                     config=config)

@@ -7,7 +7,9 @@
 #   gpufleet-gpu-settings power  [/etc/gpufleet/power-limits.conf]   lines UUID=WATTS       -> nvidia-smi -pl
 #   gpufleet-gpu-settings clocks [/etc/gpufleet/gpu-clocks.conf]     lines UUID=MIN,MAX     -> nvidia-smi -lgc
 #
-# Lines starting with # and blank lines are ignored. A GPU listed in the file but not present (removed,
+# Lines starting with # and blank lines are ignored. `tolerance_w=W` (written by gpufleet from its one power
+# tolerance, gpufleet.plan.POWER_TOLERANCE_W): a power limit within W of the current one is left as it is;
+# without it every listed limit is set. A GPU listed in the file but not present (removed,
 # replaced, fallen off the bus) is logged and skipped: not fatal. Exit status 1 when nvidia-smi cannot list
 # the GPUs at all (driver not loaded) or when applying a setting failed; the other GPUs are still applied.
 # After `clocks`, the locks applied are recorded in /run/gpufleet/gpu-clocks.locked (gpufleet reads it: the
@@ -32,17 +34,19 @@ if ! present=$(nvidia-smi --query-gpu=uuid,power.limit --format=csv,noheader,nou
     exit 1
 fi
 
+tolerance=$(sed -n 's/^tolerance_w=\([0-9.]*\)$/\1/p' "$conf" | tail -n 1)
 rc=0
 applied=""
 while IFS='=' read -r uuid value || [ -n "$uuid" ]; do
-    case $uuid in ''|'#'*) continue ;; esac
+    case $uuid in GPU-*) ;; *) continue ;; esac
     current=$(printf '%s\n' "$present" | awk -F', *' -v u="$uuid" '$1 == u { print $2; found = 1 }
                                                                  END { exit !found }') || {
         echo "gpufleet-gpu-settings: warning: GPU $uuid is not present: $what setting $value skipped"
         continue
     }
     if [ "$what" = power ]; then
-        if awk -v a="$current" -v b="$value" 'BEGIN { d = a - b; exit !(a != "" && d < 0.005 && d > -0.005) }'
+        if [ -n "$tolerance" ] && awk -v a="$current" -v b="$value" -v t="$tolerance" \
+            'BEGIN { d = a - b; exit !(a != "" && d < t + 0 && d > -t) }'
         then
             echo "gpufleet-gpu-settings: GPU $uuid: power limit already $value W"
             continue

@@ -7,25 +7,35 @@ from __future__ import annotations
 
 import shlex
 
-from pyinfra import host
+from pyinfra import host, logger
 from pyinfra.api import OperationValueError, StringCommand, operation
 
 from gpufleet.facts.nvidia import GpuInventory
+from gpufleet.plan import (
+    CLOCKS_CONF,
+    CLOCKS_UNIT,
+    ClocksPlan,
+    Gpu,
+    clocks_conf_text,
+    gpu_label,
+    missing_gpu_warning,
+    parse_uuid_conf,
+)
 
 from ._systemd import (
-    SETTINGS_DIR,
     all_of,
     get_state,
     gpu_settings_paths,
     install_gpu_settings,
     put_file,
+    refuse,
     remove_file,
     remove_gpu_settings,
 )
-from .power import parse_conf
 
-CONF = f"{SETTINGS_DIR}/gpu-clocks.conf"
-UNIT = "gpufleet-gpu-clocks.service"
+CONF = CLOCKS_CONF
+UNIT = CLOCKS_UNIT
+conf_text = clocks_conf_text
 DESCRIPTION = "gpufleet: reapply locked GPU clocks"
 # The driver has no way to read a clock lock back (no nvidia-smi field, no NVML getter): the locks gpufleet
 # applied since boot are recorded here, by this operation and by gpufleet-gpu-settings. /run is a tmpfs,
@@ -41,10 +51,10 @@ def _check_lock(lock_mhz) -> tuple[int, int] | None:
         or len(lock_mhz) != 2
         or not all(isinstance(v, int) and not isinstance(v, bool) for v in lock_mhz)
     ):
-        raise OperationValueError(f"gpu_clocks: lock_mhz must be (min MHz, max MHz) integers, not {lock_mhz!r}")
+        raise OperationValueError(f"clocks.locked: lock_mhz must be (min MHz, max MHz) integers, not {lock_mhz!r}")
     low, high = lock_mhz
     if not 0 < low <= high:
-        raise OperationValueError(f"gpu_clocks: lock_mhz {low},{high}: need 0 < min <= max")
+        raise OperationValueError(f"clocks.locked: lock_mhz {low},{high}: need 0 < min <= max")
     return low, high
 
 
@@ -52,17 +62,8 @@ def locked_text(locks: dict[str, str]) -> str:
     return "".join(f"{uuid}={value}\n" for uuid, value in sorted(locks.items()))
 
 
-def conf_text(locks: dict[str, str]) -> str:
-    header = (
-        "# Managed by gpufleet (clocks stage), overwritten on every run.\n"
-        f"# Locked GPU clocks MIN,MAX in MHz per GPU UUID, reapplied at boot by {UNIT} "
-        "(gpufleet-gpu-settings clocks).\n"
-    )
-    return header + locked_text(locks)
-
-
 @operation()
-def gpu_clocks(lock_mhz: tuple[int, int] | None):
+def locked(lock_mhz: tuple[int, int] | None):
     """
     Lock the GPU clocks of every GPU of the host to a range, or reset them.
 
@@ -85,36 +86,44 @@ def gpu_clocks(lock_mhz: tuple[int, int] | None):
 
         from gpufleet.operations import clocks
 
-        clocks.gpu_clocks(name="Clocks locked for benchmarks", lock_mhz=(1755, 1755))
-        clocks.gpu_clocks(name="Clocks back to default", lock_mhz=None)
+        clocks.locked(name="Clocks locked for benchmarks", lock_mhz=(1755, 1755))
+        clocks.locked(name="Clocks back to default", lock_mhz=None)
     """
     lock = _check_lock(lock_mhz)
     inventory = host.get_fact(GpuInventory)
-    state = get_state(paths=(*gpu_settings_paths(UNIT, CONF), LOCKED), read=(LOCKED,), units=(UNIT,))
+    state = get_state(paths=(*gpu_settings_paths(UNIT, CONF), LOCKED), read=(LOCKED, CONF), units=(UNIT,))
     present = {gpu["uuid"]: gpu for gpu in inventory["gpus"] if gpu.get("uuid")}
-    locked = parse_conf(state["contents"][LOCKED])
+    applied = parse_uuid_conf(state["contents"][LOCKED])
     commands: list = []
 
     if lock is not None:
-        value = f"{lock[0]},{lock[1]}"
-        desired = {uuid: value for uuid in present}
+        plan = ClocksPlan(lock)
+        for top, members in plan.above_max(map(Gpu.from_fact, present.values())).items():
+            yield from refuse(f"clocks.locked: {host.name}: {gpu_label(members)}: lock_mhz {lock[0]},{lock[1]} starts "
+                              f"above the GPU's max SM clock {top} MHz")
+            return
+        desired = plan.desired(present)
+        lost = inventory.get("lost_gpus") or []
+        # GPUs in the boot file that are lost now: kept there, locked at boot when they are back
+        kept = plan.desired(u for u in parse_uuid_conf(state["contents"][CONF]) if u not in present) if lost else {}
+        if kept:
+            logger.warning(missing_gpu_warning(host.name, sorted(kept), lost, "clock lock"))
         commands += all_of([
-            StringCommand("nvidia-smi", "-i", shlex.quote(uuid), "-lgc", shlex.quote(value))
-            for uuid in sorted(present, key=lambda u: present[u]["index"])
-            if locked.get(uuid) != value
+            StringCommand("nvidia-smi", "-i", shlex.quote(uuid), "-lgc", shlex.quote(desired[uuid]))
+            for uuid in plan.diff(map(Gpu.from_fact, present.values()), applied)
         ])
         if not present:
             # the file is keyed by UUID: without the GPUs' UUIDs there is nothing to write yet
             host.noop(f"no GPU reachable ({inventory['status']}): clocks are locked by the next run")
         else:
-            if locked != desired:
+            if applied != desired:
                 commands += put_file(state["files"][LOCKED], LOCKED, locked_text(desired))
             # the host's GPUs by UUID (a GPU replaced later is locked by the next run)
-            commands += install_gpu_settings(state, UNIT, DESCRIPTION, "clocks", CONF, conf_text(desired),
+            commands += install_gpu_settings(state, UNIT, DESCRIPTION, "clocks", CONF, conf_text({**kept, **desired}),
                                              start=True)
     else:
         commands += all_of([
-            StringCommand("nvidia-smi", "-i", shlex.quote(uuid), "-rgc") for uuid in sorted(locked) if uuid in present
+            StringCommand("nvidia-smi", "-i", shlex.quote(uuid), "-rgc") for uuid in sorted(applied) if uuid in present
         ])
         commands += remove_file(state["files"][LOCKED], LOCKED)
         commands += remove_gpu_settings(state, UNIT, CONF)
@@ -123,3 +132,7 @@ def gpu_clocks(lock_mhz: tuple[int, int] | None):
         host.noop(f"clocks locked at {lock[0]},{lock[1]} MHz on {len(present)} GPU(s)" if lock
                   else "no GPU clocks locked by gpufleet")
     yield from commands
+
+
+# Deprecated name (before 0.2): clocks.gpu_clocks
+gpu_clocks = locked

@@ -8,23 +8,34 @@ import json
 import posixpath
 import re
 import shlex
-from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 
 from pyinfra import host, logger, state
 from pyinfra.api import OperationValueError, StringCommand, operation
 from pyinfra.operations import server
 
-from gpufleet.catalog import MigProfile, UnknownGpuModel, UnknownMigProfile, load_catalog
 from gpufleet.facts.mig import MigState, instances_by_gpu
 from gpufleet.facts.nvidia import GpuInventory
+from gpufleet.plan import (
+    MIG_APPLIER,
+    MIG_LAYOUT,
+    MIG_UNIT,
+    Gpu,
+    MigTarget,
+    kept_mig_entries,
+    mig_instances_ok,
+    mig_layout_doc,
+    mig_mode_ok,
+    mig_target,
+    missing_gpu_warning,
+    norm_bus,
+)
 
-from ._systemd import SETTINGS_DIR, UNIT_DIR, all_of, fail, get_state, node_script, put_file, render, systemctl
+from ._systemd import UNIT_DIR, all_of, fail, get_state, node_script, put_file, refuse, render, systemctl
 
-LAYOUT_PATH = f"{SETTINGS_DIR}/mig-layout.json"
-APPLIER = "/usr/local/sbin/gpufleet-mig-apply"
-UNIT = "gpufleet-mig.service"
+LAYOUT_PATH = MIG_LAYOUT
+APPLIER = MIG_APPLIER
+UNIT = MIG_UNIT
 UNIT_PATH = posixpath.join(UNIT_DIR, UNIT)
 # Written by the node script: GPUs whose MIG mode could not change now (INDEX<TAB>BUS ID<TAB>REASON lines)
 STATUS_PATH = "/run/gpufleet/mig-reboot-required"
@@ -49,53 +60,30 @@ _RUNNING = ("active", "activating", "reloading")
 _MODES = {True: "Enabled", False: "Disabled"}
 
 
-@dataclass
-class _GpuPlan:
-    """What one GPU of the layout should be, next to what it is."""
-
-    index: int
-    gpu: dict
-    enabled: bool
-    profiles: list[MigProfile] = field(default_factory=list)  # creation order: largest first
-
-    @property
-    def label(self) -> str:
-        return f"GPU {self.index} ({self.gpu.get('pci_bus_id')}, {self.gpu.get('name')})"
-
-    @property
-    def counts(self) -> dict[str, int]:
-        return dict(Counter(p.name for p in self.profiles))
-
-    def mode_ok(self, gpu: dict | None) -> bool:
-        """Whether ``gpu`` (a GpuInventory entry) is in the wanted MIG mode, now and after a reset."""
-        if gpu is None:
-            return False
-        want = _MODES[self.enabled]
-        if gpu.get("mig_current") is None:  # no MIG on this GPU: "disabled" is what it is
-            return not self.enabled
-        return gpu.get("mig_current") == want and gpu.get("mig_pending") in (want, None)
-
-
 def _check_layout(layout) -> dict[int, dict[str, int] | None]:
     if not isinstance(layout, Mapping):
-        raise OperationValueError(f"mig_layout: layout must be a dict {{GPU index: {{profile: count}} or None}}, "
+        raise OperationValueError(f"mig.layout: layout must be a dict {{GPU index: {{profile: count}} or None}}, "
                                   f"not {layout!r}")
     checked: dict[int, dict[str, int] | None] = {}
-    for index, want in layout.items():
+    for key, want in layout.items():
+        # from the pyinfra CLI (layout='{"0": {"1g.10gb": 7}}') the indices arrive as JSON strings
+        index = int(key) if isinstance(key, str) and key.strip().isdigit() else key
         if isinstance(index, bool) or not isinstance(index, int) or index < 0:
-            raise OperationValueError(f"mig_layout: {index!r} is not a GPU index (0, 1, ...)")
+            raise OperationValueError(f"mig.layout: {key!r} is not a GPU index (0, 1, ...)")
+        if index in checked:
+            raise OperationValueError(f"mig.layout: GPU {index} is listed twice")
         if want is None:
             checked[index] = None
             continue
         if not isinstance(want, Mapping):
-            raise OperationValueError(f"mig_layout: GPU {index}: {want!r} is neither None (MIG disabled) nor a "
+            raise OperationValueError(f"mig.layout: GPU {index}: {want!r} is neither None (MIG disabled) nor a "
                                       '{profile: count} dict such as {"1g.10gb": 7}')
         counts: dict[str, int] = {}
         for profile, count in want.items():
             if not isinstance(profile, str) or not profile.strip():
-                raise OperationValueError(f"mig_layout: GPU {index}: {profile!r} is not a MIG profile name")
+                raise OperationValueError(f"mig.layout: GPU {index}: {profile!r} is not a MIG profile name")
             if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-                raise OperationValueError(f"mig_layout: GPU {index}: {profile}: {count!r} is not an instance count")
+                raise OperationValueError(f"mig.layout: GPU {index}: {profile}: {count!r} is not an instance count")
             if count:
                 counts[profile.strip()] = count
         checked[index] = counts
@@ -104,82 +92,37 @@ def _check_layout(layout) -> dict[int, dict[str, int] | None]:
 
 def _check_units(units) -> tuple[str, ...]:
     if isinstance(units, str) or not isinstance(units, Sequence):
-        raise OperationValueError(f"mig_layout: holder_services must be a list of systemd units, not {units!r}")
+        raise OperationValueError(f"mig.layout: holder_services must be a list of systemd units, not {units!r}")
     checked = []
     for unit in units:
         name = unit if isinstance(unit, str) and "." in unit else f"{unit}.service"
         if not isinstance(unit, str) or not _UNIT_RE.match(name):
-            raise OperationValueError(f"mig_layout: holder_services: {unit!r} is not a systemd unit name")
+            raise OperationValueError(f"mig.layout: holder_services: {unit!r} is not a systemd unit name")
         if name not in checked:
             checked.append(name)
     return tuple(checked)
 
 
-def _plan(index: int, want: dict[str, int] | None, gpus: dict[int, dict], lost: list[str]) -> _GpuPlan:
-    gpu = gpus.get(index)
-    if gpu is None:
-        also = f"; nvidia-smi reports lost GPU(s) {', '.join(lost)}" if lost else ""
-        raise OperationValueError(f"mig_layout: GPU {index} is not on {host.name} (its GPUs: "
-                                  f"{', '.join(str(i) for i in sorted(gpus))}{also})")
-    plan = _GpuPlan(index=index, gpu=gpu, enabled=want is not None)
-    if want is None:
-        return plan
-    try:
-        model = load_catalog().by_name(gpu.get("name") or "")
-    except UnknownGpuModel:
-        raise OperationValueError(f"mig_layout: {plan.label} is not in gpufleet's GPU catalog: its MIG profiles "
-                                  "are unknown") from None
-    if model.mig is None or gpu.get("mig_current") is None:
-        raise OperationValueError(f"mig_layout: {plan.label} does not support MIG (mig.mode.current is "
-                                  f"{gpu.get('mig_current') or 'N/A'})")
-    spec = model.mig
-    counts: Counter[str] = Counter()
-    for name, count in want.items():
-        try:
-            profile = spec.profile(name)
-        except UnknownMigProfile:
-            raise OperationValueError(
-                f"mig_layout: {plan.label} offers no MIG profile {name!r}; its profiles: "
-                f"{', '.join(spec.profile_names)}") from None
-        counts[profile.name] += count
-        plan.profiles += [profile] * count
-    for name, count in counts.items():
-        profile = spec.profile(name)
-        if count > profile.max_instances:
-            raise OperationValueError(f"mig_layout: {plan.label}: {count} x {name} asked for, at most "
-                                      f"{profile.max_instances} fit")
-    memory = sum(p.memory_slices for p in plan.profiles)
-    compute = sum(p.compute_slices for p in plan.profiles)
-    if memory > spec.memory_slices or compute > spec.compute_slices:
-        raise OperationValueError(
-            f"mig_layout: {plan.label}: {dict(counts)} needs {memory} memory and {compute} compute slices, the "
-            f"GPU has {spec.memory_slices} and {spec.compute_slices}")
-    # Largest placements first, so that the driver's first-fit placement leaves room for the small ones.
-    plan.profiles.sort(key=lambda p: (-p.memory_slices, -p.compute_slices, p.id))
-    return plan
+def _targets(wanted: dict[int, dict[str, int] | None], gpus: dict[int, Gpu], lost: list[str]
+             ) -> tuple[list[MigTarget], str | None]:
+    """The plan of each GPU of the layout, or why this host cannot take it (a host-state problem)."""
+    targets = []
+    for index, want in sorted(wanted.items()):
+        gpu = gpus.get(index)
+        if gpu is None:
+            also = f"; nvidia-smi reports lost GPU(s) {', '.join(lost)}" if lost else ""
+            return [], (f"GPU {index} is not on {host.name} (its GPUs: {', '.join(str(i) for i in sorted(gpus))}"
+                        f"{also})")
+        target, problem = mig_target(gpu, want)
+        if problem:
+            return [], f"{host.name}: {problem}"
+        targets.append(target)
+    return targets, None
 
 
-def layout_text(plans: list[_GpuPlan], holders: Sequence[str]) -> str:
+def layout_text(targets: list[MigTarget], holders: Sequence[str], kept: Sequence[dict] = ()) -> str:
     """The layout file read at boot by ``gpufleet-mig-apply apply`` (JSON, stable key order)."""
-    doc = {
-        "version": 1,
-        "comment": "Managed by gpufleet (MIG stage), overwritten on every run. Applied at boot by "
-                   f"{UNIT} ({APPLIER} apply). GPUs are found by PCI bus id; index and name are informative.",
-        "holder_services": list(holders),
-        "gpus": [
-            {
-                "pci_bus_id": plan.gpu.get("pci_bus_id"),
-                "index": plan.index,
-                "name": plan.gpu.get("name"),
-                "mig_enabled": plan.enabled,
-                "instances": plan.counts,
-                "create": [p.id for p in plan.profiles],
-            }
-            for plan in plans
-            if plan.gpu.get("mig_current") is not None  # GPUs without MIG have nothing to apply at boot
-        ],
-    }
-    return json.dumps(doc, indent=2, sort_keys=True) + "\n"
+    return json.dumps(mig_layout_doc(targets, holders, kept), indent=2, sort_keys=True) + "\n"
 
 
 def unit_text() -> str:
@@ -187,27 +130,26 @@ def unit_text() -> str:
                   before=UNIT_BEFORE, exec_start=" ".join(shlex.quote(a) for a in (APPLIER, "apply", LAYOUT_PATH)))
 
 
-def mode_command(targets: list[_GpuPlan], holders: Sequence[str]) -> StringCommand:
+def mode_command(targets: list[MigTarget], holders: Sequence[str]) -> StringCommand:
     args = [APPLIER, "mode"]
     for unit in holders:
         args += ["--holder", unit]
-    args += [f"{plan.index}={'enabled' if plan.enabled else 'disabled'}" for plan in targets]
+    args += [f"{t.gpu.index}={'enabled' if t.enabled else 'disabled'}" for t in targets]
     return StringCommand(*(shlex.quote(a) for a in args))
 
 
-def instance_commands(plan: _GpuPlan, existing: dict[int, dict]) -> list[StringCommand]:
+def instance_commands(plan: MigTarget, existing: dict[int, dict]) -> list[StringCommand]:
     """Commands that make the GPU's instances exactly ``plan.profiles`` (each with its full default compute
-    instance); none when they already are. Compared by profile ID (what ``-cgi`` takes), as a multiset."""
-    have = sorted(gi["profile_id"] for gi in existing.values())
-    whole = all(len(gi["compute_instances"]) == 1 and gi["compute_instances"][0]["profile"] == gi["profile"]
-                for gi in existing.values())
-    if have == sorted(p.id for p in plan.profiles) and whole:
+    instance); none when they already are (:func:`gpufleet.plan.mig_instances_ok`)."""
+    have = [(gi["profile_id"], len(gi["compute_instances"]) == 1
+             and gi["compute_instances"][0]["profile"] == gi["profile"]) for gi in existing.values()]
+    if mig_instances_ok(plan.profile_ids, have):
         return []
-    index = shlex.quote(str(plan.index))
+    index = shlex.quote(str(plan.gpu.index))
     commands = []
     if existing:
         # Never destroy instances that processes run in: refuse (the op fails) rather than half-apply.
-        message = shlex.quote(f"gpufleet: {plan.label}: processes run on it (above): its MIG instances were not "
+        message = shlex.quote(f"gpufleet: {plan.gpu.label}: processes run on it (above): its MIG instances were not "
                               "changed; stop them and run again")
         commands.append(StringCommand(
             f"if nvidia-smi -i {index} --query-compute-apps=pid,process_name --format=csv,noheader | grep ,; "
@@ -236,7 +178,7 @@ def _warn(message: str) -> None:
 
 
 @operation()
-def mig_layout(
+def layout(
     layout: Mapping[int, Mapping[str, int] | None],
     allow_reboot: bool = False,
     holder_services: Sequence[str] = DEFAULT_HOLDER_SERVICES,
@@ -247,7 +189,8 @@ def mig_layout(
     + layout: ``{GPU index: {profile: count}}`` for MIG enabled with exactly those GPU instances (each with
       its default compute instance spanning it, as ``nvidia-smi mig -cgi … -C`` makes), ``{GPU index: None}``
       for MIG disabled. Profiles are names as ``nvidia-smi mig -lgip`` prints them (``"1g.10gb"``). GPUs not in
-      ``layout`` are left alone.
+      ``layout`` are left alone. Indices may be given as strings (``{"0": {"1g.10gb": 7}}``, as from the
+      pyinfra CLI).
     + allow_reboot: reboot the host (``server.reboot``) when a GPU's MIG mode can only change at a reboot
     + holder_services: systemd units that keep GPUs open and are stopped, only while a MIG mode changes, when
       they are active (in this order; started again in reverse order): exporters, DCGM, fabric manager,
@@ -256,8 +199,9 @@ def mig_layout(
     MIG instances do not survive a reboot or a driver reload, and changing MIG mode needs an idle GPU. This
     operation:
 
-    + refuses, before any command, a GPU that is not on the host, has no MIG, or does not offer a profile
-      (the error names the GPU and its profiles), and a layout that cannot fit (instance counts, slices);
+    + fails the host, before any command on it, for a GPU that is not on the host, has no MIG, or does not
+      offer a profile (the error names the GPU and its profiles), and a layout that cannot fit (instance
+      counts, slices, placements: the same check as preflight's, ``gpufleet.plan.mig_fit``);
     + writes the layout to ``/etc/gpufleet/mig-layout.json``, keyed by **PCI bus id** (a layout belongs to
       a GPU position: a replaced GPU gets its predecessor's layout; indices can shift when a GPU is lost),
       and installs ``/usr/local/sbin/gpufleet-mig-apply`` (Python 3 standard library) and the enabled
@@ -285,7 +229,7 @@ def mig_layout(
 
         from gpufleet.operations import mig
 
-        mig.mig_layout(
+        mig.layout(
             name="MIG: GPU 0 split in seven, GPU 1 mixed, GPU 2 whole",
             layout={
                 0: {"1g.10gb": 7},
@@ -308,14 +252,23 @@ def mig_layout(
         if state.is_executing:  # not while only checking for changes: an earlier operation may load the driver
             _warn(message)
         return
-    gpus = {gpu["index"]: gpu for gpu in inventory["gpus"]}
-    plans = [_plan(index, want, gpus, inventory.get("lost_gpus") or []) for index, want in sorted(wanted.items())]
-    managed = get_state(paths=(LAYOUT_PATH, APPLIER, UNIT_PATH), units=(UNIT, *holders))
+    gpus = _gpus(inventory)
+    plans, problem = _targets(wanted, gpus, inventory.get("lost_gpus") or [])
+    if problem:
+        yield from refuse(f"mig.layout: {problem}")
+        return
+    managed = get_state(paths=(LAYOUT_PATH, APPLIER, UNIT_PATH), read=(LAYOUT_PATH,), units=(UNIT, *holders))
     changed = False
+    lost = inventory.get("lost_gpus") or []
+    # a lost GPU's entry is never pruned: the boot unit applies it when the GPU is back
+    kept = [e for e in kept_mig_entries(managed["contents"][LAYOUT_PATH], lost)
+            if norm_bus(e.get("pci_bus_id")) not in {norm_bus(p.gpu.pci_bus_id) for p in plans}]
+    if kept:
+        _warn(missing_gpu_warning(host.name, [str(e.get("pci_bus_id")) for e in kept], lost, "MIG layout"))
 
     # 1. The layout, the node script and the boot unit, before any change to a GPU.
     files = managed["files"]
-    commands = list(put_file(files[LAYOUT_PATH], LAYOUT_PATH, layout_text(plans, holders)))
+    commands = list(put_file(files[LAYOUT_PATH], LAYOUT_PATH, layout_text(plans, holders, kept)))
     commands += put_file(files[APPLIER], APPLIER, node_script("mig_apply.py"), "755")
     unit_commands = list(put_file(files[UNIT_PATH], UNIT_PATH, unit_text()))
     commands += unit_commands
@@ -328,34 +281,33 @@ def mig_layout(
 
     # 2. MIG mode, where it differs.
     reasons: dict[int, str] = {}
-    targets = [plan for plan in plans if not plan.mode_ok(plan.gpu)]
+    targets = [plan for plan in plans if not mig_mode_ok(plan.enabled, plan.gpu)]
     if targets:
         changed = True
         running = [u for u in holders if managed["units"][u]["active_state"] in _RUNNING]
         yield mode_command(targets, running)
         # Evaluated when the command above has run: what the GPUs say now.
-        inventory = host.get_fact(GpuInventory)
-        gpus = {gpu["index"]: gpu for gpu in inventory.get("gpus") or []}
+        gpus = _gpus(host.get_fact(GpuInventory))
         reasons = _parse_status(get_state(read=(STATUS_PATH,))["contents"][STATUS_PATH])
-    blocked = [plan for plan in plans if not plan.mode_ok(gpus.get(plan.index))]
+    blocked = [plan for plan in plans if not mig_mode_ok(plan.enabled, gpus.get(plan.gpu.index))]
 
     # 3. A mode that only a reboot can change.
     if blocked and allow_reboot:
-        _warn("rebooting to change the MIG mode of " + ", ".join(plan.label for plan in blocked))
+        _warn("rebooting to change the MIG mode of " + ", ".join(plan.gpu.label for plan in blocked))
         yield from server.reboot._inner()
-        inventory = host.get_fact(GpuInventory)
-        gpus = {gpu["index"]: gpu for gpu in inventory.get("gpus") or []}
-        still = [plan for plan in blocked if not plan.mode_ok(gpus.get(plan.index))]
+        gpus = _gpus(host.get_fact(GpuInventory))
+        still = [plan for plan in blocked if not mig_mode_ok(plan.enabled, gpus.get(plan.gpu.index))]
         if still:  # a host-state problem: this host fails, the others go on
-            yield fail("MIG mode still wrong after a reboot on " + "; ".join(
-                f"{plan.label}: {(gpus.get(plan.index) or {}).get('mig_current')}, wanted {_MODES[plan.enabled]}"
-                for plan in still))
+            yield fail(f"mig.layout: {host.name}: MIG mode still wrong after a reboot on " + "; ".join(
+                f"{plan.gpu.label}: {_mode_text(gpus.get(plan.gpu.index), 'current')}, wanted "
+                f"{_MODES[plan.enabled]}" for plan in still))
             return
         blocked = []
     for plan in blocked:
-        now = gpus.get(plan.index) or {}
-        why = reasons.get(plan.index) or "the GPU could not be reset"
-        _warn(f"{plan.label}: MIG mode is {now.get('mig_current')} (pending {now.get('mig_pending')}), the layout "
+        now = gpus.get(plan.gpu.index)
+        why = reasons.get(plan.gpu.index) or "the GPU could not be reset"
+        _warn(f"{plan.gpu.label}: MIG mode is {_mode_text(now, 'current')} (pending {_mode_text(now, 'pending')}), "
+              "the layout "
               f"needs {_MODES[plan.enabled]}: {why}. Reboot required: its MIG instances were left alone; "
               f"{UNIT} applies the layout at boot (or run with allow_reboot=True).")
 
@@ -364,14 +316,28 @@ def mig_layout(
     if ready:
         mig_state = host.get_fact(MigState)
         if mig_state.get("status") not in ("ok", "not_enabled"):
-            yield fail(f"nvidia-smi cannot list the MIG instances ({mig_state.get('status')}: "
+            yield fail(f"mig.layout: {host.name}: nvidia-smi cannot list the MIG instances ({mig_state.get('status')}: "
                        f"{mig_state.get('error')})")
             return
         existing = instances_by_gpu(mig_state)
-        commands = [c for plan in ready for c in instance_commands(plan, existing.get(plan.index, {}))]
+        commands = [c for plan in ready for c in instance_commands(plan, existing.get(plan.gpu.index, {}))]
         if commands:
             changed = True
             yield from all_of(commands)
 
     if not changed:
         host.noop(f"MIG layout already applied on {len(plans)} GPU(s), reapplied at boot by {UNIT}")
+
+
+# Deprecated name (before 0.2): mig.mig_layout
+mig_layout = layout
+
+
+def _gpus(inventory: Mapping) -> dict[int, Gpu]:
+    return {gpu.index: gpu for gpu in map(Gpu.from_fact, inventory.get("gpus") or [])}
+
+
+def _mode_text(gpu: Gpu | None, which: str) -> str | None:
+    """The MIG mode as nvidia-smi prints it (``Enabled``/``Disabled``), None when not reported."""
+    value = None if gpu is None else getattr(gpu, f"mig_{which}")
+    return None if value is None else _MODES[value]

@@ -24,7 +24,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpufleet.catalog import Catalog, GpuModel, UnknownGpuModel, load_catalog
+from gpufleet.catalog import Catalog, GpuModel, UnknownGpuModel, UnknownMigProfile, load_catalog
+from gpufleet.plan import mig_instances_ok, outside_range, power_differs
 
 from .model import FAIL, PASS, SKIP, UNREACHABLE, WARN, CheckResult, FleetResult, HostResult, worst_verdict
 from .thresholds import Thresholds, default_thresholds
@@ -57,7 +58,6 @@ class ExpectedState:
     gpu_count: int | None = None
     gpu_model: str | None = None
     services: Mapping[str, str] = field(default_factory=dict)
-    power_limit_tolerance_w: float = 1.0
 
     def power_limit_for(self, uuid: str | None) -> float | None:
         if uuid and uuid in self.power_limits_w:
@@ -293,11 +293,11 @@ def _check_power_limit(ctx: _Ctx, gpu: dict[str, Any], expected: ExpectedState) 
         return
     lo, hi = power.get("min_limit_w"), power.get("max_limit_w")
     index = gpu.get("index")
-    if lo is not None and hi is not None and not lo <= want <= hi:
+    if lo is not None and hi is not None and outside_range(want, lo, hi):
         ctx.add("config.power_limit", FAIL, f"expected {want:g} W is outside this GPU's range {lo:g}-{hi:g} W",
                 "fix the power limit in the inventory (config validation should have refused it)", gpu=gpu,
                 observed=limit, expected=want)
-    elif abs(limit - want) > expected.power_limit_tolerance_w:
+    elif power_differs(limit, want):  # the power operation's own comparison: what it leaves is what passes
         ctx.add("config.power_limit", FAIL, f"power limit {limit:g} W, expected {want:g} W",
                 f"reapply with the gpu_node deploy (nvidia-smi -i {index} -pl {want:g}); check the power-limit boot "
                 "unit ran", gpu=gpu, observed=limit, expected=want)
@@ -344,7 +344,7 @@ def _check_mig(ctx: _Ctx, gpu: dict[str, Any], expected: ExpectedState) -> None:
         ctx.add("config.mig", FAIL, f"MIG disabled{extra}, expected {_layout(want) or 'MIG enabled'}", hint, gpu=gpu,
                 observed=observed, expected=want)
         return
-    if observed != want:
+    if not _same_instances(ctx.model(gpu.get("name")), want, mig.get("gpu_instances") or [], observed):
         ctx.add("config.mig", FAIL, f"MIG layout {_layout(observed) or 'empty'}, expected "
                 f"{_layout(want) or 'no instances'}", hint,
                 gpu=gpu, observed=observed, expected=want)
@@ -359,6 +359,19 @@ def _check_mig(ctx: _Ctx, gpu: dict[str, Any], expected: ExpectedState) -> None:
     else:
         ctx.add("config.mig", PASS, f"MIG layout {_layout(observed) or 'enabled, no instances'}", gpu=gpu,
                 observed=observed, expected=want)
+
+
+def _same_instances(model: GpuModel | None, want: Mapping[str, int], instances: list, observed: Mapping[str, int]
+                    ) -> bool:
+    """Whether the GPU instances are the layout: by profile id, as the MIG operation and the boot script judge
+    (:func:`gpufleet.plan.mig_instances_ok`), when the catalog knows the GPU's profiles; else by profile name."""
+    if model is None or model.mig is None:
+        return dict(observed) == dict(want)
+    try:
+        ids = [model.mig.profile(name).id for name, count in want.items() for _ in range(count)]
+    except UnknownMigProfile:
+        return False
+    return mig_instances_ok(ids, [(gi.get("profile_id"), True) for gi in instances])
 
 
 def _layout(layout: Mapping[str, int]) -> str:

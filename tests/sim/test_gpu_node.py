@@ -75,6 +75,19 @@ def test_mig_on_a_geforce_gpu_is_refused(fleet, tmp_path):
     assert all(untouched(fleet, name) for name in ("node01", "node02", "node03"))
 
 
+def test_gpu_known_only_after_the_driver_install_is_checked_then_and_fails_that_host(fleet, tmp_path):
+    """A per-UUID limit cannot be checked on a bare host (no driver: no UUIDs); once this run's driver answers,
+    a UUID naming no GPU of the host fails that host, with a message, instead of being ignored."""
+    absent = "GPU-00000000-0000-0000-0000-0000000000aa"
+    data = override(tmp_path, "workstations", f'gpufleet_power_limit_by_uuid = {{"{absent}": 300}}\n')
+    result = run_gpu_node("--limit", "node03", *data)
+    assert result.returncode != 0, result.stdout
+    assert f"node03: gpufleet_power_limit_by_uuid['{absent}']='{absent}': no such GPU on this host; allowed: a " \
+           "UUID of this host's GPUs: GPU-" in result.stdout
+    assert ssh(fleet, "node03", "command -v nvidia-smi").stdout.strip()  # the driver stage ran before
+    assert ssh(fleet, "node03", "ls /etc/gpufleet/power-limits.conf", check=False).returncode != 0  # no settings
+
+
 def test_first_run_converges_bare_hosts(fleet):
     result = run_gpu_node()
     assert result.returncode == 0, result.stdout
@@ -124,3 +137,42 @@ def test_power_limit_changed_behind_our_back_is_restored(fleet):
     assert grand_total(result.stdout)["success"] == "1"
     a100, _ = gpus(fleet, "node02")
     assert a100[0]["power.limit_mw"] == "320000"
+
+
+def test_desired_power_limit_of_a_lost_gpu_survives_until_it_is_back(fleet, tmp_path):
+    """Issue 8: a converge while GPU 3 is off the bus keeps its desired limit in the boot file (and changes nothing
+    else); after the reboot that brings it back, the boot unit sets the configured limit on it."""
+    capped = override(tmp_path, "hgx_h100", "gpufleet_power_limit = 600\n")
+    result = run_gpu_node("--limit", "node01", *capped)
+    assert result.returncode == 0, result.stdout
+    h100, _ = gpus(fleet, "node01")
+    assert [g["power.limit_mw"] for g in h100] == ["600000"] * 8
+    uuid3 = h100[3]["uuid"]
+
+    gpufleet("sim", "fault", "node01", "lost", "--gpu", "3")
+    result = run_gpu_node("--limit", "node01", *capped)
+    assert result.returncode == 0, result.stdout
+    total = grand_total(result.stdout)
+    assert total["success"] == "-" and total["error"] == "-", result.stdout  # nothing changed, none reported
+    assert f"node01: GPU {uuid3} is missing" in result.stdout  # the warning names host and GPU
+    conf = ssh(fleet, "node01", "cat /etc/gpufleet/power-limits.conf").stdout.splitlines()
+    assert f"{uuid3}=600" in conf
+
+    gpufleet("sim", "fault", "node01", "clear")
+    gpufleet("sim", "reboot", "node01")  # power limits back to default: only the boot unit can set 600 W again
+    h100, _ = gpus(fleet, "node01")
+    assert h100[3]["lost"] == "0" and h100[3]["power.limit_mw"] == "600000"
+    assert [g["power.limit_mw"] for g in h100] == ["600000"] * 8
+
+
+def test_driver_installed_but_not_loaded_reports_no_change(fleet):
+    """Issue 8: nothing can change until a reboot loads the driver: the run says so and reports no change."""
+    gpufleet("sim", "fault", "node02", "driver-unloaded")
+    try:
+        result = run_gpu_node("--limit", "node02")
+        assert result.returncode == 0, result.stdout
+        total = grand_total(result.stdout)
+        assert total["success"] == "-" and total["error"] == "-", result.stdout
+        assert "node02: the NVIDIA driver does not answer" in result.stdout
+    finally:
+        gpufleet("sim", "fault", "node02", "clear")

@@ -16,7 +16,7 @@ from gpufleet.sim.gpu import state as sim_state
 
 DEPLOY = DEPLOYS / "settings_stages.py"
 HOSTS = ("node01", "node02", "node03")
-LOCK = "--data=settings_clocks=1500,1980"
+LOCK = "--data=settings_clocks=1200,1410"  # within every GPU of the fleet (A100: max SM 1410 MHz)
 NCCL_TEXT = ["NCCL_DEBUG=WARN", "NCCL_IB_DISABLE=1", "NCCL_SOCKET_IFNAME==eth0"]
 BOOT_UNITS = ("gpufleet-power-limits.service", "gpufleet-gpu-clocks.service")
 
@@ -54,7 +54,7 @@ def assert_converged(fleet, name: str) -> None:
     for gpu in listed:
         assert gpu["persistence"] == "Enabled", (name, gpu)
         assert gpu["limit"] == round(gpu["default"] * 0.8), (name, gpu)
-    assert clock_locks(fleet, name) == [(1500, 1980)] * len(listed)
+    assert clock_locks(fleet, name) == [(1200, 1410)] * len(listed)
 
 
 def wait_for_boot_units(fleet, name: str, timeout: float = 60) -> None:
@@ -135,7 +135,7 @@ def test_uuid_not_on_a_host_fails_that_host_only(fleet):
     """Planning (--dry) refuses before anything runs; executing (-y) fails that host, the others converge."""
     bad = "--data=settings_bad_uuid_host=node02"
     message = (
-        "power_limits: GPU GPU-00000000-0000-0000-0000-000000000000 is not on node02 "
+        "power.limits: GPU GPU-00000000-0000-0000-0000-000000000000 is not on node02 "
         f"(its GPUs: {gpus(fleet, 'node02')[0]['uuid']})"
     )
     dry = subprocess.run(

@@ -1,6 +1,6 @@
 """Run a pyinfra operation's body against given facts and collect the commands it yields.
 
-    commands, noops = run_operation(power.power_limits, facts={GpuInventory: {...}}, limits={...})
+    commands, noops = run_operation(power.limits, facts={GpuInventory: {...}}, limits={...})
 
 Facts are keyed by fact class, or by ``(fact class, frozenset(kwargs.items()))`` for facts taking
 arguments (e.g. ``(File, frozenset({"path": "/etc/nccl.conf"}.items()))``); a fact that is not given is

@@ -167,7 +167,7 @@ def test_driver_branch_mismatch():
 def test_power_limit_by_uuid_and_tolerance():
     doc = load("probe-h100-sxm-8.json")
     uuid0, uuid1 = doc["gpus"][0]["uuid"], doc["gpus"][1]["uuid"]
-    checks = evaluate(doc, h100_expected(power_limit_w_all=None, power_limits_w={uuid0: 600, uuid1: 699.5}))
+    checks = evaluate(doc, h100_expected(power_limit_w_all=None, power_limits_w={uuid0: 600, uuid1: 699.996}))
     power = {c.gpu_index: c for c in checks if c.check == "config.power_limit"}
     assert set(power) == {0, 1}  # GPUs without an expectation are not checked
     assert power[0].verdict == "fail" and power[1].verdict == "pass"

@@ -14,7 +14,6 @@ from gpufleet.config import (
     PowerLimit,
     load_node_config,
     register_namespace,
-    resolve_power_limits,
     validate_inventory,
 )
 
@@ -467,10 +466,6 @@ def test_valid_values_parse():
 # ------------------------------------------------------------------------------------------ power limits
 
 
-def gpu(uuid, name=H100, default=700.0, pci="0x233010DE"):
-    return {"uuid": uuid, "name": name, "power_default_w": default, "pci_device_id": pci}
-
-
 def test_power_limit_values():
     assert PowerLimit("watts", 300).resolve(700) == 300
     assert PowerLimit("percent", 80).resolve(700) == 560
@@ -479,51 +474,6 @@ def test_power_limit_values():
     assert PowerLimit("percent", 80).resolve(None) is None
     assert [str(PowerLimit("watts", 300)), str(PowerLimit("percent", 80)), str(PowerLimit("default"))] == [
         "300 W", "80%", "default"]
-
-
-def test_power_precedence_uuid_over_model_over_fleet():
-    config = load_node_config("n", {
-        "gpufleet_power_limit": "80%",
-        "gpufleet_power_limit_by_model": {H100: 600, "a100-sxm4-80gb": "90%"},
-        "gpufleet_power_limit_by_uuid": {UUID_A.upper(): 500},
-    })
-    gpus = [
-        gpu(UUID_A),  # uuid wins over model
-        gpu(UUID_B),  # model (by nvidia-smi name, configured by name)
-        gpu("GPU-00000000-0000-0000-0000-000000000001", "NVIDIA A100-SXM4-80GB", 400.0, "0x20B210DE"),  # model key
-        gpu("GPU-00000000-0000-0000-0000-000000000002", "NVIDIA L40S", 350.0, "0x26B910DE"),  # fleet-wide
-    ]
-    assert resolve_power_limits(config, gpus) == {
-        UUID_A: 500.0,
-        UUID_B: 600.0,
-        "GPU-00000000-0000-0000-0000-000000000001": 360.0,
-        "GPU-00000000-0000-0000-0000-000000000002": 280.0,
-    }
-
-
-def test_power_uuid_match_is_case_insensitive():
-    config = load_node_config("n", {"gpufleet_power_limit_by_uuid": {UUID_A.upper(): 450}})
-    assert resolve_power_limits(config, [gpu(UUID_A)]) == {UUID_A: 450.0}
-
-
-def test_power_model_matches_by_pci_id_when_name_unknown():
-    config = load_node_config("n", {"gpufleet_power_limit_by_model": {"h100-sxm": "50%"}})
-    assert resolve_power_limits(config, [gpu(UUID_A, name="H100 engineering sample")]) == {UUID_A: 350.0}
-
-
-def test_power_default_from_catalog_when_nvml_has_none():
-    config = load_node_config("n", {"gpufleet_power_limit": "default"})
-    assert resolve_power_limits(config, [gpu(UUID_A, default=None)]) == {UUID_A: 700.0}
-
-
-def test_power_unmanaged_and_unresolvable():
-    assert resolve_power_limits(load_node_config("n", {}), [gpu(UUID_A)]) == {}
-    config = load_node_config("n", {"gpufleet_power_limit": "80%"})
-    with pytest.raises(ConfigError) as info:
-        resolve_power_limits(config, [gpu(UUID_A, name="NVIDIA Mystery", default=None, pci="0xFFFF10DE")])
-    assert str(info.value) == (
-        "n: gpufleet_power_limit='80%': cannot resolve a relative limit for GPU " + UUID_A
-        + "; allowed: a limit in watts (this GPU's default limit is unknown)")
 
 
 # ------------------------------------------------------------------------------------------------- MIG

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from gpufleet.config import load_node_config
-from gpufleet.deploys.gpu_node import mig_layout
 from gpufleet.facts.pci import NvidiaPciDevices
+from gpufleet.plan import Gpu, NodePlan, gpus_from_facts, gpus_from_probe
 from gpufleet.verify import ExpectedState, evaluate
-from gpufleet.verify.expected import FABRICMANAGER, PERSISTENCED, expected_state, inventory_gpus
+from gpufleet.verify.expected import FABRICMANAGER, PERSISTENCED, expected_state
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "verify"
@@ -74,15 +74,17 @@ def test_power_precedence_uuid_over_model_over_fleet_wide_as_the_deploy():
     assert len(exp.power_limits_w) == 8
 
 
-def test_power_limits_match_the_deploys_resolution_on_the_same_gpus():
-    from gpufleet.config import resolve_power_limits
+def fact_gpus(doc: dict) -> list[Gpu]:
+    """The probe's GPUs as the deploy sees them (GpuInventory fact GPU dicts)."""
+    return gpus_from_facts({"gpus": [{"index": g["index"], "uuid": g["uuid"], "name": g["name"],
+                                      "pci_device_id": g["pci_device_id"],
+                                      "power_default_w": g["power"]["default_limit_w"]} for g in doc["gpus"]]})
 
+
+def test_power_limits_match_the_deploys_resolution_on_the_same_gpus():
     doc = probe("probe-l40s-4.json")
     cfg = config(power_limit="75%")
-    deploy_side = resolve_power_limits(cfg, [{"index": g["index"], "uuid": g["uuid"], "name": g["name"],
-                                              "pci_device_id": g["pci_device_id"],
-                                              "power_default_w": g["power"]["default_limit_w"]}
-                                             for g in doc["gpus"]])
+    deploy_side = NodePlan.resolve(cfg, fact_gpus(doc)).power.limits
     assert expected_state(cfg, doc).power_limits_w == deploy_side == {g["uuid"]: 262.5 for g in doc["gpus"]}
 
 
@@ -105,8 +107,7 @@ def test_mig_layout_from_a_mig_parted_file_is_the_deploys_layout():
     exp = expected_state(cfg, doc)
     assert exp.mig == {0: {"3g.40gb": 1, "2g.20gb": 1, "1g.10gb": 2}, 1: {"3g.40gb": 1, "2g.20gb": 1, "1g.10gb": 2},
                        **{i: None for i in range(2, 8)}}
-    assert exp.mig == mig_layout(cfg, [{"index": g["index"], "pci_device_id": g["pci_device_id"]}
-                                       for g in doc["gpus"]])
+    assert exp.mig == NodePlan.resolve(cfg, fact_gpus(doc)).mig.layout
 
 
 def test_mig_device_filter_and_unselected_gpus():
@@ -159,12 +160,20 @@ def test_classmethod_is_the_function():
         expected_state(cfg, doc, pci=pci_fact(1, device="20b0"))
 
 
-def test_inventory_gpus_have_the_fact_shape():
-    gpus = inventory_gpus(probe("probe-h100-sxm-8-faults.json"))
-    assert gpus[0] == {"index": 0, "uuid": "GPU-db6aaeaf-5277-5f18-a29d-eda193a8152a",
-                       "name": "NVIDIA H100 80GB HBM3", "pci_device_id": H100_PCI, "power_default_w": 700.0,
-                       "status": "ok"}
-    assert gpus[1]["status"] == "gpu_lost" and gpus[1]["uuid"] is None
+def test_probe_gpus_are_the_plans_gpu_record():
+    gpus = gpus_from_probe(probe("probe-h100-sxm-8-faults.json"))
+    first = gpus[0]
+    assert (first.index, first.uuid, first.name, first.pci_device_id, first.power_default_w, first.status,
+            first.model.key, first.source) == (0, "GPU-db6aaeaf-5277-5f18-a29d-eda193a8152a", "NVIDIA H100 80GB HBM3",
+                                               H100_PCI, 700.0, "ok", "h100-sxm", "probe")
+    assert gpus[1].status == "gpu_lost" and gpus[1].uuid is None
+
+
+def test_verify_does_not_import_the_deploy():
+    import gpufleet.verify.expected as module
+
+    source = Path(module.__file__).read_text()
+    assert "gpufleet.deploys" not in source and "gpufleet.operations" not in source
 
 
 def test_a_node_matching_its_config_passes_every_config_check():

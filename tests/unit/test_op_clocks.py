@@ -1,4 +1,4 @@
-"""clocks.gpu_clocks: lock where not locked at the range, record, boot unit; reset path."""
+"""clocks.locked: lock where not locked at the range, record, boot unit; reset path."""
 
 from __future__ import annotations
 
@@ -15,15 +15,15 @@ UUID0 = "GPU-0c5ef656-7642-5c6a-a509-453b0e5cca1e"
 UUID1 = "GPU-61da76c4-0cad-5e7c-83d5-994bce5c83e1"
 
 
-def inventory(*uuids: str, status: str = "ok") -> dict:
-    gpus = [{"index": i, "uuid": u, "name": "NVIDIA A100-SXM4-40GB", "clocks_max_sm_mhz": 1410}
+def inventory(*uuids: str, status: str = "ok", max_mhz: int = 1980) -> dict:
+    gpus = [{"index": i, "uuid": u, "name": "NVIDIA H100 80GB HBM3", "clocks_max_sm_mhz": max_mhz}
             for i, u in enumerate(uuids)]
     return gpu_inventory(gpus, status=status)
 
 
 def run(inv: dict, lock_mhz, files=None, units=None):
     managed = managed_state(files, units, executables=(GPU_SETTINGS_SCRIPT,))
-    return run_operation(clocks.gpu_clocks, facts={GpuInventory: inv, ManagedState: managed}, lock_mhz=lock_mhz)
+    return run_operation(clocks.locked, facts={GpuInventory: inv, ManagedState: managed}, lock_mhz=lock_mhz)
 
 
 def converged(locks: dict) -> dict:
@@ -126,3 +126,26 @@ def test_uuid_is_quoted():
 def test_bad_lock_is_refused(lock, message):
     with pytest.raises(OperationValueError, match=message):
         run(inventory(UUID0), lock)
+
+
+def test_lock_above_the_gpus_max_clock_fails_the_host_naming_it():
+    from pyinfra.api import OperationError
+
+    with pytest.raises(OperationError) as err:
+        run(inventory(UUID0, UUID1, max_mhz=1410), (1500, 1980))
+    assert str(err.value) == ("clocks.locked: testhost: GPUs 0-1 (NVIDIA H100 80GB HBM3): lock_mhz 1500,1980 starts "
+                              "above the GPU's max SM clock 1410 MHz")
+
+
+def test_deprecated_name_is_the_same_operation():
+    assert clocks.gpu_clocks is clocks.locked
+
+
+def test_boot_file_keeps_a_lost_gpus_lock(caplog):
+    locks = {UUID0: "1500,1980", UUID1: "1500,1980"}
+    inv = gpu_inventory([{"index": 0, "uuid": UUID0, "name": "NVIDIA H100 80GB HBM3", "clocks_max_sm_mhz": 1980}],
+                        lost=("00000000:19:00.0",))
+    files = {**converged(locks), clocks.LOCKED: clocks.locked_text({UUID0: "1500,1980"})}
+    commands, noops = run(inv, (1500, 1980), files, ACTIVE)
+    assert commands == [] and noops  # GPU 1 stays in the boot file, its lock applied at boot when it is back
+    assert f"GPU {UUID1} is missing" in caplog.text

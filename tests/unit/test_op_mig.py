@@ -1,4 +1,4 @@
-"""mig.mig_layout: commands for given facts; the boot unit; the node script against the simulated nvidia-smi."""
+"""mig.layout: commands for given facts; the boot unit; the node script against the simulated nvidia-smi."""
 
 from __future__ import annotations
 
@@ -6,13 +6,14 @@ import ast
 import json
 import logging
 import os
+import shlex
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
-from pyinfra.api import Config, OperationValueError, State
+from pyinfra.api import Config, OperationError, OperationValueError, State
 from pyinfra.context import ctx_host, ctx_state
 from pyinfra_harness import FakeHost, gpu_inventory, managed_state, render
 
@@ -20,6 +21,7 @@ from gpufleet.facts.mig import MigState
 from gpufleet.facts.nvidia import GpuInventory
 from gpufleet.operations import mig
 from gpufleet.operations._systemd import ManagedState, node_script, put_file
+from gpufleet.plan import Gpu, mig_target
 
 REPO = Path(__file__).resolve().parents[2]
 APPLIER_SRC = REPO / "gpufleet" / "node" / "mig_apply.py"
@@ -68,8 +70,8 @@ def mig_state(instances: dict[int, list[str]], partial: tuple[int, int] | None =
 
 
 def layout_file(plans_layout: dict, gpus: list[dict], holders=mig.DEFAULT_HOLDER_SERVICES) -> str:
-    by_index = {g["index"]: g for g in gpus}
-    plans = [mig._plan(i, want, by_index, []) for i, want in sorted(plans_layout.items())]
+    by_index = {g["index"]: Gpu.from_fact(g) for g in gpus}
+    plans = [mig_target(by_index[i], want)[0] for i, want in sorted(plans_layout.items())]
     return mig.layout_text(plans, holders)
 
 
@@ -114,7 +116,7 @@ def run(layout: dict, inv, migs=None, files=None, units=None, status=None, execu
     state.config = Config()
     state.is_executing = executing
     with ctx_state.use(state), ctx_host.use(host):
-        commands = [render(c) for c in mig.mig_layout._inner(layout=layout, **kwargs)]
+        commands = [render(c) for c in mig.layout._inner(layout=layout, **kwargs)]
     return commands, host.noops
 
 
@@ -224,8 +226,8 @@ def test_reboot_that_does_not_change_the_mode_fails_this_host():
     layout = {0: MIXED}
     commands, _ = run(layout, Seq(inventory(gpu(0))), migs=mig_state({}), files=installed(layout, [gpu(0)]),
                       units=ENABLED, allow_reboot=True)
-    assert commands[-1] == (f"echo 'gpufleet: error: MIG mode still wrong after a reboot on GPU 0 ({BUS[0]}, "
-                            f"{H100}): Disabled, wanted Enabled' >&2; exit 1")
+    assert commands[-1] == (f"echo 'gpufleet: error: mig.layout: testhost: MIG mode still wrong after a reboot on "
+                            f"GPU 0 ({BUS[0]}, {H100}): Disabled, wanted Enabled' >&2; exit 1")
 
 
 # ------------------------------------------------------------------------------------------------ instances
@@ -309,20 +311,56 @@ def test_gpus_not_in_the_layout_are_left_alone():
 
 
 def test_profile_the_gpu_does_not_offer_is_refused_naming_gpu_and_profiles():
-    with pytest.raises(OperationValueError) as err:
-        run({0: {"1g.5gb": 7}}, inventory(gpu(0, "Enabled")))
+    with pytest.raises(OperationError) as err:
+        run({0: {"1g.5gb": 7}}, inventory(gpu(0, "Enabled")), executing=False)
     message = str(err.value)
     assert f"GPU 0 ({BUS[0]}, {H100}) offers no MIG profile '1g.5gb'" in message
     assert "1g.10gb, 1g.10gb+me, 1g.20gb, 2g.20gb, 3g.40gb, 4g.40gb, 7g.80gb" in message
 
 
+HOST_STATE_PROBLEMS = [
+    ({0: {"1g.10gb": 8}}, [gpu(0)],
+     f"testhost: GPU 0 ({BUS[0]}, {H100}): 8 x 1g.10gb asked for, at most 7 instance(s) of 1g.10gb on {H100}"),
+    ({0: {"3g.40gb": 2, "1g.10gb": 1}}, [gpu(0)],
+     f"testhost: GPU 0 ({BUS[0]}, {H100}): {{'3g.40gb': 2, '1g.10gb': 1}}: the instances need 9 memory slices and "
+     f"7 compute slices; allowed: at most 8 memory slices and 7 compute slices in total on {H100}"),
+    ({3: {"1g.10gb": 1}}, [gpu(0), gpu(1)], "GPU 3 is not on testhost (its GPUs: 0, 1)"),
+    ({0: {"1g.10gb": 1}}, [gpu(0, None, name="NVIDIA GeForce RTX 4090")],
+     f"testhost: GPU 0 ({BUS[0]}, NVIDIA GeForce RTX 4090) does not support MIG (mig.mode.current is N/A)"),
+]
+
+
+@pytest.mark.parametrize(("layout", "gpus", "message"), HOST_STATE_PROBLEMS)
+def test_host_state_problems_raise_while_planning(layout, gpus, message):
+    # error policy (docs/error-policy.md): found while planning, the run stops before any change on any host
+    with pytest.raises(OperationError) as err:
+        run(layout, inventory(*gpus), executing=False)
+    assert str(err.value) == f"mig.layout: {message}"
+
+
+@pytest.mark.parametrize(("layout", "gpus", "message"), HOST_STATE_PROBLEMS)
+def test_host_state_problems_fail_only_this_host_while_executing(layout, gpus, message):
+    # planned while executing (after the driver stage of this run): this host fails, the others go on
+    commands, _ = run(layout, inventory(*gpus), executing=True)
+    assert commands == [f"echo {shlex.quote('gpufleet: error: mig.layout: ' + message)} >&2; exit 1"]
+
+
+def test_layout_from_the_pyinfra_cli_has_string_indices():
+    gpus = [gpu(0, "Enabled"), gpu(1, "Enabled")]
+    from_cli = json.loads('{"0": {"1g.10gb": 7}, "1": null}')
+    as_ints = {0: {"1g.10gb": 7}, 1: None}
+    commands, _ = run(from_cli, inventory(*gpus), migs=mig_state({0: ["1g.10gb"] * 6}))
+    assert commands == run(as_ints, inventory(*gpus), migs=mig_state({0: ["1g.10gb"] * 6}))[0]
+    assert f"upload {mig.LAYOUT_PATH}\n{layout_file(as_ints, gpus)}" in commands
+
+
+def test_deprecated_name_is_the_same_operation():
+    assert mig.mig_layout is mig.layout
+
+
 @pytest.mark.parametrize(("layout", "gpus", "match"), [
-    ({0: {"1g.10gb": 8}}, [gpu(0)], r"GPU 0 .*: 8 x 1g.10gb asked for, at most 7 fit"),
-    ({0: {"3g.40gb": 2, "1g.10gb": 1}}, [gpu(0)], r"needs 9 memory and 7 compute slices, the GPU has 8 and 7"),
-    ({3: {"1g.10gb": 1}}, [gpu(0), gpu(1)], r"GPU 3 is not on testhost \(its GPUs: 0, 1\)"),
-    ({0: {"1g.10gb": 1}}, [gpu(0, None, name="NVIDIA GeForce RTX 4090")], r"does not support MIG"),
-    ({0: {"1g.10gb": 1}}, [gpu(0, name="NVIDIA Imaginary 9000")], r"not in gpufleet's GPU catalog"),
-    ({"0": None}, [gpu(0)], r"'0' is not a GPU index"),
+    ({"x": None}, [gpu(0)], r"'x' is not a GPU index"),
+    ({"0": None, 0: None}, [gpu(0)], r"GPU 0 is listed twice"),
     ({0: ["1g.10gb"]}, [gpu(0)], r"neither None \(MIG disabled\) nor a \{profile: count\} dict"),
     ({0: {"1g.10gb": -1}}, [gpu(0)], r"1g.10gb: -1 is not an instance count"),
     ({0: {"1g.10gb": True}}, [gpu(0)], r"1g.10gb: True is not an instance count"),
@@ -369,8 +407,8 @@ def test_mig_instances_that_cannot_be_listed_fail_the_operation():
     inv = inventory(gpu(0, "Enabled"))
     broken = {"status": "error", "error": "Unknown Error", "gpu_instances": [], "compute_instances": []}
     commands, _ = run(layout, inv, migs=broken, files=installed(layout, inv["gpus"]), units=ENABLED)
-    assert commands == ["echo 'gpufleet: error: nvidia-smi cannot list the MIG instances (error: Unknown Error)' "
-                        ">&2; exit 1"]
+    assert commands == ["echo 'gpufleet: error: mig.layout: testhost: nvidia-smi cannot list the MIG instances "
+                        "(error: Unknown Error)' >&2; exit 1"]
 
 
 def test_empty_layout_is_noop():
@@ -674,4 +712,24 @@ def test_node_script_usage_and_unreadable_layout(node, tmp_path):
 
 def test_installed_script_is_the_packaged_source():
     assert node_script("mig_apply.py") == APPLIER_SRC.read_text()
-    assert textwrap.dedent(mig.mig_layout.__doc__ or "")  # documented
+    assert textwrap.dedent(mig.layout.__doc__ or "")  # documented
+
+
+def test_layout_entry_of_a_lost_gpu_is_kept_for_boot_with_a_warning(caplog):
+    # GPU 1 fell off the bus: nvidia-smi lists GPU 0 only and names GPU 1's bus id
+    layout = {0: {"7g.80gb": 1}, 1: {"1g.10gb": 7}}
+    gpus = [gpu(0, "Enabled"), gpu(1, "Enabled")]
+    files = installed(layout, gpus)
+    inv = gpu_inventory([gpus[0]], status="ok", lost=(BUS[1],))
+    commands, noops = run({0: {"7g.80gb": 1}}, inv, migs=mig_state({0: ["7g.80gb"]}), files=files, units=ENABLED)
+    assert commands == []  # the file still holds GPU 1's entry: nothing to rewrite, nothing reported changed
+    assert noops == ["MIG layout already applied on 1 GPU(s), reapplied at boot by gpufleet-mig.service"]
+    assert f"GPU {BUS[1]} is missing" in caplog.text
+
+
+def test_entry_of_a_gpu_gone_without_a_lost_gpu_is_dropped():
+    layout = {0: {"7g.80gb": 1}, 1: {"1g.10gb": 7}}
+    gpus = [gpu(0, "Enabled"), gpu(1, "Enabled")]
+    commands, _ = run({0: {"7g.80gb": 1}}, inventory(gpus[0]), migs=mig_state({0: ["7g.80gb"]}),
+                      files=installed(layout, gpus), units=ENABLED)
+    assert commands == [f"upload {mig.LAYOUT_PATH}\n{layout_file({0: {'7g.80gb': 1}}, gpus)}"]

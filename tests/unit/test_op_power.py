@@ -1,4 +1,4 @@
-"""power.power_limits: commands for given facts; the boot unit and its node script."""
+"""power.limits: commands for given facts; the boot unit and its node script."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def inventory(*gpus: dict, status: str = "ok", lost: tuple = ()) -> dict:
 
 def run(inv: dict, limits: dict, files=None, units=None):
     managed = managed_state(files, units, executables=(GPU_SETTINGS_SCRIPT,))
-    return run_operation(power.power_limits, facts={GpuInventory: inv, ManagedState: managed}, limits=limits)
+    return run_operation(power.limits, facts={GpuInventory: inv, ManagedState: managed}, limits=limits)
 
 
 def installed(limits: dict) -> dict:
@@ -69,7 +69,8 @@ def test_fresh_host_sets_differing_gpus_persists_and_installs_the_boot_unit():
 
 def test_values_file_is_sorted_by_uuid_with_watts():
     text = power.conf_text({UUID1: 337.5, UUID0: 560.0})
-    assert [line for line in text.splitlines() if not line.startswith("#")] == [f"{UUID0}=560", f"{UUID1}=337.5"]
+    assert [line for line in text.splitlines() if not line.startswith("#")] == [
+        "tolerance_w=0.005", f"{UUID0}=560", f"{UUID1}=337.5"]  # the tolerance: the boot script compares with it
     assert power.parse_conf(text) == {UUID0: "560", UUID1: "337.5"}
 
 
@@ -112,10 +113,36 @@ def test_limit_reset_outside_gpufleet_is_set_again_only_on_that_gpu():
 
 def test_uuid_not_on_the_host_is_refused_by_name():
     with pytest.raises(OperationError) as err:
-        run(inventory(gpu(0, UUID0, 700.0), lost=("00000000:19:00.0",)), {UUID1: 500})
-    message = str(err.value)
-    assert f"GPU {UUID1} is not on testhost" in message
-    assert UUID0 in message and "lost GPU(s) 00000000:19:00.0" in message
+        run(inventory(gpu(0, UUID0, 700.0)), {UUID1: 500})
+    assert str(err.value) == f"power.limits: GPU {UUID1} is not on testhost (its GPUs: {UUID0})"
+
+
+def test_uuid_of_a_lost_gpu_is_kept_for_boot_with_a_warning(caplog):
+    limits = {UUID0: 560, UUID1: 500}
+    commands, noops = run(inventory(gpu(0, UUID0, 560.0), lost=("00000000:19:00.0",)), limits, installed(limits),
+                          ENABLED)
+    assert commands == [] and noops  # the file already holds both: nothing changes, nothing reported changed
+    assert f"GPU {UUID1} is missing (nvidia-smi reports lost GPU(s) 00000000:19:00.0)" in caplog.text
+
+
+def test_desired_limit_of_a_lost_gpu_is_never_pruned_from_the_boot_file(caplog):
+    # the deploy resolves limits for the GPUs nvidia-smi lists: GPU 1 (lost) is not in them
+    old = {UUID0: 560, UUID1: 500}
+    commands, noops = run(inventory(gpu(0, UUID0, 560.0), lost=("00000000:19:00.0",)), {UUID0: 560}, installed(old),
+                          ENABLED)
+    assert commands == []  # no "back to default" for GPU 1, no rewrite without it
+    assert noops == ["power limits already set on 1 GPU(s), reapplied at boot by gpufleet-power-limits.service"]
+    assert f"{UUID1} is missing" in caplog.text and "kept and applied at boot" in caplog.text
+
+
+def test_a_gpu_absent_with_no_gpu_lost_is_dropped_from_the_boot_file():
+    old, new = {UUID0: 560, UUID1: 500}, {UUID0: 560}
+    commands, _ = run(inventory(gpu(0, UUID0, 560.0)), new, installed(old), ENABLED)
+    assert commands == [f"upload {power.CONF}\n{power.conf_text(new)}"]  # removed or replaced: not ours any more
+
+
+def test_deprecated_name_is_the_same_operation():
+    assert power.power_limits is power.limits
 
 
 def test_limit_outside_the_gpu_range_is_refused():
@@ -239,11 +266,17 @@ def test_node_script_applies_by_uuid_and_skips_a_missing_gpu(node):
 
 
 def test_node_script_leaves_a_limit_already_set(node):
-    result, calls = node("power", f"{UUID0}=700\n{UUID1}=699.999\n{UUID1[:-1]}=700")
+    result, calls = node("power", f"tolerance_w=0.005\n{UUID0}=700\n{UUID1}=699.999\n{UUID1[:-1]}=700")
     assert result.returncode == 0, result.stderr
     assert calls[1:] == []  # both at 700.00 W already; the UUID prefix is not a match
     assert f"GPU {UUID0}: power limit already 700 W" in result.stdout
     assert f"GPU {UUID1[:-1]} is not present" in result.stdout
+
+
+def test_node_script_without_a_tolerance_sets_every_limit(node):
+    result, calls = node("power", f"{UUID0}=700\n")
+    assert result.returncode == 0, result.stderr
+    assert calls[1:] == [f"-i {UUID0} -pl 700"]
 
 
 def test_node_script_failure_of_one_gpu_fails_the_unit_after_trying_all(node):
@@ -270,5 +303,5 @@ def test_node_script_records_the_clock_locks_it_applied(node):
 def test_refusal_while_executing_fails_only_this_host(monkeypatch):
     monkeypatch.setattr(State, "is_executing", True)  # an exception now would stop the run on every host
     commands, _ = run(inventory(gpu(0, UUID0, 700.0)), {UUID1: 500})
-    assert commands == [f"echo 'gpufleet: error: power_limits: GPU {UUID1} is not on testhost (its GPUs: {UUID0})' "
+    assert commands == [f"echo 'gpufleet: error: power.limits: GPU {UUID1} is not on testhost (its GPUs: {UUID0})' "
                         ">&2; exit 1"]

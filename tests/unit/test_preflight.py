@@ -10,11 +10,11 @@ from pyinfra_harness import fixture, wrap
 from gpufleet.catalog import load_catalog
 from gpufleet.config import load_node_config
 from gpufleet.facts import GpuInventory, NvidiaPciDevices, OsInfo, SecureBoot
+from gpufleet.plan import _placement_fits
 from gpufleet.preflight import (
     HostFacts,
     PreflightError,
     PreflightFailed,
-    _placement_fits,
     check_inventory,
     choose_kernel_flavour,
     dkms_needed,
@@ -84,7 +84,7 @@ def test_gpus_from_pci_without_driver():
     gpus = host_gpus(hgx_h100_no_driver())
     assert [g.index for g in gpus] == list(range(8))
     assert {(g.source, g.model.key, g.pci_device_id) for g in gpus} == {("pci", "h100-sxm", "0x233010DE")}
-    assert gpus[0].address == "0000:18:00.0"
+    assert gpus[0].pci_bus_id == "0000:18:00.0"
 
 
 # ---------------------------------------------------------------------------------------------------- power

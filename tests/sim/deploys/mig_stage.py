@@ -36,4 +36,4 @@ else:
 if host.data.get("mig_persistenced", "yes") != "no":
     systemd.service(name="nvidia-persistenced running", service="nvidia-persistenced.service", running=True)
 allow_reboot = str(host.data.get("mig_allow_reboot", "no")).lower() in ("yes", "true", "1")
-mig.mig_layout(name="MIG layout", layout=layout, allow_reboot=allow_reboot)
+mig.layout(name="MIG layout", layout=layout, allow_reboot=allow_reboot)

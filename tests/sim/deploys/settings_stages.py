@@ -23,12 +23,12 @@ nccl_data = str(host.data.get("settings_nccl", "NCCL_SOCKET_IFNAME==eth0,NCCL_DE
 settings = {} if nccl_data == "none" else dict(item.split("=", 1) for item in nccl_data.split(","))
 
 persistence.nvidia_persistenced(name="nvidia-persistenced with persistence mode on")
-power.power_limits(name=f"power limits at {percent}% of default", limits=limits)
+power.limits(name=f"power limits at {percent}% of default", limits=limits)
 nccl.nccl_conf(name="NCCL settings", settings=settings)
 
 lock = host.data.get("settings_clocks")
 if lock == "reset":
-    clocks.gpu_clocks(name="GPU clocks reset", lock_mhz=None)
+    clocks.locked(name="GPU clocks reset", lock_mhz=None)
 elif lock:
     low, high = (int(v) for v in str(lock).split(","))
-    clocks.gpu_clocks(name=f"GPU clocks locked at {low},{high} MHz", lock_mhz=(low, high))
+    clocks.locked(name=f"GPU clocks locked at {low},{high} MHz", lock_mhz=(low, high))
