@@ -14,16 +14,13 @@ import posixpath
 import re
 import shlex
 from io import StringIO
-from pathlib import Path
 
-from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from pyinfra import host, state
 from pyinfra.api import FactBase, OperationError, OperationValueError, StringCommand
 from pyinfra.api.command import FileUploadCommand
+from pyinfra.context import ctx_host
 
-# Jinja2 templates live at the top of the repository (DESIGN §2: templates/ is what users read and adapt).
-TEMPLATES = Path(__file__).resolve().parents[2] / "templates"
-NODE_SCRIPTS = Path(__file__).resolve().parents[1] / "node"
+from gpufleet import resources
 
 SETTINGS_DIR = "/etc/gpufleet"
 UNIT_DIR = "/etc/systemd/system"
@@ -185,19 +182,13 @@ def sha1(text: str) -> str:
 
 
 def render(template: str, **values) -> str:
-    env = Environment(
-        loader=FileSystemLoader(str(TEMPLATES)),
-        undefined=StrictUndefined,
-        keep_trailing_newline=True,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        autoescape=False,
-    )
-    return env.get_template(template).render(**values)
+    """``template`` rendered; the host's ``gpufleet_templates_dir`` (when set) overrides gpufleet's own."""
+    override = getattr(host.data, resources.TEMPLATES_SETTING, None) if ctx_host.isset() else None
+    return resources.render_template(template, override, **values)
 
 
 def node_script(name: str) -> str:
-    return (NODE_SCRIPTS / name).read_text()
+    return resources.node_script(name)
 
 
 def put_file(current: dict | None, path: str, content: str, mode: str = "644", user: str = "root",

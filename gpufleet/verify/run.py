@@ -66,8 +66,8 @@ from gpufleet.config import (  # noqa: E402
 )
 from gpufleet.facts._sections import parse_sections, section  # noqa: E402
 from gpufleet.facts.pci import NvidiaPciDevices  # noqa: E402
-from gpufleet.probe import PROBE_DIR, PROBE_FILES  # noqa: E402
 from gpufleet.report import REPORT_FILES, render_prometheus, write_reports  # noqa: E402
+from gpufleet.resources import probe_paths  # noqa: E402
 
 from . import EXIT_COULD_NOT_RUN, FAIL, UNREACHABLE, WARN, ProbeOutputError, parse_probe_output  # noqa: E402
 from .checks import build_fleet_result, evaluate_host, probe_failed_host, unreachable_host  # noqa: E402
@@ -216,7 +216,7 @@ def nvml_module_path() -> str:
 
 @lru_cache(maxsize=1)
 def probe_bundle() -> ProbeBundle:
-    paths = [(name, os.path.join(PROBE_DIR, name)) for name in PROBE_FILES]
+    paths = [(name, str(path)) for name, path in probe_paths()]
     paths.append((f"{NVML_MODULE}.py", nvml_module_path()))
     try:
         version = metadata.version("nvidia-ml-py")
