@@ -15,10 +15,13 @@ import re
 import shlex
 from io import StringIO
 
-from pyinfra import host, state
+from pyinfra import host, logger, state
 from pyinfra.api import FactBase, OperationError, OperationValueError, StringCommand
 from pyinfra.api.command import FileUploadCommand
+from pyinfra.api.output import format_text
 from pyinfra.context import ctx_host
+from pyinfra.facts.files import FileContents
+from pyinfra.operations.util.files import generate_color_diff
 
 from gpufleet import resources
 
@@ -191,18 +194,52 @@ def node_script(name: str) -> str:
     return resources.node_script(name)
 
 
+def _temp_dir() -> str | None:
+    return (host.current_op_global_arguments or {}).get("_temp_dir")
+
+
+def _show_diff(path: str, content: str, current: dict | None) -> None:
+    """``--diff``: what pyinfra's ``files.put`` shows (same words, same coloured unified diff)."""
+    if current is None:
+        host.log(f"Will create {format_text(path, bold=True)}", logger.info)
+        current_lines: list[str] = []
+    else:
+        host.log(f"Will modify {format_text(path, bold=True)}", logger.info)
+        current_lines = [line + "\n" for line in host.get_fact(FileContents, path=path) or []]
+    for line in generate_color_diff(current_lines, content.splitlines(keepends=True)):
+        logger.info("  %s", line)
+    logger.info("")
+
+
 def put_file(current: dict | None, path: str, content: str, mode: str = "644", user: str = "root",
              group: str = "root"):
     """Commands that make ``path`` a regular file with ``content``, mode and owner (given its ``ManagedState``
-    entry). Yields nothing when it already is."""
+    entry). Yields nothing when it already is.
+
+    The one file writer of gpufleet's operations. It behaves as ``files.put`` with a ``StringIO``, ``mode``,
+    ``user`` and ``group`` does, for the pyinfra options that matter: ``--diff`` shows the same "Will create" /
+    "Will modify" unified diff (and mode/owner changes), ``_temp_dir`` chooses where the upload lands before
+    it is moved into place. It differs in what it reads: the file's state comes from the ``ManagedState`` the
+    operation already read (ONE remote command for all its files and units) instead of ``files.put``'s three
+    or four facts per file; the current text is read only under ``--diff`` and only when it differs."""
     if current is not None and current["type"] != "file":
         raise OperationValueError(f"{path} exists and is not a regular file ({current['type']})")
     if current is None or current["sha1"] != sha1(content):
+        if state.config.DIFF:
+            _show_diff(path, content, current)
         if current is None:
             yield StringCommand("mkdir", "-p", shlex.quote(posixpath.dirname(path)))
-        yield FileUploadCommand(StringIO(content), path, remote_temp_filename=host.get_temp_filename(path))
+        yield FileUploadCommand(StringIO(content), path,
+                                remote_temp_filename=host.get_temp_filename(path, temp_directory=_temp_dir()))
     chown = current is None or (current["user"], current["group"]) != (user, group)
     chmod = current is None or current["mode"] != mode
+    if state.config.DIFF and current is not None:
+        if chmod:
+            logger.info("mode %s", format_text(str(current["mode"]), "red"))
+            logger.info("mode %s", format_text(mode, "green"))
+        if chown:
+            logger.info("user/group %s", format_text(f"{current['user']}:{current['group']}", "red"))
+            logger.info("user/group %s", format_text(f"{user}:{group}", "green"))
     owner = ["chown", shlex.quote(f"{user}:{group}"), shlex.quote(path)]
     perms = ["chmod", mode, shlex.quote(path)]
     if chown or chmod:
@@ -211,6 +248,8 @@ def put_file(current: dict | None, path: str, content: str, mode: str = "644", u
 
 def remove_file(current: dict | None, path: str):
     if current is not None:
+        if state.config.DIFF:
+            host.log(f"Will remove {format_text(path, bold=True)}", logger.info)
         yield StringCommand("rm", "-f", shlex.quote(path))
 
 
