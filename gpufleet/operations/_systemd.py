@@ -1,5 +1,6 @@
-"""Shared by gpufleet's operations: one fact for the files and units an operation manages, the commands that
-converge a managed file, and the oneshot boot units that reapply GPU settings after a reboot.
+"""Shared by gpufleet's operations: the read of the files and units an operation manages (the
+:class:`~gpufleet.facts.files.ManagedState` fact), the commands that converge a managed file, and the oneshot
+boot units that reapply GPU settings after a reboot.
 
 GPU settings (power limits, clock locks, persistence, MIG instances) are volatile: they are gone after a
 reboot or a driver reload. An operation that sets one live also writes the desired values to a file under
@@ -11,12 +12,11 @@ from __future__ import annotations
 
 import hashlib
 import posixpath
-import re
 import shlex
 from io import StringIO
 
 from pyinfra import host, logger, state
-from pyinfra.api import FactBase, OperationError, OperationValueError, StringCommand
+from pyinfra.api import OperationError, OperationValueError, StringCommand
 from pyinfra.api.command import FileUploadCommand
 from pyinfra.api.output import format_text
 from pyinfra.context import ctx_host
@@ -24,6 +24,8 @@ from pyinfra.facts.files import FileContents
 from pyinfra.operations.util.files import generate_color_diff
 
 from gpufleet import resources
+from gpufleet.facts.files import ManagedState
+from gpufleet.facts.systemd import unknown_unit
 
 SETTINGS_DIR = "/etc/gpufleet"
 UNIT_DIR = "/etc/systemd/system"
@@ -32,137 +34,6 @@ GPU_SETTINGS_SCRIPT = "/usr/local/sbin/gpufleet-gpu-settings"
 # MIG stage would drop settings applied before it). Absent units are ignored by systemd.
 GPU_SETTINGS_AFTER = ("nvidia-persistenced.service", "nvidia-fabricmanager.service", "gpufleet-mig.service")
 GPU_SETTINGS_WANTS = ("nvidia-persistenced.service",)
-
-_UNIT_RE = re.compile(r"^[A-Za-z0-9:_.@\\-]+\.(service|target|socket|timer|path|mount)$")
-_UNIT_PROPS = ("Id", "LoadState", "ActiveState", "SubState", "UnitFileState", "NeedDaemonReload")
-_SEP = "\t"
-
-
-def _check_path(path: str) -> str:
-    if not path.startswith("/") or any(c in path for c in "\t\n\r") or path.endswith("/"):
-        raise OperationValueError(f"not an absolute file path: {path!r}")
-    return path
-
-
-class ManagedState(FactBase):
-    """
-    The files and systemd units an operation manages, in ONE remote command (stat, sha1, contents, units).
-
-    Private to gpufleet's operations for now (it should move to ``gpufleet/facts`` once that settles).
-
-    + paths: files, links or directories to stat (sha1 for regular files)
-    + read: files whose contents are returned too (small text files only)
-    + units: systemd units to ``systemctl show``
-
-    .. code:: python
-
-        host.get_fact(ManagedState, paths=("/etc/nccl.conf",), units=("nvidia-persistenced.service",))
-        {
-            "files": {
-                "/etc/nccl.conf": {"type": "file", "mode": "644", "user": "root", "group": "root",
-                                   "sha1": "…", "target": None},
-                "/etc/systemd/system/multi-user.target.wants/x.service": {"type": "link",
-                                   "target": "/lib/systemd/system/x.service", …},
-                "/etc/missing": None,
-            },
-            "contents": {"/run/gpufleet/gpu-clocks.locked": "GPU-…=1500,1980\\n"},  # None: absent
-            "units": {"nvidia-persistenced.service": {"load_state": "loaded", "active_state": "active",
-                      "sub_state": "running", "unit_file_state": "static", "need_daemon_reload": False}},
-        }
-
-    A unit systemd does not know has ``load_state`` ``"not-found"``; without systemctl ``units`` is ``{}``.
-    """
-
-    default = dict
-
-    def command(self, paths: tuple[str, ...] = (), read: tuple[str, ...] = (), units: tuple[str, ...] = ()):
-        for path in (*paths, *read):
-            _check_path(path)
-        for unit in units:
-            if not _UNIT_RE.match(unit):
-                raise OperationValueError(f"not a systemd unit name: {unit!r}")
-        parts = ["LC_ALL=C; export LC_ALL"]
-        if paths:
-            quoted = " ".join(shlex.quote(p) for p in paths)
-            parts.append(
-                f"for p in {quoted}; do "
-                "if [ -L \"$p\" ]; then printf 'link\\t%s\\t%s\\n' \"$p\" \"$(readlink \"$p\")\"; "
-                "elif [ -d \"$p\" ]; then printf 'dir\\t%s\\n' \"$p\"; "
-                "elif [ -f \"$p\" ]; then printf 'file\\t%s\\t%s\\t%s\\n' \"$p\" "
-                "\"$(stat -c '%a\t%U\t%G' \"$p\")\" \"$(sha1sum < \"$p\" | cut -c1-40)\"; "
-                "elif [ -e \"$p\" ]; then printf 'other\\t%s\\n' \"$p\"; "
-                "else printf 'absent\\t%s\\n' \"$p\"; fi; done"
-            )
-        if read:
-            quoted = " ".join(shlex.quote(p) for p in read)
-            parts.append(
-                f"for p in {quoted}; do "
-                "if [ -f \"$p\" ]; then printf 'content\\t%s\\n' \"$p\"; sed 's/^/|/' \"$p\"; echo; "
-                "else printf 'nocontent\\t%s\\n' \"$p\"; fi; done"
-            )
-        if units:
-            props = " ".join(f"-p {p}" for p in _UNIT_PROPS)
-            quoted = " ".join(shlex.quote(u) for u in units)
-            parts.append(
-                "if command -v systemctl >/dev/null 2>&1; then echo 'units'; "
-                f"systemctl show --no-pager {props} -- {quoted} 2>/dev/null; fi"
-            )
-        parts.append("true")
-        return "; ".join(parts)
-
-    def process(self, output):
-        files: dict[str, dict | None] = {}
-        contents: dict[str, str | None] = {}
-        units: dict[str, dict] = {}
-        reading: str | None = None
-        in_units = False
-        unit: dict | None = None
-        for line in output:
-            if in_units:
-                key, sep, value = line.partition("=")
-                if not sep:
-                    continue
-                if key == "Id":
-                    unit = units[value] = {
-                        "load_state": None,
-                        "active_state": None,
-                        "sub_state": None,
-                        "unit_file_state": None,
-                        "need_daemon_reload": False,
-                    }
-                elif unit is not None and key == "NeedDaemonReload":
-                    unit["need_daemon_reload"] = value == "yes"
-                elif unit is not None and key in _UNIT_PROPS:
-                    unit[re.sub(r"(?<!^)([A-Z])", r"_\1", key).lower()] = value or None
-                continue
-            if reading is not None and line.startswith("|"):
-                contents[reading] = (contents[reading] or "") + line[1:] + "\n"
-                continue
-            if line == "units":
-                in_units, reading = True, None
-                continue
-            kind, _, rest = line.partition(_SEP)
-            fields = rest.split(_SEP)
-            if kind == "content":
-                reading = fields[0]
-                contents[reading] = ""
-            elif kind == "nocontent":
-                reading = None
-                contents[fields[0]] = None
-            elif kind == "absent":
-                files[fields[0]] = None
-            elif kind in ("dir", "other"):
-                files[fields[0]] = _entry(kind)
-            elif kind == "link" and len(fields) == 2:
-                files[fields[0]] = _entry("link", target=fields[1])
-            elif kind == "file" and len(fields) == 5:
-                path, mode, user, group, sha1 = fields
-                files[path] = _entry("file", mode=mode, user=user, group=group, sha1=sha1)
-        return {"files": files, "contents": contents, "units": units}
-
-
-def _entry(kind: str, **values) -> dict:
-    return {"type": kind, "mode": None, "user": None, "group": None, "sha1": None, "target": None, **values}
 
 
 def get_state(paths=(), read=(), units=()) -> dict:
@@ -175,8 +46,7 @@ def get_state(paths=(), read=(), units=()) -> dict:
     return {
         "files": {p: files.get(p) for p in paths},
         "contents": {p: contents.get(p) for p in read},
-        "units": {u: known.get(u) or {"load_state": None, "active_state": None, "sub_state": None,
-                                      "unit_file_state": None, "need_daemon_reload": False} for u in units},
+        "units": {u: known.get(u) or unknown_unit() for u in units},
     }
 
 
