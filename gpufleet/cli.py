@@ -33,8 +33,12 @@ def verify(inventory: str, limit: tuple[str, ...], bench: str, out: str) -> None
     Exit code: 0 nothing failed, 1 a check failed or a host was unreachable, 2 verify could not run (bad inventory
     or configuration, no host reachable).
     """
-    # Imported here: the runner patches the standard library for gevent (pyinfra's connectors), which only
-    # verify needs.
+    # pyinfra's connectors run on gevent: patch the standard library before pyinfra (and paramiko, whose transport
+    # is a thread) is imported, as pyinfra's own CLI does; only verify needs it, so only this command does it.
+    from gevent import monkey  # noqa: PLC0415
+
+    if not monkey.is_module_patched("socket"):
+        monkey.patch_all()
     from .verify import run  # noqa: PLC0415
 
     sys.exit(run.main(inventory, limit=list(limit), bench=bench, out=out, echo=click.echo))

@@ -826,6 +826,14 @@ def _clocks(ctx: _Ctx, key: str, value: Any) -> Any:
 # ------------------------------------------------------------------------------------------------- schema
 
 # key -> (parser, default). The MIG keys are parsed together (_mig).
+def _templates_dir(ctx: _Ctx, key: str, value: Any) -> Any:
+    if not isinstance(value, str | os.PathLike) or not os.path.isdir(value):
+        ctx.error(key, value, "a directory on the control machine holding templates named as gpufleet's "
+                  "(e.g. nccl.conf.j2, systemd/...)", "not a directory")
+        return _INVALID
+    return os.fspath(value)
+
+
 _KEYS: dict[str, tuple[Any, Any]] = {
     "gpufleet_config_version": (_config_version, CONFIG_VERSION),
     "gpufleet_stages": (_stages, DEFAULT_STAGES),
@@ -841,6 +849,7 @@ _KEYS: dict[str, tuple[Any, Any]] = {
     "gpufleet_power_limit_by_uuid": (_power_by_uuid, None),
     "gpufleet_nccl": (_nccl, None),
     "gpufleet_clocks": (_clocks, None),
+    "gpufleet_templates_dir": (_templates_dir, None),  # read by gpufleet.resources through host data
 }
 _MIG_KEYS = ("gpufleet_mig", "gpufleet_mig_config_file", "gpufleet_mig_config")
 KNOWN_KEYS: tuple[str, ...] = (*_KEYS, *_MIG_KEYS)

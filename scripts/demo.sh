@@ -17,7 +17,7 @@ pyinfra -y inventories/sim.py deploys/gpu_node.py 2>&1 | sed -n '/--> Results:/,
 echo; echo "--- power-cycling node02: settings come back from the boot units"
 gpufleet sim reboot node02
 echo; echo "--- the fleet, read with one nvidia-smi query per host"
-pyinfra -y inventories/sim.py deploys/fleet_inventory.py 2>/dev/null | sed -n '/^HOST /,/^$/p' | grep -v '^    '
+pyinfra -y inventories/sim.py deploys/fleet_inventory.py 2>&1 >/dev/null | sed -n '/^HOST /,/^$/p' | grep -v '^    '
 echo; echo "--- verify: probe every node, check it against its configuration, write the fleet report"
 gpufleet verify inventories/sim.py --out build/verify
 echo; echo "--- a GPU overheats on node01: verify names that GPU and nothing else (exit code 1)"

@@ -19,7 +19,8 @@ Nothing on a node is changed besides /opt/gpufleet/probe/ and the textfile.
 from pyinfra import host, inventory, state
 from pyinfra.operations import files, python
 
-from gpufleet.verify.run import PROBE_REMOTE_DIR, deploy_verify
+from gpufleet.verify.bundle import PROBE_REMOTE_DIR
+from gpufleet.verify.pyinfra_entry import deploy_verify
 
 verify = deploy_verify(state, inventory)
 

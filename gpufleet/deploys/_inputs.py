@@ -1,9 +1,13 @@
 """Validated inputs of a run: every host's configuration and preflight, checked before any host is changed.
 
 pyinfra prepares (runs the deploy code of) every host before it executes anything; an exception raised while
-preparing stops the run with no change on any host, also with ``-y``. So the configuration of the whole
-inventory is validated when the first host is prepared, and preflight errors (which need each host's facts)
+preparing stops the run with no change on any host, also with ``-y``. So the configuration of every host of
+the run is validated when the first host is prepared, and preflight errors (which need each host's facts)
 are collected host by host and raised, all together, when the last host has been prepared.
+
+"Every host of the run" is the same set for both: pyinfra's activated hosts, those ``--limit`` selects and
+pyinfra connected to. A host left out with ``--limit`` is neither validated nor preflighted: it is not
+touched, and a half-edited inventory must not block a fix rolled out to the hosts that are ready.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from pyinfra import logger
 from pyinfra.api.exceptions import PyinfraError
 
 from gpufleet import preflight
-from gpufleet.config import ConfigErrors, NodeConfig, validate_pyinfra_inventory
+from gpufleet.config import ConfigErrors, NodeConfig, validate_inventory
 
 
 class InputError(PyinfraError):
@@ -24,11 +28,11 @@ _prepared: dict[int, dict[str, preflight.PreflightResult]] = {}
 
 
 def node_config(host, inventory) -> NodeConfig:
-    """This host's validated configuration; the first call validates every host of the inventory."""
+    """This host's validated configuration; the first call validates every host of the run (activated)."""
     key = id(inventory)
     if key not in _configs:
         try:
-            _configs[key] = validate_pyinfra_inventory(inventory)
+            _configs[key] = validate_inventory((h.name, h.data.dict()) for h in inventory.iter_activated_hosts())
         except ConfigErrors as error:
             raise InputError(f"invalid configuration, no host was changed:\n{error}") from None
     return _configs[key][host.name]

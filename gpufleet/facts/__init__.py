@@ -8,27 +8,31 @@ explicitly (see ``_sections``), so a bare server (no driver, no pciutils, no mok
 | ``GpuInventory`` | nvidia | ``nvidia-smi --query-gpu=... --format=csv`` |
 | ``MigState`` | mig | ``nvidia-smi mig -lgi`` + ``-lci`` |
 | ``NvidiaPackages`` | packages | ``dpkg-query -W`` + ``apt-mark showhold`` / ``rpm -qa`` + ``dnf versionlock list`` |
-| ``SystemdUnit``, ``NvidiaPersistenced`` | systemd | ``systemctl show -p ...`` |
+| ``PackageHolds`` | packages | ``apt-mark showhold`` / ``dnf versionlock list`` (dnf4 and dnf5) |
+| ``UnitStates`` | systemd | ``systemctl show -p Id -p LoadState ... UNIT...`` |
+| ``ManagedState`` | files | stat + sha1 (+ contents) of files, and ``UnitStates``'s command, in one read |
 | ``NvidiaPciDevices`` | pci | ``lspci -n -D -d 10de:`` (sysfs when lspci is missing) |
 | ``SecureBoot``, ``OsInfo`` | system | ``mokutil --sb-state``; ``/etc/os-release`` + ``uname -r`` |
 """
 
+from .files import ManagedState
 from .mig import MigState, instances_by_gpu
 from .nvidia import GpuInventory
-from .packages import NvidiaPackages, upstream_version
+from .packages import NvidiaPackages, PackageHolds, upstream_version
 from .pci import NvidiaPciDevices
 from .system import OsInfo, SecureBoot
-from .systemd import NvidiaPersistenced, SystemdUnit
+from .systemd import UnitStates
 
 __all__ = [
     "GpuInventory",
+    "ManagedState",
     "MigState",
     "NvidiaPackages",
     "NvidiaPciDevices",
-    "NvidiaPersistenced",
+    "PackageHolds",
     "OsInfo",
     "SecureBoot",
-    "SystemdUnit",
+    "UnitStates",
     "instances_by_gpu",
     "upstream_version",
 ]

@@ -100,6 +100,32 @@ def parse_versionlock(lines: list[str]) -> list[str]:
     return sorted(names)
 
 
+class PackageHolds(FactBase):
+    """
+    Names of the packages the package manager holds: ``apt-mark showhold`` (Debian/Ubuntu) or ``dnf versionlock
+    list`` (RHEL family; dnf4's ``name-epoch:version-release.*`` and dnf5's ``Package name: name`` lines).
+
+    .. code:: python
+
+        host.get_fact(PackageHolds)
+        {"nvidia-driver-580-server-open", "nvidia-fabricmanager-580"}
+    """
+
+    default = set
+
+    def command(self) -> str:
+        return join(
+            section("apt-holds", "apt-mark showhold", requires="apt-mark"),
+            section("versionlock", "dnf -q versionlock list 2>/dev/null", requires="dnf"),
+        )
+
+    def process(self, output):
+        sections = parse_sections(output)
+        holds, locks = sections.get("apt-holds"), sections.get("versionlock")
+        names = set(parse_holds(holds.lines)) if holds is not None and holds.ok else set()
+        return names | (set(parse_versionlock(locks.lines)) if locks is not None and locks.ok else set())
+
+
 class NvidiaPackages(FactBase):
     """
     NVIDIA driver packages installed on the host, with versions and holds.

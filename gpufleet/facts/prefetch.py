@@ -28,14 +28,25 @@ What, installed by the gpufleet deploy only (:func:`install`, on the hosts of on
   host-specific argument) is an ordinary read. A prefetch never overlaps a change: before anything else runs on
   a host, the prefetches running there are awaited and those not started yet are dropped (a GPU reset, say,
   fails while an nvidia-smi query holds the GPU).
+
+**pyinfra internals.** This is the one module of gpufleet that relies on pyinfra's internals: it shadows a
+``Host``'s I/O methods (``get_fact``, ``run_shell_command``, ``connect``, ``put_file``, ...), calls
+``pyinfra.api.facts.get_fact``, follows ``State.current_stage`` / ``should_check_for_changes()`` and
+``Host.in_op``, and reaches the SSH connector's paramiko transport for TCP_NODELAY. :func:`supported` checks
+the installed pyinfra against the versions this was written and tested for (:data:`TESTED_PYINFRA`) and for
+each of those names; where it does not match (or ``GPUFLEET_FACT_MEMO=off``), :func:`install` installs
+nothing and every fact read is pyinfra's own, plain read: slower, same results.
 """
 
 from __future__ import annotations
 
+import os
+import re
 import socket
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from importlib import metadata
 from typing import Any
 
 import gevent
@@ -43,10 +54,15 @@ from gevent.event import Event
 from gevent.lock import BoundedSemaphore
 from pyinfra import logger
 from pyinfra.api.command import StringCommand
-from pyinfra.api.facts import get_fact
+
+try:  # an internal: where it moved, supported() says so and the memo stays off
+    from pyinfra.api.facts import get_fact
+except ImportError:  # pragma: no cover - depends on the installed pyinfra
+    get_fact = None
 from pyinfra.api.state import StateStage
 from pyinfra.connectors.util import CommandOutput
 
+TESTED_PYINFRA = ((3, 10), (4, 0))  # [first, last) pyinfra version the memo is known to work with
 PER_HOST_CHANNELS = 4  # concurrent prefetch commands per host (sshd allows 10 sessions per connection)
 _ACTIVE_STAGES = (StateStage.Prepare, StateStage.Execute)
 _CHANGING_METHODS = ("put_file", "get_file", "rsync", "disconnect")  # besides run_shell_command and connect
@@ -83,6 +99,7 @@ class FactMemo:
     """The memo and prefetcher of one pyinfra ``State`` (see the module docstring)."""
 
     def __init__(self, state) -> None:
+        self.greenlets: list[gevent.Greenlet] = []  # every prefetch started (tests and debugging wait on them)
         self.state = state
         self.stage = state.current_stage
         self.hosts: dict[Any, _HostMemo] = {}
@@ -97,7 +114,9 @@ class FactMemo:
         """Start reading ``calls`` on ``hosts`` (active, connected ones) concurrently; return the greenlets."""
         if not self._sync() or not calls:
             return []
-        return [gevent.spawn(self._prefetch_host, host, self._memo(host).epoch, calls) for host in hosts]
+        started = [gevent.spawn(self._prefetch_host, host, self._memo(host).epoch, calls) for host in hosts]
+        self.greenlets += started
+        return started
 
     def invalidate(self, host) -> None:
         """Forget every read of ``host``: from now on its facts are read again."""
@@ -264,13 +283,44 @@ def set_nodelay(host) -> None:
 
 
 _memos: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_unsupported: weakref.WeakSet = weakref.WeakSet()
 
 
-def install(state, facts: Sequence[type] = ()) -> FactMemo:
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", text)[:2])
+
+
+def supported(version: str | None = None) -> str | None:
+    """Why the memo cannot be used with this pyinfra (``version``: the installed one), or None when it can."""
+    if os.environ.get("GPUFLEET_FACT_MEMO", "").lower() in ("0", "off", "no", "false"):
+        return "GPUFLEET_FACT_MEMO is off"
+    from pyinfra.api import host, state
+
+    version = version or metadata.version("pyinfra")
+    first, last = TESTED_PYINFRA
+    if not first <= _version(version) < last:
+        return f"pyinfra {version} is not a version it was tested with (>= {first[0]}.{first[1]}, < {last[0]})"
+    needed = {"pyinfra.api.facts.get_fact": get_fact is not None,
+              "Host.in_op": hasattr(host.Host, "in_op"),
+              "State.should_check_for_changes": hasattr(state.State, "should_check_for_changes"),
+              "Host.run_shell_command": hasattr(host.Host, "run_shell_command")}
+    missing = [name for name, present in needed.items() if not present]
+    return f"pyinfra {version} lacks {', '.join(missing)}" if missing else None
+
+
+def install(state, facts: Sequence[type] = ()) -> FactMemo | None:
     """Install the memo on ``state``'s hosts (once per state; pass the real ``State``, e.g. ``host.state``);
-    the first call also sets TCP_NODELAY and prefetches ``facts`` (no arguments) on every active host."""
+    the first call also sets TCP_NODELAY and prefetches ``facts`` (no arguments) on every active host.
+
+    Returns None, and installs nothing, where :func:`supported` says no: fact reads are then pyinfra's own."""
     memo = _memos.get(state)
     if memo is None:
+        reason = supported()
+        if reason is not None:
+            if state not in _unsupported:
+                _unsupported.add(state)
+                logger.warning(f"gpufleet: fact memo off ({reason}): every fact read is a remote command")
+            return None
         memo = _memos[state] = FactMemo(state)
         for host in state.inventory:
             if host.connected:

@@ -1,5 +1,6 @@
-"""Shared by gpufleet's operations: one fact for the files and units an operation manages, the commands that
-converge a managed file, and the oneshot boot units that reapply GPU settings after a reboot.
+"""Shared by gpufleet's operations: the read of the files and units an operation manages (the
+:class:`~gpufleet.facts.files.ManagedState` fact), the commands that converge a managed file, and the oneshot
+boot units that reapply GPU settings after a reboot.
 
 GPU settings (power limits, clock locks, persistence, MIG instances) are volatile: they are gone after a
 reboot or a driver reload. An operation that sets one live also writes the desired values to a file under
@@ -11,19 +12,20 @@ from __future__ import annotations
 
 import hashlib
 import posixpath
-import re
 import shlex
 from io import StringIO
-from pathlib import Path
 
-from jinja2 import Environment, FileSystemLoader, StrictUndefined
-from pyinfra import host, state
-from pyinfra.api import FactBase, OperationError, OperationValueError, StringCommand
+from pyinfra import host, logger, state
+from pyinfra.api import OperationError, OperationValueError, StringCommand
 from pyinfra.api.command import FileUploadCommand
+from pyinfra.api.output import format_text
+from pyinfra.context import ctx_host
+from pyinfra.facts.files import FileContents
+from pyinfra.operations.util.files import generate_color_diff
 
-# Jinja2 templates live at the top of the repository (DESIGN §2: templates/ is what users read and adapt).
-TEMPLATES = Path(__file__).resolve().parents[2] / "templates"
-NODE_SCRIPTS = Path(__file__).resolve().parents[1] / "node"
+from gpufleet import resources
+from gpufleet.facts.files import ManagedState
+from gpufleet.facts.systemd import unknown_unit
 
 SETTINGS_DIR = "/etc/gpufleet"
 UNIT_DIR = "/etc/systemd/system"
@@ -32,137 +34,6 @@ GPU_SETTINGS_SCRIPT = "/usr/local/sbin/gpufleet-gpu-settings"
 # MIG stage would drop settings applied before it). Absent units are ignored by systemd.
 GPU_SETTINGS_AFTER = ("nvidia-persistenced.service", "nvidia-fabricmanager.service", "gpufleet-mig.service")
 GPU_SETTINGS_WANTS = ("nvidia-persistenced.service",)
-
-_UNIT_RE = re.compile(r"^[A-Za-z0-9:_.@\\-]+\.(service|target|socket|timer|path|mount)$")
-_UNIT_PROPS = ("Id", "LoadState", "ActiveState", "SubState", "UnitFileState", "NeedDaemonReload")
-_SEP = "\t"
-
-
-def _check_path(path: str) -> str:
-    if not path.startswith("/") or any(c in path for c in "\t\n\r") or path.endswith("/"):
-        raise OperationValueError(f"not an absolute file path: {path!r}")
-    return path
-
-
-class ManagedState(FactBase):
-    """
-    The files and systemd units an operation manages, in ONE remote command (stat, sha1, contents, units).
-
-    Private to gpufleet's operations for now (it should move to ``gpufleet/facts`` once that settles).
-
-    + paths: files, links or directories to stat (sha1 for regular files)
-    + read: files whose contents are returned too (small text files only)
-    + units: systemd units to ``systemctl show``
-
-    .. code:: python
-
-        host.get_fact(ManagedState, paths=("/etc/nccl.conf",), units=("nvidia-persistenced.service",))
-        {
-            "files": {
-                "/etc/nccl.conf": {"type": "file", "mode": "644", "user": "root", "group": "root",
-                                   "sha1": "…", "target": None},
-                "/etc/systemd/system/multi-user.target.wants/x.service": {"type": "link",
-                                   "target": "/lib/systemd/system/x.service", …},
-                "/etc/missing": None,
-            },
-            "contents": {"/run/gpufleet/gpu-clocks.locked": "GPU-…=1500,1980\\n"},  # None: absent
-            "units": {"nvidia-persistenced.service": {"load_state": "loaded", "active_state": "active",
-                      "sub_state": "running", "unit_file_state": "static", "need_daemon_reload": False}},
-        }
-
-    A unit systemd does not know has ``load_state`` ``"not-found"``; without systemctl ``units`` is ``{}``.
-    """
-
-    default = dict
-
-    def command(self, paths: tuple[str, ...] = (), read: tuple[str, ...] = (), units: tuple[str, ...] = ()):
-        for path in (*paths, *read):
-            _check_path(path)
-        for unit in units:
-            if not _UNIT_RE.match(unit):
-                raise OperationValueError(f"not a systemd unit name: {unit!r}")
-        parts = ["LC_ALL=C; export LC_ALL"]
-        if paths:
-            quoted = " ".join(shlex.quote(p) for p in paths)
-            parts.append(
-                f"for p in {quoted}; do "
-                "if [ -L \"$p\" ]; then printf 'link\\t%s\\t%s\\n' \"$p\" \"$(readlink \"$p\")\"; "
-                "elif [ -d \"$p\" ]; then printf 'dir\\t%s\\n' \"$p\"; "
-                "elif [ -f \"$p\" ]; then printf 'file\\t%s\\t%s\\t%s\\n' \"$p\" "
-                "\"$(stat -c '%a\t%U\t%G' \"$p\")\" \"$(sha1sum < \"$p\" | cut -c1-40)\"; "
-                "elif [ -e \"$p\" ]; then printf 'other\\t%s\\n' \"$p\"; "
-                "else printf 'absent\\t%s\\n' \"$p\"; fi; done"
-            )
-        if read:
-            quoted = " ".join(shlex.quote(p) for p in read)
-            parts.append(
-                f"for p in {quoted}; do "
-                "if [ -f \"$p\" ]; then printf 'content\\t%s\\n' \"$p\"; sed 's/^/|/' \"$p\"; echo; "
-                "else printf 'nocontent\\t%s\\n' \"$p\"; fi; done"
-            )
-        if units:
-            props = " ".join(f"-p {p}" for p in _UNIT_PROPS)
-            quoted = " ".join(shlex.quote(u) for u in units)
-            parts.append(
-                "if command -v systemctl >/dev/null 2>&1; then echo 'units'; "
-                f"systemctl show --no-pager {props} -- {quoted} 2>/dev/null; fi"
-            )
-        parts.append("true")
-        return "; ".join(parts)
-
-    def process(self, output):
-        files: dict[str, dict | None] = {}
-        contents: dict[str, str | None] = {}
-        units: dict[str, dict] = {}
-        reading: str | None = None
-        in_units = False
-        unit: dict | None = None
-        for line in output:
-            if in_units:
-                key, sep, value = line.partition("=")
-                if not sep:
-                    continue
-                if key == "Id":
-                    unit = units[value] = {
-                        "load_state": None,
-                        "active_state": None,
-                        "sub_state": None,
-                        "unit_file_state": None,
-                        "need_daemon_reload": False,
-                    }
-                elif unit is not None and key == "NeedDaemonReload":
-                    unit["need_daemon_reload"] = value == "yes"
-                elif unit is not None and key in _UNIT_PROPS:
-                    unit[re.sub(r"(?<!^)([A-Z])", r"_\1", key).lower()] = value or None
-                continue
-            if reading is not None and line.startswith("|"):
-                contents[reading] = (contents[reading] or "") + line[1:] + "\n"
-                continue
-            if line == "units":
-                in_units, reading = True, None
-                continue
-            kind, _, rest = line.partition(_SEP)
-            fields = rest.split(_SEP)
-            if kind == "content":
-                reading = fields[0]
-                contents[reading] = ""
-            elif kind == "nocontent":
-                reading = None
-                contents[fields[0]] = None
-            elif kind == "absent":
-                files[fields[0]] = None
-            elif kind in ("dir", "other"):
-                files[fields[0]] = _entry(kind)
-            elif kind == "link" and len(fields) == 2:
-                files[fields[0]] = _entry("link", target=fields[1])
-            elif kind == "file" and len(fields) == 5:
-                path, mode, user, group, sha1 = fields
-                files[path] = _entry("file", mode=mode, user=user, group=group, sha1=sha1)
-        return {"files": files, "contents": contents, "units": units}
-
-
-def _entry(kind: str, **values) -> dict:
-    return {"type": kind, "mode": None, "user": None, "group": None, "sha1": None, "target": None, **values}
 
 
 def get_state(paths=(), read=(), units=()) -> dict:
@@ -175,8 +46,7 @@ def get_state(paths=(), read=(), units=()) -> dict:
     return {
         "files": {p: files.get(p) for p in paths},
         "contents": {p: contents.get(p) for p in read},
-        "units": {u: known.get(u) or {"load_state": None, "active_state": None, "sub_state": None,
-                                      "unit_file_state": None, "need_daemon_reload": False} for u in units},
+        "units": {u: known.get(u) or unknown_unit() for u in units},
     }
 
 
@@ -185,33 +55,61 @@ def sha1(text: str) -> str:
 
 
 def render(template: str, **values) -> str:
-    env = Environment(
-        loader=FileSystemLoader(str(TEMPLATES)),
-        undefined=StrictUndefined,
-        keep_trailing_newline=True,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        autoescape=False,
-    )
-    return env.get_template(template).render(**values)
+    """``template`` rendered; the host's ``gpufleet_templates_dir`` (when set) overrides gpufleet's own."""
+    override = getattr(host.data, resources.TEMPLATES_SETTING, None) if ctx_host.isset() else None
+    return resources.render_template(template, override, **values)
 
 
 def node_script(name: str) -> str:
-    return (NODE_SCRIPTS / name).read_text()
+    return resources.node_script(name)
+
+
+def _temp_dir() -> str | None:
+    return (host.current_op_global_arguments or {}).get("_temp_dir")
+
+
+def _show_diff(path: str, content: str, current: dict | None) -> None:
+    """``--diff``: what pyinfra's ``files.put`` shows (same words, same coloured unified diff)."""
+    if current is None:
+        host.log(f"Will create {format_text(path, bold=True)}", logger.info)
+        current_lines: list[str] = []
+    else:
+        host.log(f"Will modify {format_text(path, bold=True)}", logger.info)
+        current_lines = [line + "\n" for line in host.get_fact(FileContents, path=path) or []]
+    for line in generate_color_diff(current_lines, content.splitlines(keepends=True)):
+        logger.info("  %s", line)
+    logger.info("")
 
 
 def put_file(current: dict | None, path: str, content: str, mode: str = "644", user: str = "root",
              group: str = "root"):
     """Commands that make ``path`` a regular file with ``content``, mode and owner (given its ``ManagedState``
-    entry). Yields nothing when it already is."""
+    entry). Yields nothing when it already is.
+
+    The one file writer of gpufleet's operations. It behaves as ``files.put`` with a ``StringIO``, ``mode``,
+    ``user`` and ``group`` does, for the pyinfra options that matter: ``--diff`` shows the same "Will create" /
+    "Will modify" unified diff (and mode/owner changes), ``_temp_dir`` chooses where the upload lands before
+    it is moved into place. It differs in what it reads: the file's state comes from the ``ManagedState`` the
+    operation already read (ONE remote command for all its files and units) instead of ``files.put``'s three
+    or four facts per file; the current text is read only under ``--diff`` and only when it differs."""
     if current is not None and current["type"] != "file":
         raise OperationValueError(f"{path} exists and is not a regular file ({current['type']})")
     if current is None or current["sha1"] != sha1(content):
+        if state.config.DIFF:
+            _show_diff(path, content, current)
         if current is None:
             yield StringCommand("mkdir", "-p", shlex.quote(posixpath.dirname(path)))
-        yield FileUploadCommand(StringIO(content), path, remote_temp_filename=host.get_temp_filename(path))
+        yield FileUploadCommand(StringIO(content), path,
+                                remote_temp_filename=host.get_temp_filename(path, temp_directory=_temp_dir()))
     chown = current is None or (current["user"], current["group"]) != (user, group)
     chmod = current is None or current["mode"] != mode
+    if state.config.DIFF and current is not None:
+        if chmod:
+            logger.info("mode %s", format_text(str(current["mode"]), "red"))
+            logger.info("mode %s", format_text(mode, "green"))
+        if chown:
+            logger.info("user/group %s", format_text(f"{current['user']}:{current['group']}", "red"))
+            logger.info("user/group %s", format_text(f"{user}:{group}", "green"))
     owner = ["chown", shlex.quote(f"{user}:{group}"), shlex.quote(path)]
     perms = ["chmod", mode, shlex.quote(path)]
     if chown or chmod:
@@ -220,6 +118,8 @@ def put_file(current: dict | None, path: str, content: str, mode: str = "644", u
 
 def remove_file(current: dict | None, path: str):
     if current is not None:
+        if state.config.DIFF:
+            host.log(f"Will remove {format_text(path, bold=True)}", logger.info)
         yield StringCommand("rm", "-f", shlex.quote(path))
 
 

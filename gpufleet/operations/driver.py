@@ -20,10 +20,11 @@ from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.dnf import DnfEnabledModules
 from pyinfra.facts.rpm import RpmPackages
 from pyinfra.facts.server import Arch, KernelVersion, LinuxDistribution, RebootRequired, Which
-from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 from pyinfra.operations import files, server
 
 from gpufleet.facts.nvidia import GpuInventory
+from gpufleet.facts.packages import PackageHolds
+from gpufleet.facts.systemd import UnitStates, unknown_unit
 
 from . import _packaging as pkg
 
@@ -107,46 +108,6 @@ def parse_apt_cache_policy(lines) -> dict[str, dict]:
             if match:
                 current["versions"].append({"version": match.group(1), "priority": int(match.group(2))})
     return packages
-
-
-class _AptHolds(FactBase):
-    """Packages on hold (``apt-mark showhold``), as a set of names (should move to gpufleet/facts)."""
-
-    default = set
-
-    def requires_command(self) -> str:
-        return "apt-mark"
-
-    def command(self) -> str:
-        return "apt-mark showhold"
-
-    def process(self, output):
-        return {line.strip().split(":", 1)[0] for line in output if line.strip()}
-
-
-_VERSIONLOCK_RE = re.compile(r"^!?(?P<name>[A-Za-z0-9_.+-]+?)-(?:[0-9]+:)?[^-\s:]+-[^-\s]+$")
-
-
-class _DnfVersionlocks(FactBase):
-    """Package names held by ``dnf versionlock`` (should move to gpufleet/facts)."""
-
-    default = set
-
-    def requires_command(self) -> str:
-        return "dnf"
-
-    def command(self) -> str:
-        return "dnf -q versionlock list 2>/dev/null || true"
-
-    def process(self, output):
-        names = set()
-        for line in output:
-            text = line.strip()
-            text = text[:-2] if text.endswith(".*") else text
-            match = _VERSIONLOCK_RE.match(text)
-            if match:
-                names.add(match.group("name"))
-        return names
 
 
 class _DnfAvailable(FactBase):
@@ -429,7 +390,7 @@ def _apt_packages(branch: str, flavour: str, style: str, nvswitch: bool, repo_ur
     wanted = [driver] + ([fabricmanager] if nvswitch else [])
 
     if not (need_driver or need_fm or obsolete):
-        holds = host.get_fact(_AptHolds)
+        holds = host.get_fact(PackageHolds)
         unheld = [name for name in _hold_list(wanted, installed, driver_version) if name not in holds]
         if unheld:
             yield f"apt-mark hold {_quote_all(unheld)}"
@@ -507,7 +468,7 @@ def _dnf_packages(branch: str, flavour: str, nvswitch: bool):
     need_fm = nvswitch and (
         need_driver or fm_version is None or pkg.upstream_version(fm_version) != pkg.upstream_version(driver_version)
     )
-    locks = host.get_fact(_DnfVersionlocks)
+    locks = host.get_fact(PackageHolds)
     wanted_locks = {pkg.DNF_DRIVER_PACKAGE} | ({fabricmanager} if nvswitch else set())
 
     if need_driver or need_fm:
@@ -565,8 +526,9 @@ def _reboot_reasons(driver_version: str | None) -> list[str]:
 
 def _fabricmanager_service(reboot_pending: bool, reinstalled: bool):
     unit = FABRICMANAGER_UNIT
-    active = host.get_fact(SystemdStatus, services=unit).get(unit, False)
-    enabled = host.get_fact(SystemdEnabled, services=unit).get(unit, False)
+    status = host.get_fact(UnitStates, units=(unit,)).get(unit) or unknown_unit()
+    active = status["active_state"] == "active"
+    enabled = status["unit_file_state"] == "enabled"
     if reinstalled:
         yield "systemctl daemon-reload"
     if not enabled:

@@ -9,7 +9,9 @@ import re
 from pyinfra import host
 from pyinfra.api import OperationValueError, operation
 
-from ._systemd import _check_path, get_state, put_file, remove_file, render
+from gpufleet.facts.files import check_path
+
+from ._systemd import get_state, put_file, remove_file, render
 
 # NCCL (src/misc/param.cc) reads "NAME=value" lines into setenv(NAME, value): the name is everything before
 # the first "=", nothing is trimmed or unquoted, a line is at most 1023 characters of name or value.
@@ -78,7 +80,7 @@ def nccl_conf(settings: dict[str, str | int], path: str = "/etc/nccl.conf"):
             settings={"NCCL_IB_HCA": "=mlx5_0:1,mlx5_1:1", "NCCL_SOCKET_IFNAME": "=eth0", "NCCL_DEBUG": "WARN"},
         )
     """
-    _check_path(path)
+    check_path(path)
     text = conf_text(settings, path) if settings else None
     current = get_state(paths=(path,))["files"][path]
     commands = list(put_file(current, path, text) if text is not None else remove_file(current, path))

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import sys
 from collections import Counter
+
+from pyinfra import logger
 
 _rows: dict[str, dict] = {}
 
@@ -32,9 +33,10 @@ def render(rows: list[tuple[str, ...]]) -> str:
 
 
 def collect_and_print(host, inventory, inventory_fact: dict) -> None:
-    """Called from a deploy once per host; prints the table after the last active host."""
+    """Called from a deploy once per host; logs the table after the last active host.
+
+    Through pyinfra's logger (stderr), never stdout: ``pyinfra --json`` prints its JSON document there."""
     _rows[host.name] = host_row(host.name, inventory_fact)
     active = sorted(h.name for h in inventory.iter_activated_hosts())
     if set(active) <= set(_rows):
-        sys.stdout.write(render([_rows[name] for name in active]) + "\n")
-        sys.stdout.flush()
+        logger.info("--> GPU inventory of the fleet:\n" + render([_rows[name] for name in active]) + "\n")

@@ -176,3 +176,18 @@ def test_pyinfra_entry_writes_the_same_report(fleet, tmp_path):
     assert [h["host"] for h in report["hosts"]] == list(NODES)
     assert report["summary"]["verdict"] == "pass" and report["summary"]["checks"]["fail"] == 0
     assert "result: PASS (exit code 0)" in proc.stdout
+    # both entry points: the same report shape (keys, meta keys, hosts and checks), only the entry differs
+    cli_out = tmp_path / "cli-verify"  # a fresh directory for both: no previous report to compare with
+    proc = subprocess.run([str(BIN / "gpufleet"), "verify", INVENTORY, "--out", str(cli_out)], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout
+    cli = json.loads((cli_out / "report.json").read_text())
+    assert set(report) == set(cli) and set(report["meta"]) == set(cli["meta"]), (report["meta"], cli["meta"])
+    assert (report["meta"]["entry"], cli["meta"]["entry"]) == ("pyinfra verify/gpu_node.py", "gpufleet verify")
+    assert report["meta"]["probe_bundle"] == cli["meta"]["probe_bundle"]
+
+    def shape(doc):
+        return [(h["host"], sorted(h), sorted((c["check"], c["gpu_index"] if c["gpu_index"] is not None else -1)
+                                              for c in h["checks"])) for h in doc["hosts"]]
+
+    assert shape(report) == shape(cli)

@@ -10,10 +10,9 @@ from pyinfra_harness import fixture, wrap
 from gpufleet.facts import (
     NvidiaPackages,
     NvidiaPciDevices,
-    NvidiaPersistenced,
     OsInfo,
     SecureBoot,
-    SystemdUnit,
+    UnitStates,
     upstream_version,
 )
 from gpufleet.facts.packages import parse_versionlock
@@ -83,49 +82,36 @@ def test_packages_command_shape():
 # ------------------------------------------------------------------------------------------------ systemd
 
 
-def test_persistenced_packaged_unit():
-    fact = NvidiaPersistenced().process(wrap("show", fixture("systemctl_show_persistenced_packaged.txt")))
-    assert fact["systemd"] and fact["exists"] and fact["active"] and fact["enabled"]
-    assert fact["exec_start"] == [{
-        "path": "/usr/bin/nvidia-persistenced",
-        "argv": ["/usr/bin/nvidia-persistenced", "--user", "nvidia-persistenced", "--no-persistence-mode",
-                 "--verbose"],
-    }]
-    assert fact["persistence_flag"] == "--no-persistence-mode"
-    assert fact["drop_in_paths"] == [] and fact["need_daemon_reload"] is False
-    assert fact["exec_start_raw"].startswith("{ path=/usr/bin/nvidia-persistenced ; argv[]=")
+def show(*captures: tuple[str, str]) -> list[str]:
+    """UnitStates output: the mark, then ``systemctl show`` of each (unit, captured properties), Id first."""
+    lines = ["units"]
+    for unit, capture in captures:
+        lines += [f"Id={unit}", *fixture(capture).splitlines(), ""]
+    return lines
 
 
-def test_persistenced_with_drop_in():
-    text = fixture("systemctl_show_persistenced_packaged.txt").replace(
-        "--no-persistence-mode", "--persistence-mode").replace(
-        "DropInPaths=", "DropInPaths=/etc/systemd/system/nvidia-persistenced.service.d/gpufleet.conf")
-    fact = NvidiaPersistenced().process(wrap("show", text))
-    assert fact["persistence_flag"] == "--persistence-mode"
-    assert fact["drop_in_paths"] == ["/etc/systemd/system/nvidia-persistenced.service.d/gpufleet.conf"]
+def test_unit_states_of_the_packaged_persistenced_and_a_unit_systemd_does_not_know():
+    fact = UnitStates().process(show(("nvidia-persistenced.service", "systemctl_show_persistenced_packaged.txt"),
+                                     ("nvidia-fabricmanager.service", "systemctl_show_not_found.txt")))
+    assert fact == {
+        "nvidia-persistenced.service": {"load_state": "loaded", "active_state": "active", "sub_state": "running",
+                                        "unit_file_state": "enabled", "need_daemon_reload": False},
+        "nvidia-fabricmanager.service": {"load_state": "not-found", "active_state": "inactive", "sub_state": "dead",
+                                         "unit_file_state": None, "need_daemon_reload": False},
+    }
 
 
-def test_unit_not_found():
-    fact = SystemdUnit().process(wrap("show", fixture("systemctl_show_not_found.txt")))
-    assert fact["systemd"] is True and fact["exists"] is False and fact["active"] is False
-    assert fact["exec_start"] == [] and fact["error"] is None
+def test_unit_states_without_systemctl_is_empty():
+    assert UnitStates().process([]) == {}
 
 
-def test_systemd_not_running_and_absent():
-    text = ("System has not been booted with systemd as init system (PID 1). Can't operate.\n"
-            "Failed to connect to bus: Host is down")
-    fact = SystemdUnit().process(wrap("show", text, 1))
-    assert fact["systemd"] is False and fact["error"] == text
-    assert SystemdUnit().process(wrap("show", None)) == SystemdUnit.default()
-
-
-def test_systemd_command_quotes_and_checks_unit():
-    assert "systemctl show --no-pager -p LoadState" in SystemdUnit().command(unit="nvidia-fabricmanager.service")
-    assert NvidiaPersistenced().command().endswith(
-        "nvidia-persistenced.service ; } 2>&1; echo \"@@gpufleet end show rc=$?\"; "
-        "else echo '@@gpufleet absent show'; fi")
+def test_unit_states_command_quotes_and_checks_units():
+    command = UnitStates().command(units=("nvidia-fabricmanager.service", "nvidia-persistenced.service"))
+    assert command == ("if command -v systemctl >/dev/null 2>&1; then echo units; systemctl show --no-pager -p Id "
+                       "-p LoadState -p ActiveState -p SubState -p UnitFileState -p NeedDaemonReload -- "
+                       "nvidia-fabricmanager.service nvidia-persistenced.service 2>/dev/null; fi; true")
     with pytest.raises(ValueError):
-        SystemdUnit().command(unit="x; rm -rf /")
+        UnitStates().command(units=("x; rm -rf /",))
 
 
 # ---------------------------------------------------------------------------------------------------- PCI

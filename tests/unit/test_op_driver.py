@@ -12,10 +12,11 @@ from pyinfra.facts.dnf import DnfEnabledModules
 from pyinfra.facts.files import Directory, File, Sha1File
 from pyinfra.facts.rpm import RpmPackages
 from pyinfra.facts.server import Arch, KernelVersion, LinuxDistribution, RebootRequired, Which
-from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
-from pyinfra_harness import run_operation
+from pyinfra_harness import run_operation, wrap
 
 from gpufleet.facts.nvidia import GpuInventory
+from gpufleet.facts.packages import PackageHolds
+from gpufleet.facts.systemd import UnitStates
 from gpufleet.operations import _packaging, driver
 
 REPO = "http://mirror.example.internal/nvidia/debian12/x86_64"
@@ -81,6 +82,14 @@ def gpus(status="absent", version=None):
     return {"status": status, "driver_version": version, "gpus": [], "lost_gpus": [], "error": None}
 
 
+def unit_states(units, running: bool) -> dict:
+    """UnitStates of a loaded unit, enabled and running or disabled and stopped."""
+    state = {"load_state": "loaded", "active_state": "active" if running else "inactive",
+             "sub_state": "running" if running else "dead", "unit_file_state": "enabled" if running else "disabled",
+             "need_daemon_reload": False}
+    return {unit: dict(state) for unit in units}
+
+
 def host_facts(facts: dict, extra: dict | None) -> dict:
     """A host without the driver, its services or a pending reboot: ``facts`` (OS, packages), then ``extra``."""
     return {
@@ -88,8 +97,7 @@ def host_facts(facts: dict, extra: dict | None) -> dict:
         driver._PathExists: lambda path: False,
         GpuInventory: gpus(),
         RebootRequired: False,
-        SystemdStatus: lambda services: {services: False},
-        SystemdEnabled: lambda services: {services: False},
+        UnitStates: lambda units: unit_states(units, running=False),
         **facts,
         **(extra or {}),
     }
@@ -112,7 +120,7 @@ def apt_facts(managed: dict[str, str] | None = None, installed=None, holds=(), e
         KernelVersion: KERNEL,
         driver._AptCachePolicy: policy,
         DebPackages: dict(installed or {}),
-        driver._AptHolds: set(holds),
+        PackageHolds: set(holds),
     }, extra)
 
 
@@ -135,8 +143,7 @@ def converged(branch="580", style="nvidia", flavour="open", nvswitch=True, extra
         extra={
             driver._PathExists: lambda path: True,
             GpuInventory: gpus("ok", VERSIONS[branch]),
-            SystemdStatus: lambda services: {services: True},
-            SystemdEnabled: lambda services: {services: True},
+            UnitStates: lambda units: unit_states(units, running=True),
         },
     )
     facts.update(extra or {})
@@ -213,7 +220,7 @@ def test_converged_host_is_noop():
 
 
 def test_converged_host_missing_a_hold_gets_only_the_hold():
-    commands, _ = run(converged(extra={driver._AptHolds: {"nvidia-open-580"}}))
+    commands, _ = run(converged(extra={PackageHolds: {"nvidia-open-580"}}))
     assert commands == ["apt-mark hold nvidia-fabricmanager-580"]
 
 
@@ -468,7 +475,7 @@ def dnf_facts(extra: dict | None = None):
         driver._DnfAvailable: lambda package: True,
         RpmPackages: {},
         DnfEnabledModules: {},
-        driver._DnfVersionlocks: set(),
+        PackageHolds: set(),
     }, extra)
 
 
@@ -512,10 +519,9 @@ def rhel_converged(stream="580-open", extra: dict | None = None):
                 "python3-dnf-plugin-versionlock": {"4.3.0-13.el9"},
             },
             DnfEnabledModules: {"nvidia-driver": stream},
-            driver._DnfVersionlocks: {"nvidia-driver", "nvidia-fabric-manager", "kmod-nvidia-open-dkms"},
+            PackageHolds: {"nvidia-driver", "nvidia-fabric-manager", "kmod-nvidia-open-dkms"},
             GpuInventory: gpus("ok", "580.95.05"),
-            SystemdStatus: lambda services: {services: True},
-            SystemdEnabled: lambda services: {services: True},
+            UnitStates: lambda units: unit_states(units, running=True),
         }
     )
     facts.update(extra or {})
@@ -580,13 +586,17 @@ def test_apt_cache_policy_parses_installed_candidate_and_version_table():
 
 
 def test_holds_and_versionlocks_and_availability_facts():
-    assert driver._AptHolds().process(["nvidia-open-580", "nvidia-fabricmanager-580:amd64", ""]) == {
-        "nvidia-open-580",
-        "nvidia-fabricmanager-580",
-    }
-    assert driver._DnfVersionlocks().process(
-        ["nvidia-driver-3:580.95.05-1.el9.*", "kmod-nvidia-open-dkms-3:580.95.05-1.el9.*", "Last metadata x"]
-    ) == {"nvidia-driver", "kmod-nvidia-open-dkms"}
+    apt = wrap("apt-holds", "nvidia-open-580\nnvidia-fabricmanager-580:amd64\n") + wrap("versionlock", None)
+    assert PackageHolds().process(apt) == {"nvidia-open-580", "nvidia-fabricmanager-580"}
+    dnf4 = wrap("apt-holds", None) + wrap(
+        "versionlock", "nvidia-driver-3:580.95.05-1.el9.*\nkmod-nvidia-open-dkms-3:580.95.05-1.el9.*\nLast metadata x")
+    assert PackageHolds().process(dnf4) == {"nvidia-driver", "kmod-nvidia-open-dkms"}
+    dnf5 = wrap("apt-holds", None) + wrap(
+        "versionlock", "# Added by 'versionlock add' command on 2026-01-05 10:00:00\nPackage name: nvidia-driver\n"
+        "evr = 3:580.95.05-1.el9\n\nPackage name: nvidia-fabric-manager\nevr = 580.95.05-1")
+    assert PackageHolds().process(dnf5) == {"nvidia-driver", "nvidia-fabric-manager"}
+    assert PackageHolds().process(wrap("apt-holds", None) + wrap("versionlock", "No such command", 2)) == set()
+    assert "apt-mark showhold" in PackageHolds().command() and "dnf -q versionlock list" in PackageHolds().command()
     assert driver._DnfAvailable().process(["Available Packages", "kernel-devel.x86_64  5.14.0-427.el9  baseos"])
     assert not driver._DnfAvailable().process([])
     assert driver._PathExists().process(["yes"]) and not driver._PathExists().process(["no"])

@@ -1,15 +1,18 @@
 """gpufleet.facts.prefetch: the fact memo and prefetch, on a real pyinfra State whose hosts run a fake connector.
 
 Each fake host holds a ``value``; ``read value`` (a fact) prints it, ``write N`` (an operation's command) sets it.
-Commands take a few milliseconds (gevent.sleep) so that concurrent reads overlap.
+No test sleeps to order events: a command named in the connector's ``gates`` announces that it started
+(``started[command]``) and waits until the test opens its gate, and tests join the memo's greenlets.
 """
 
 from __future__ import annotations
 
 import socket
+from collections import defaultdict
 
 import gevent
 import pytest
+from gevent.event import Event
 from pyinfra.api import Config, FactBase, Inventory, State, StringCommand
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.api.state import StateStage
@@ -17,8 +20,6 @@ from pyinfra.connectors.base import BaseConnector
 from pyinfra.connectors.util import CommandOutput, OutputLine
 
 from gpufleet.facts import prefetch
-
-DELAY = 0.02
 
 
 class FakeConnector(BaseConnector):
@@ -33,6 +34,8 @@ class FakeConnector(BaseConnector):
         self.fail: set[str] = set()  # commands that exit non-zero
         self.raise_on: set[str] = set()  # commands whose channel breaks (OSError)
         self.overlaps = 0  # writes started while something else ran
+        self.gates: dict[str, Event] = {}  # commands that wait for the test to open their gate
+        self.started: defaultdict[str, Event] = defaultdict(Event)
 
     @staticmethod
     def make_names_data(name):
@@ -45,8 +48,10 @@ class FakeConnector(BaseConnector):
             self.overlaps += 1
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        self.started[text].set()
         try:
-            gevent.sleep(DELAY)
+            if text in self.gates:
+                self.gates[text].wait()
         finally:
             self.in_flight -= 1
         if text in self.raise_on:
@@ -112,6 +117,14 @@ def hosts(state):
 
 def log(host) -> list[str]:
     return host.connector.log
+
+
+def gate(host, *commands: str) -> Event:
+    """Hold ``commands`` on ``host`` until the returned event is set."""
+    event = Event()
+    for command in commands:
+        host.connector.gates[command] = event
+    return event
 
 
 def write(host, value: int):
@@ -193,9 +206,12 @@ def test_a_read_overlapping_a_command_is_not_kept(state):
     h1, _, _ = hosts(state)
     prefetch.install(state)
     state.set_stage(StateStage.Execute)
+    opened = gate(h1, "read value")
     reader = gevent.spawn(h1.get_fact, Value)
-    gevent.sleep(DELAY / 2)  # the read is in flight
+    h1.connector.started["read value"].wait()  # the read is in flight
+    del h1.connector.gates["read value"]
     write(h1, 3)
+    opened.set()
     reader.get()
     assert h1.get_fact(Value) == 3
     assert log(h1) == ["read value", "write 3", "read value"]
@@ -221,10 +237,19 @@ def test_printing_fact_output_bypasses_the_memo(state):
 
 def test_prefetch_reads_every_host_concurrently_and_the_deploy_reuses_it(state):
     words = [(Word, (word,), {}) for word in "abc"]
-    prefetch.install(state).prefetch(hosts(state), [(Value, (), {}), *words])
-    gevent.sleep(1.5 * DELAY)  # every host: "read value" alone, then the three others at once
-    for host in hosts(state):
+    gates = {host: (gate(host, "read value"), gate(host, "read a", "read b", "read c")) for host in hosts(state)}
+    greenlets = prefetch.install(state).prefetch(hosts(state), [(Value, (), {}), *words])
+    for host in gates:  # every host: "read value" alone
+        host.connector.started["read value"].wait()
+        assert host.connector.in_flight == 1
+    for first, _ in gates.values():
+        first.set()
+    for host, (_, others) in gates.items():  # then the three others at once
+        for word in "abc":
+            host.connector.started[f"read {word}"].wait()
         assert host.connector.in_flight == 3
+        others.set()
+    gevent.joinall(greenlets, raise_error=True)
     for host in hosts(state):
         assert host.get_fact(Value) == 0
         for word in "abc":
@@ -242,10 +267,15 @@ def test_a_host_whose_first_read_fails_is_not_prefetched_further(state):
 
 def test_a_read_in_flight_is_awaited_not_repeated(state):
     h1, _, _ = hosts(state)
+    opened = gate(h1, "read value")
     memo = prefetch.install(state)
     memo.prefetch([h1], [(Value, (), {})])
-    gevent.sleep(0)
-    assert h1.get_fact(Value) == 0
+    h1.connector.started["read value"].wait()
+    reader = gevent.spawn(h1.get_fact, Value)
+    gevent.joinall([reader], timeout=0)  # the deploy's read is waiting for the prefetch, not running its own
+    assert not reader.ready() and log(h1) == ["read value"]
+    opened.set()
+    assert reader.get() == 0
     assert log(h1) == ["read value"]
 
 
@@ -253,11 +283,17 @@ def test_a_command_waits_for_running_prefetches_and_drops_the_others(state):
     h1, _, _ = hosts(state)
     state.set_stage(StateStage.Execute)
     words = "abcdef"
-    prefetch.install(state).prefetch([h1], [(Word, (word,), {}) for word in words])
-    gevent.sleep(1.5 * DELAY)  # "read a" done; b-e running (PER_HOST_CHANNELS), f waits for a channel
+    opened = gate(h1, *(f"read {w}" for w in words[1:]))
+    greenlets = prefetch.install(state).prefetch([h1], [(Word, (word,), {}) for word in words])
+    for word in words[1:5]:  # "read a" done; b-e running (PER_HOST_CHANNELS), f waits for a channel
+        h1.connector.started[f"read {word}"].wait()
     assert h1.connector.in_flight == prefetch.PER_HOST_CHANNELS == 4
-    write(h1, 1)
-    gevent.sleep(2 * DELAY)
+    writer = gevent.spawn(write, h1, 1)
+    gevent.joinall([writer], timeout=0)  # the writer runs until it waits for the prefetches
+    assert not writer.ready() and "write 1" not in log(h1)
+    opened.set()
+    writer.get()
+    gevent.joinall(greenlets, raise_error=True)
     assert h1.connector.overlaps == 0
     assert log(h1) == [f"read {w}" for w in words[:5]] + ["write 1"]
     h1.get_fact(Word, "a")
@@ -309,8 +345,7 @@ def test_last_host_failing_still_raises_as_without_prefetch(state):
     h1, h2, h3 = hosts(state)
     state.fail_hosts({h2, h3})
     h1.connector.fail.add("read value")
-    prefetch.install(state, [Value])
-    gevent.sleep(3 * DELAY)
+    gevent.joinall(prefetch.install(state, [Value]).greenlets, raise_error=True)
     with pytest.raises(PyinfraError, match="No hosts remaining"):
         h1.get_fact(Value)
 
@@ -324,7 +359,7 @@ def test_reads_of_operations_prepared_with_change_detection_are_prefetched_when_
     h1.get_fact(Name)  # deploy code, not an operation: not replayed
     state.set_stage(StateStage.Execute)
     h2.get_fact(Name)  # any read notices the new stage
-    gevent.sleep(2 * DELAY)
+    gevent.joinall(prefetch.install(state).greenlets, raise_error=True)
     assert log(h1) == ["read value", "read name", "read value"]
     assert h1.get_fact(Value) == 0
     assert log(h1)[-1] == "read value" and len(log(h1)) == 3
@@ -360,3 +395,25 @@ def test_the_deploy_prefetches_exactly_what_preflight_reads():
     recorder = Recorder()
     preflight.gather_facts(recorder)
     assert recorder.calls == [(cls, (), {}) for cls in PREFLIGHT_FACTS]
+
+
+def test_an_unsupported_pyinfra_gets_plain_fact_reads(state, monkeypatch, caplog):
+    h1, _, _ = hosts(state)
+    monkeypatch.setattr(prefetch, "TESTED_PYINFRA", ((3, 0), (3, 1)))
+    assert prefetch.supported("3.10.0").startswith("pyinfra 3.10.0 is not a version it was tested with")
+    assert prefetch.install(state, [Value]) is None
+    assert "fact memo off" in caplog.text
+    h1.get_fact(Value)
+    h1.get_fact(Value)
+    prefetch.invalidate(state, h1)  # nothing to forget: no error
+    assert log(h1) == ["read value", "read value"] and "get_fact" not in vars(h1)
+
+
+def test_the_memo_can_be_switched_off(state, monkeypatch):
+    monkeypatch.setenv("GPUFLEET_FACT_MEMO", "off")
+    assert prefetch.supported() == "GPUFLEET_FACT_MEMO is off"
+    assert prefetch.install(state) is None
+
+
+def test_the_installed_pyinfra_is_supported():
+    assert prefetch.supported() is None

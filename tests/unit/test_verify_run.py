@@ -31,6 +31,7 @@ from gpufleet.verify import (
     build_fleet_result,
     evaluate_host,
     probe_failed_host,
+    pyinfra_entry,
     unreachable_host,
 )
 from gpufleet.verify import run as vrun
@@ -394,16 +395,16 @@ def pyinfra_state(hosts: list[tuple[str, dict]]) -> State:
 def test_deploy_entry_validates_every_host_and_needs_one_out_dir(tmp_path):
     state = pyinfra_state([("a", {"gpufleet_verify_out": str(tmp_path / "x")}), ("b", {})])
     with pytest.raises(InputError, match=r"gpufleet_verify_out differs between hosts \(a=.*x', b='gpufleet-verify'\)"):
-        vrun.DeployVerify(state, state.inventory)
+        pyinfra_entry.DeployVerify(state, state.inventory)
     state = pyinfra_state([("a", {"gpufleet_verify_bench": "quick"}), ("b", {"gpufleet_power_limit": 9000})])
     with pytest.raises(InputError, match="(?s)invalid configuration, no host was changed:.*b: "
                                          "gpufleet_power_limit=9000"):
-        vrun.DeployVerify(state, state.inventory)
+        pyinfra_entry.DeployVerify(state, state.inventory)
     same = {"gpufleet_verify_bench": "quick", "gpufleet_verify_out": "r"}
     state = pyinfra_state([("a", same), ("b", {**same, "gpufleet_stages": []})])
     state.cwd = str(tmp_path)
-    verify = vrun.deploy_verify(state, state.inventory)
-    assert vrun.deploy_verify(state, state.inventory) is verify
+    verify = pyinfra_entry.deploy_verify(state, state.inventory)
+    assert pyinfra_entry.deploy_verify(state, state.inventory) is verify
     assert verify.bench == "quick" and verify.out == tmp_path / "r"
     assert verify.is_gpu_node("a") and not verify.is_gpu_node("b")
 

@@ -1,0 +1,107 @@
+"""The files (and units) an operation manages, in one remote command: parse, never decide."""
+
+from __future__ import annotations
+
+import shlex
+
+from pyinfra.api import FactBase, OperationValueError
+
+from .systemd import parse_units, show_command, split_units
+
+_SEP = "\t"
+
+
+def check_path(path: str) -> str:
+    if not isinstance(path, str) or not path.startswith("/") or any(c in path for c in "\t\n\r") \
+            or path.endswith("/"):
+        raise OperationValueError(f"not an absolute file path: {path!r}")
+    return path
+
+
+def _entry(kind: str, **values) -> dict:
+    return {"type": kind, "mode": None, "user": None, "group": None, "sha1": None, "target": None, **values}
+
+
+class ManagedState(FactBase):
+    """
+    The files and systemd units an operation manages, in ONE remote command (stat, sha1, contents, units).
+
+    + paths: files, links or directories to stat (sha1 for regular files)
+    + read: files whose contents are returned too (small text files only)
+    + units: systemd units to ``systemctl show`` (as :class:`gpufleet.facts.systemd.UnitStates`)
+
+    .. code:: python
+
+        host.get_fact(ManagedState, paths=("/etc/nccl.conf",), units=("nvidia-persistenced.service",))
+        {
+            "files": {
+                "/etc/nccl.conf": {"type": "file", "mode": "644", "user": "root", "group": "root",
+                                   "sha1": "…", "target": None},
+                "/etc/systemd/system/multi-user.target.wants/x.service": {"type": "link",
+                                   "target": "/lib/systemd/system/x.service", …},
+                "/etc/missing": None,
+            },
+            "contents": {"/run/gpufleet/gpu-clocks.locked": "GPU-…=1500,1980\\n"},  # None: absent
+            "units": {"nvidia-persistenced.service": {"load_state": "loaded", "active_state": "active",
+                      "sub_state": "running", "unit_file_state": "static", "need_daemon_reload": False}},
+        }
+
+    A unit systemd does not know has ``load_state`` ``"not-found"``; without systemctl ``units`` is ``{}``.
+    """
+
+    default = dict
+
+    def command(self, paths: tuple[str, ...] = (), read: tuple[str, ...] = (), units: tuple[str, ...] = ()):
+        for path in (*paths, *read):
+            check_path(path)
+        parts = ["LC_ALL=C; export LC_ALL"]
+        if paths:
+            quoted = " ".join(shlex.quote(p) for p in paths)
+            parts.append(
+                f"for p in {quoted}; do "
+                "if [ -L \"$p\" ]; then printf 'link\\t%s\\t%s\\n' \"$p\" \"$(readlink \"$p\")\"; "
+                "elif [ -d \"$p\" ]; then printf 'dir\\t%s\\n' \"$p\"; "
+                "elif [ -f \"$p\" ]; then printf 'file\\t%s\\t%s\\t%s\\n' \"$p\" "
+                "\"$(stat -c '%a\t%U\t%G' \"$p\")\" \"$(sha1sum < \"$p\" | cut -c1-40)\"; "
+                "elif [ -e \"$p\" ]; then printf 'other\\t%s\\n' \"$p\"; "
+                "else printf 'absent\\t%s\\n' \"$p\"; fi; done"
+            )
+        if read:
+            quoted = " ".join(shlex.quote(p) for p in read)
+            parts.append(
+                f"for p in {quoted}; do "
+                "if [ -f \"$p\" ]; then printf 'content\\t%s\\n' \"$p\"; sed 's/^/|/' \"$p\"; echo; "
+                "else printf 'nocontent\\t%s\\n' \"$p\"; fi; done"
+            )
+        if units:
+            parts.append(show_command(tuple(units)))
+        parts.append("true")
+        return "; ".join(parts)
+
+    def process(self, output):
+        file_lines, unit_lines = split_units(output)
+        files: dict[str, dict | None] = {}
+        contents: dict[str, str | None] = {}
+        reading: str | None = None
+        for line in file_lines:
+            if reading is not None and line.startswith("|"):
+                contents[reading] = (contents[reading] or "") + line[1:] + "\n"
+                continue
+            kind, _, rest = line.partition(_SEP)
+            fields = rest.split(_SEP)
+            if kind == "content":
+                reading = fields[0]
+                contents[reading] = ""
+            elif kind == "nocontent":
+                reading = None
+                contents[fields[0]] = None
+            elif kind == "absent":
+                files[fields[0]] = None
+            elif kind in ("dir", "other"):
+                files[fields[0]] = _entry(kind)
+            elif kind == "link" and len(fields) == 2:
+                files[fields[0]] = _entry("link", target=fields[1])
+            elif kind == "file" and len(fields) == 5:
+                path, mode, user, group, sha1 = fields
+                files[path] = _entry("file", mode=mode, user=user, group=group, sha1=sha1)
+        return {"files": files, "contents": contents, "units": parse_units(unit_lines)}
