@@ -71,7 +71,8 @@ _NVML_ERROR_HINTS = {
     "lib_rm_version_mismatch": "the loaded kernel module and the installed driver differ: reboot to load the "
                                "installed driver",
     "library_not_found": "libnvidia-ml.so.1 not found: install the NVIDIA driver with the gpu_node deploy",
-    "pynvml_not_installed": "install nvidia-ml-py for the probe on the node (the gpu_node deploy installs it)",
+    "pynvml_not_installed": "verify ships pynvml.py with its probe: check that the node's python3 runs and its "
+                            "temporary directory is writable",
     "no_permission": "run the probe as a user allowed to open /dev/nvidia*",
 }
 
@@ -116,7 +117,7 @@ def _check_probe(ctx: _Ctx, probe: dict[str, Any]) -> bool:
     version = probe.get("schema_version")
     if probe.get("schema") != "gpufleet.probe" or not isinstance(version, int):
         ctx.add("host.probe", FAIL, "the node's answer is not a gpufleet probe document",
-                "reinstall the probe on the node (gpu_node deploy) and rerun verify")
+                "rerun gpufleet verify (it uploads the probe on every run), the same gpufleet version on both sides")
         return False
     if version > SUPPORTED_PROBE_SCHEMA_VERSION:
         ctx.add("host.probe", FAIL, f"probe schema_version {version} is newer than this gpufleet reads "
@@ -847,7 +848,7 @@ def unreachable_host(host: str, reason: str) -> HostResult:
 def probe_failed_host(host: str, error: str) -> HostResult:
     """A host that answered, but whose probe produced no document (crash, missing Python, bad JSON)."""
     check = CheckResult(check="host.probe", verdict=FAIL, host=host, message=f"the probe did not run: {error}",
-                        remediation="reinstall the probe with the gpu_node deploy and run it by hand on the node")
+                        remediation="rerun gpufleet verify (it uploads the probe each run); check the node's python3")
     return HostResult(host=host, status="error", error=error, checks=[check])
 
 
