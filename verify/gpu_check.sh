@@ -88,9 +88,13 @@ capture() {  # capture FILE COMMAND...: stdout+stderr into FILE, exit status int
     printf '%s\trc=%s\t%s\n' "$file" "$rc" "$*" >> "$OUT/captures.txt"
     printf '  %-32s rc=%s\n' "$file" "$rc"
 }
+# 595+ deprecate driver_version for kmd_version (unknown before 595): ask the tool which one it lists, as the fact does
+VFIELD=driver_version
+if nvidia-smi --help-query-gpu 2>/dev/null | grep -q '^"kmd_version"'; then VFIELD=kmd_version; fi
 QUERY=$(node_py -c 'from gpufleet.facts.nvidia import GPU_FIELDS; print(",".join(GPU_FIELDS))' 2>/dev/null || true)
+QUERY=${QUERY/driver_version/$VFIELD}
 if [ -z "$QUERY" ]; then  # gpufleet's facts need pyinfra; the same field list, spelled out
-    QUERY=index,name,uuid,serial,pci.bus_id,pci.device_id,driver_version,vbios_version,compute_cap,memory.total
+    QUERY=index,name,uuid,serial,pci.bus_id,pci.device_id,$VFIELD,vbios_version,compute_cap,memory.total
     QUERY=$QUERY,persistence_mode,power.limit,enforced.power.limit,power.default_limit,power.min_limit
     QUERY=$QUERY,power.max_limit,temperature.gpu,mig.mode.current,mig.mode.pending,ecc.mode.current,clocks.max.sm
 fi
@@ -103,7 +107,7 @@ capture nvidia-smi-nvlink-s.txt nvidia-smi nvlink -s
 capture nvidia-smi-mig-lgip.txt nvidia-smi mig -lgip
 capture nvidia-smi-version.txt nvidia-smi --version
 if command -v lspci >/dev/null 2>&1; then capture lspci-nvidia.txt lspci -n -D -d 10de:; fi
-DRIVER=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n 1 | tr -d ' ')
+DRIVER=$(nvidia-smi "--query-gpu=$VFIELD" --format=csv,noheader 2>/dev/null | head -n 1 | tr -d ' ')
 BRANCH=${DRIVER%%.*}
 echo "  driver $DRIVER (branch $BRANCH)"
 
