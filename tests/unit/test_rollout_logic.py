@@ -353,3 +353,89 @@ def test_report_junit_lists_untouched_hosts_as_skipped():
     root = ET.fromstring(report.junit(s).split("\n", 1)[1])
     assert [ts.get("name") for ts in root] == ["not run"] and root.get("skipped") == "1"
 
+
+
+# ------------------------------------------------------------------------------------------------ Slurm
+
+
+class FakeSlurm:
+    """scontrol/sinfo answering like Slurm 22.05 (messages from /work/shared/reference/slurm-on-sim.md)."""
+
+    def __init__(self, nodes):
+        self.nodes = {n: dict(v) for n, v in nodes.items()}  # name -> {state, reason, user}
+        self.calls: list[list[str]] = []
+
+    def __call__(self, argv):
+        import subprocess  # noqa: PLC0415
+
+        self.calls.append(argv)
+        if argv[0] == "sinfo":
+            n = self.nodes.get(argv[3])
+            out = f"{n['state']}|{n['reason'] or 'none'}|{n['user']}\n" if n else ""
+            return subprocess.CompletedProcess(argv, 0, out, "")
+        node = self.nodes[argv[2].split("=", 1)[1]]
+        if argv[3] == "state=drain":
+            if not any(a.startswith("reason=") for a in argv):
+                return subprocess.CompletedProcess(argv, 1, "", "You must specify a reason when DOWNING or "
+                                                   "DRAINING a node. Request denied")
+            node.update(state="draining" if node.get("job") else "drained",
+                        reason=argv[4].split("=", 1)[1], user="root")
+        elif argv[3] == "state=resume":
+            if "drain" not in node["state"]:
+                return subprocess.CompletedProcess(argv, 1, "", "slurm_update error: Invalid node state specified")
+            node.update(state="allocated" if node.get("job") else "idle", reason="", user="")
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+
+def test_sinfo_parsing_keeps_spaces_and_bars_in_the_reason():
+    from gpufleet.rollout.slurm import parse_sinfo  # noqa: PLC0415
+
+    s = parse_sinfo("drained|gres/gpu count reported lower | than configured (0 < 8)|slurm\n", "n1")
+    assert (s.state, s.reason, s.user) == ("drained", "gres/gpu count reported lower | than configured (0 < 8)",
+                                           "slurm")
+    assert s.drained and s.drain_set
+    assert parse_sinfo("draining|gpufleet rollout r1|root", "n").drain_set
+    assert not parse_sinfo("draining|x|root", "n").drained
+    assert parse_sinfo("drained*|x|root", "n").drained
+    assert not parse_sinfo("idle|none|Unknown", "n").drain_set
+    with pytest.raises(DrainError, match="no node 'n9'"):
+        parse_sinfo("", "n9")
+
+
+def test_slurm_drains_with_the_rollout_reason_and_resumes_only_its_own():
+    from gpufleet.rollout.slurm import SlurmDrainer  # noqa: PLC0415
+
+    fake = FakeSlurm({"n1": {"state": "idle", "reason": "", "user": ""},
+                      "n2": {"state": "drained", "reason": "bad DIMM, ticket 42", "user": "admin"},
+                      "n3": {"state": "allocated", "reason": "", "user": "", "job": True}})
+    d = SlurmDrainer("r1", run=fake)
+    assert d.drain("n1", "x") is True
+    assert ["scontrol", "update", "nodename=n1", "state=drain", "reason=gpufleet rollout r1"] in fake.calls
+    assert d.is_drained("n1")
+    assert d.drain("n2", "x") is False  # the admin's drain: not ours
+    d.resume("n2")
+    assert fake.nodes["n2"]["state"] == "drained" and fake.nodes["n2"]["reason"] == "bad DIMM, ticket 42"
+    assert d.drain("n3", "x") is True and not d.is_drained("n3")  # a job still runs: draining
+    d.resume("n1")
+    assert fake.nodes["n1"]["state"] == "idle"
+    d.keep_drained("n3", "verify: FAIL (health.ecc)")
+    assert fake.nodes["n3"]["reason"] == "gpufleet rollout r1: verify: FAIL (health.ecc)"
+    d.resume("n3")  # still ours (reason starts with the marker): resumed
+    assert fake.nodes["n3"]["state"] == "allocated"
+    assert d.drain("n1", "again") is True and d.drain("n1", "again") is True  # idempotent
+
+
+def test_slurm_errors_name_the_command():
+    from gpufleet.rollout.slurm import SlurmDrainer  # noqa: PLC0415
+
+    fake = FakeSlurm({"n1": {"state": "idle", "reason": "", "user": ""}})
+
+    def refuse(argv):
+        import subprocess  # noqa: PLC0415
+
+        if argv[0] == "scontrol":
+            return subprocess.CompletedProcess(argv, 1, "", "Invalid node name specified")
+        return fake(argv)
+
+    with pytest.raises(DrainError, match=r"scontrol update nodename=n1 state=drain .* exited 1: Invalid node name"):
+        SlurmDrainer("r1", run=refuse).drain("n1", "x")
