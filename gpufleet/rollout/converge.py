@@ -49,11 +49,14 @@ class PyinfraRun:
     seconds: float = 0.0
 
     def error_text(self, lines: int = 15) -> str:
-        """The part of pyinfra's log that says what went wrong (its error lines, else its last lines)."""
+        """What went wrong, from pyinfra's log: from its ``--> pyinfra error`` line on (the deploy's validation and
+        preflight errors follow it, one per line), else the host error lines, else the last lines."""
         text = [_ANSI.sub("", ln).rstrip() for ln in self.stderr.splitlines() if ln.strip()]
-        errors = [ln for ln in text if "error" in ln.lower() or ln.lstrip().startswith(("-->", "    "))]
-        wanted = [ln for ln in errors if "--> Loading" not in ln and "Connected" not in ln and "Ready:" not in ln]
-        return "\n".join((wanted or text)[-lines:])
+        start = next((i for i, ln in enumerate(text) if "pyinfra error" in ln.lower()), None)
+        if start is not None:
+            return "\n".join(text[start:start + lines])
+        errors = [ln for ln in text if re.search(r"error|could not|failed", ln, re.IGNORECASE)]
+        return "\n".join((errors or text)[-lines:])
 
 
 def parse_json_stdout(stdout: str) -> dict[str, Any] | None:

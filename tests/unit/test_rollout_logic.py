@@ -439,3 +439,14 @@ def test_slurm_errors_name_the_command():
 
     with pytest.raises(DrainError, match=r"scontrol update nodename=n1 state=drain .* exited 1: Invalid node name"):
         SlurmDrainer("r1", run=refuse).drain("n1", "x")
+
+
+def test_error_text_keeps_the_preflight_errors_after_pyinfras_error_line():
+    stderr = ("--> Loading config...\n    [node01] Connected\n--> Disconnecting from hosts...\n"
+              "--> pyinfra error in /x/_inputs.py line 47: preflight failed: 1 error(s) on 1 host(s) (node01); no "
+              "host was changed:\n  - node01: gpufleet_power_limit=900 W on GPU 0 (NVIDIA GeForce RTX 4090): "
+              "outside this GPU's power limit range; allowed: 150-600 W\n")
+    text = converge.PyinfraRun(1, None, stderr).error_text()
+    assert text.splitlines()[0].startswith("--> pyinfra error in /x/_inputs.py line 47: preflight failed")
+    assert text.splitlines()[1] == ("  - node01: gpufleet_power_limit=900 W on GPU 0 (NVIDIA GeForce RTX 4090): "
+                                    "outside this GPU's power limit range; allowed: 150-600 W")
