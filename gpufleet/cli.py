@@ -87,3 +87,18 @@ def rollout(inventory: str, deploy: str, canary: int, waves: str | None, batch: 
                               drain=drain, wait_for_jobs=wait_for_jobs, on_timeout=on_timeout, state=state_file,
                               resume=resume, dry=dry, out=out)
     sys.exit(run.main(opts, echo=click.echo))
+
+
+@main.command()
+@click.argument("inventory")
+@click.argument("deploy", required=False, default="deploys/gpu_node.py")
+@click.option("--json", "as_json", is_flag=True, help="print the drift as JSON")
+def drift(inventory: str, deploy: str, as_json: bool) -> None:
+    """What DEPLOY (default deploys/gpu_node.py) would change on every host of INVENTORY, per setting and host:
+    the deploy run with pyinfra --dry (same validation, preflight, facts and operations; nothing is changed).
+
+    Exit code: 0 no drift, 1 drift, 2 could not tell (bad input, a host unreachable).
+    """
+    from .drift import main as drift_main  # noqa: PLC0415
+
+    sys.exit(drift_main(inventory, deploy, as_json=as_json, echo=click.echo))

@@ -450,3 +450,34 @@ def test_error_text_keeps_the_preflight_errors_after_pyinfras_error_line():
     assert text.splitlines()[0].startswith("--> pyinfra error in /x/_inputs.py line 47: preflight failed")
     assert text.splitlines()[1] == ("  - node01: gpufleet_power_limit=900 W on GPU 0 (NVIDIA GeForce RTX 4090): "
                                     "outside this GPU's power limit range; allowed: 150-600 W")
+
+
+# ------------------------------------------------------------------------------------------------ drift
+
+
+def test_drift_summary_per_setting_and_host():
+    from gpufleet import drift  # noqa: PLC0415
+
+    payload = {"plan": [
+        {"name": "gpufleet: GPU node | GPU power limits", "hosts_with_change": ["a"],
+         "hosts_with_conditional_change": []},
+        {"name": "gpufleet: GPU node | /etc/nccl.conf", "hosts_with_change": ["a", "c"],
+         "hosts_with_conditional_change": []},
+        {"name": "gpufleet: GPU node | MIG layout", "hosts_with_change": [], "hosts_with_conditional_change": []}],
+        "results": None}
+    d = drift.drift_from_run(converge.PyinfraRun(0, payload, ""), ["a", "b", "c"])
+    assert d.exit_code == 1
+    data = d.to_dict()
+    assert data["hosts"] == {"a": ["GPU power limits", "/etc/nccl.conf"], "b": [], "c": ["/etc/nccl.conf"]}
+    assert data["settings"] == {"GPU power limits": ["a"], "/etc/nccl.conf": ["a", "c"]} and data["in_sync"] == ["b"]
+    assert drift.text(d).splitlines() == [
+        "gpufleet drift: 2 of 3 host(s) differ from the configuration", "by setting:", "  GPU power limits: a",
+        "  /etc/nccl.conf: a, c", "by host:", "  a: GPU power limits; /etc/nccl.conf", "  c: /etc/nccl.conf",
+        "in sync: b"]
+    clean = drift.drift_from_run(converge.PyinfraRun(0, {"plan": payload["plan"][2:], "results": None}, ""), ["a"])
+    assert clean.exit_code == 0
+    down = drift.drift_from_run(converge.PyinfraRun(0, {"plan": [], "results": None},
+                                                    "    [b] Could not connect (timed out)\n"), ["a", "b"])
+    assert down.exit_code == 2 and down.unreachable == {"b": "Could not connect (timed out)"}
+    bad = drift.drift_from_run(converge.PyinfraRun(1, None, "--> pyinfra error: preflight failed\n"), ["a"])
+    assert bad.exit_code == 2 and "preflight failed" in drift.text(bad)
