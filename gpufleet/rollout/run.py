@@ -2,8 +2,9 @@
 waves, each node through drain → converge → verify gate → return, the state file after every phase, a summary,
 and the rollout report (JSON + JUnit).
 
-Exit codes: 0 every node done (or already converged); 1 stopped by failures, or a node failed; 2 bad input or
-usage (nothing drained or changed); 130 interrupted (the state file says where; ``--resume`` continues).
+Exit codes: 0 every node done (or already converged); 1 stopped by failures, or a node failed or was skipped
+(jobs still running, ``--on-timeout skip``); 2 bad input or usage (nothing drained or changed); 130 interrupted
+(the state file says where; ``--resume`` continues).
 """
 
 from __future__ import annotations
@@ -415,7 +416,7 @@ def main(opts: RolloutOptions, *, progress: TextIO | None = None, echo=print) ->
     ctl.save()
     report.write(state, opts)
     echo(report.summary_text(state, opts))
-    if state.status == "stopped" or state.by_state(FAILED):
+    if state.status == "stopped" or state.by_state(FAILED, SKIPPED):
         return EXIT_FAILED
     return EXIT_DONE
 

@@ -481,3 +481,53 @@ def test_drift_summary_per_setting_and_host():
     assert down.exit_code == 2 and down.unreachable == {"b": "Could not connect (timed out)"}
     bad = drift.drift_from_run(converge.PyinfraRun(1, None, "--> pyinfra error: preflight failed\n"), ["a"])
     assert bad.exit_code == 2 and "preflight failed" in drift.text(bad)
+
+
+class BusyDrainer(run.Drainer):
+    """Drains every node; ``busy`` nodes run a job that ends after ``polls`` checks (never, with None)."""
+
+    def __init__(self, busy, polls=None):
+        self.busy, self.polls, self.checks, self.resumed, self.failed = dict.fromkeys(busy, 0), polls, [], [], []
+
+    def drain(self, node, reason):
+        return True
+
+    def is_drained(self, node):
+        self.checks.append(node)
+        if node not in self.busy:
+            return True
+        self.busy[node] += 1
+        return self.polls is not None and self.busy[node] > self.polls
+
+    def resume(self, node):
+        self.resumed.append(node)
+
+    def keep_drained(self, node, reason):
+        self.failed.append(node)
+
+
+@pytest.mark.parametrize(("policy", "state", "converged"), [("fail", "failed", False), ("skip", "skipped", False),
+                                                            ("force", "done", True)])
+def test_wait_for_jobs_timeout_policies(fake, tmp_path, monkeypatch, policy, state, converged):
+    fleet = fake(2)
+    drainer = BusyDrainer({"n2"})
+    monkeypatch.setattr(run, "make_drainer", lambda spec, rid: drainer)
+    rc, text = go(opts(tmp_path, fake.deploy, canary=0, waves="100%", max_failures="100%", wait_for_jobs=0.05,
+                       on_timeout=policy, poll_s=0.01))
+    s = st.load(tmp_path / "out" / "state.json")
+    assert s.nodes["n2"].state == state and s.nodes["n1"].state == "done"
+    assert (["n1", "n2"] in [c[1] for c in fleet.calls if c[0] == "run"]) == converged
+    if policy != "force":
+        assert "jobs still running after --wait-for-jobs 0.05 s" in s.nodes["n2"].reason
+        assert "n2" in drainer.resumed and not s.nodes["n2"].drained_by_rollout  # given back, nothing changed
+    assert rc == (0 if policy == "force" else 1)  # a skipped host is not done either
+
+
+def test_wait_for_jobs_waits_until_the_jobs_end(fake, tmp_path, monkeypatch):
+    fleet = fake(2)
+    drainer = BusyDrainer({"n2"}, polls=3)
+    monkeypatch.setattr(run, "make_drainer", lambda spec, rid: drainer)
+    rc, text = go(opts(tmp_path, fake.deploy, canary=0, waves="100%", wait_for_jobs=30, poll_s=0.01))
+    assert rc == 0 and drainer.checks.count("n2") == 4
+    assert [c[1] for c in fleet.calls if c[0] == "run"] == [["n1", "n2"]]
+    assert drainer.resumed == ["n1", "n2"]
