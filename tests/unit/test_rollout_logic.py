@@ -531,3 +531,35 @@ def test_wait_for_jobs_waits_until_the_jobs_end(fake, tmp_path, monkeypatch):
     assert rc == 0 and drainer.checks.count("n2") == 4
     assert [c[1] for c in fleet.calls if c[0] == "run"] == [["n1", "n2"]]
     assert drainer.resumed == ["n1", "n2"]
+
+
+def test_verify_gate_uses_verify_and_fails_hosts_that_fail_a_check(tmp_path, monkeypatch):
+    from types import SimpleNamespace  # noqa: PLC0415
+
+    from gpufleet.verify import CheckResult, HostResult, unreachable_host  # noqa: PLC0415
+    from gpufleet.verify import run as verify_run  # noqa: PLC0415
+
+    calls = []
+
+    def fake_run_verify(inventory, *, limit, bench, out, progress):
+        calls.append((inventory, list(limit), bench))
+        hosts = [HostResult("n1", checks=[CheckResult("health.ecc", "pass", "n1", "ok")]),
+                 HostResult("n2", checks=[CheckResult("health.temperature", "fail", "n2", "92 C"),
+                                          CheckResult("health.ecc", "warn", "n2", "x")]),
+                 unreachable_host("n4", "timed out")]
+        return SimpleNamespace(fleet=SimpleNamespace(hosts=hosts), paths={"json": Path(out) / "report.json"})
+
+    monkeypatch.setattr(verify_run, "run_verify", fake_run_verify)
+    o = run.RolloutOptions(inventory="inv.py", out=str(tmp_path), verify="full")
+    state = st.RolloutState.new("r", "inv.py", "d.py", {}, ["n1", "n2", "n3", "n4"])
+    for n in state.order:
+        for s in (st.DRAINING, st.DRAINED, st.CONVERGING):
+            state.nodes[n].move(s)
+    ctl = run.Controller(o, run.Parsed([], waves.Count(0), None), state,
+                         run.Drainer(), io.StringIO())
+    ok, path = ctl.phase_verify(["n1", "n2", "n3", "n4"], 2)
+    assert calls == [("inv.py", ["n1", "n2", "n3", "n4"], "quick")]  # --verify full = probe + quick benchmarks
+    assert ok == ["n1", "n3"]  # n3: not a GPU node (verify skipped it), nothing to gate
+    assert state.nodes["n2"].reason == "verify: FAIL (health.temperature)"
+    assert state.nodes["n4"].reason == "verify: UNREACHABLE (host.reachable)"
+    assert path == str(tmp_path / "wave-002-verify" / "report.json")
