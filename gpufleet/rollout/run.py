@@ -380,6 +380,10 @@ def main(opts: RolloutOptions, *, progress: TextIO | None = None, echo=print) ->
     # is kept, so they are resumed in the scheduler once they pass.
     for name in state.by_state(*ACTIVE):
         state.nodes[name].move(PENDING)
+    if opts.resume:  # the user fixed what failed (or wants another try): failed and skipped nodes run again
+        for name in state.by_state(FAILED, SKIPPED):
+            state.nodes[name].retry()
+        state.options.pop("canary_failed", None)
     todo = state.by_state(PENDING)
     ctl.say(f"gpufleet rollout {state.rollout_id}: {len(state.order)} host(s), {len(todo)} to do"
             + (f", {len(state.by_state(DONE))} already done (not touched)" if opts.resume else ""))
@@ -387,8 +391,6 @@ def main(opts: RolloutOptions, *, progress: TextIO | None = None, echo=print) ->
         planned = _preflight(opts, todo, progress) if todo else {}
     except BadInput as error:
         progress.write(f"gpufleet rollout: {error}\n")
-        if not opts.resume and not opts.dry:
-            state.status = "bad-input"
         return EXIT_BAD_INPUT
     unchanged = [n for n in todo if n not in planned]
     need = [n for n in todo if n in planned]

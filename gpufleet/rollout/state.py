@@ -3,7 +3,8 @@
 pending → draining → drained → converging → verifying → returning → done, and from any active state to
 failed(reason); ``skipped`` when a drain timed out and the policy says to leave the node as it was. The state file
 is JSON, written atomically (a temporary file, then ``os.replace``) after every phase of every wave, so an
-interrupted rollout (SIGINT, crash, controller reboot) resumes from it: ``done`` nodes are never touched again;
+interrupted or stopped rollout (SIGINT, crash, controller reboot, too many failures) resumes from it: ``done`` nodes
+are never touched again; ``failed`` and ``skipped`` nodes are tried again;
 a node caught in the middle of a phase starts that node over (converging again is idempotent) and keeps the
 record that this rollout drained it, so it is resumed in the scheduler once it passes.
 """
@@ -58,6 +59,13 @@ class NodeRecord:
     phases: dict[str, float] = field(default_factory=dict)  # phase -> seconds
     history: list[list[Any]] = field(default_factory=list)  # [state, unix time]
 
+    def retry(self) -> None:
+        """A failed or skipped node back to pending on ``--resume`` (its drain record is kept)."""
+        if self.state not in (FAILED, SKIPPED):
+            raise BadTransition(f"{self.name}: only a failed or skipped node is retried, not a {self.state} one")
+        self.state, self.reason = PENDING, None
+        self.history.append([PENDING, round(time.time(), 3)])
+
     def move(self, new: str, reason: str | None = None) -> None:
         if new not in TRANSITIONS[self.state]:
             raise BadTransition(f"{self.name}: {self.state} -> {new} is not a rollout transition")
@@ -76,7 +84,7 @@ class RolloutState:
     order: list[str]
     nodes: dict[str, NodeRecord]
     waves: list[dict[str, Any]] = field(default_factory=list)
-    status: str = "running"  # running, interrupted, stopped, finished, bad-input
+    status: str = "running"  # running, interrupted, stopped, finished
     started_at: float = field(default_factory=time.time)
 
     @classmethod

@@ -563,3 +563,20 @@ def test_verify_gate_uses_verify_and_fails_hosts_that_fail_a_check(tmp_path, mon
     assert state.nodes["n2"].reason == "verify: FAIL (health.temperature)"
     assert state.nodes["n4"].reason == "verify: UNREACHABLE (host.reachable)"
     assert path == str(tmp_path / "wave-002-verify" / "report.json")
+
+
+def test_resume_after_a_stop_retries_the_failed_hosts_and_not_the_done_ones(fake, tmp_path):
+    fleet = fake(4, broken={"n2"})
+    o = opts(tmp_path, fake.deploy, canary=1, waves="1", max_failures="0")
+    rc, text = go(o)
+    assert rc == 1 and "failed (1): n2" in text and "untouched (2): n3, n4" in text
+    assert "--resume" in text
+    fleet.broken.clear()  # the operator fixed n2
+    fleet.calls.clear()
+    o.resume = True
+    rc, text = go(o)
+    assert rc == 0, text
+    assert fleet.calls == [("dry", ["n2", "n3", "n4"]), ("run", ["n2"]), ("run", ["n3"]), ("run", ["n4"])]
+    s = st.load(o.state_path())
+    assert [h[0] for h in s.nodes["n2"].history][-2:] == ["returning", "done"] and "failed" in [
+        h[0] for h in s.nodes["n2"].history]
