@@ -92,8 +92,8 @@ def make_drainer(spec: str, rollout_id: str) -> Drainer:
         return Drainer()
     if spec.startswith("command:"):
         return CommandDrainer.parse(spec)
-    if spec == "slurm":
+    if spec == "slurm" or spec.startswith("slurm:"):
         from .slurm import SlurmDrainer  # noqa: PLC0415
 
-        return SlurmDrainer(rollout_id)
-    raise DrainError(f"--drain {spec!r}: allowed: none, slurm, command:CMD")
+        return SlurmDrainer.from_spec(spec, rollout_id)
+    raise DrainError(f"--drain {spec!r}: allowed: none, slurm, slurm:PREFIX, command:CMD")

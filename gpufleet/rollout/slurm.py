@@ -1,5 +1,7 @@
 """``--drain slurm``: drain and resume nodes with Slurm's own client commands (``scontrol``, ``sinfo``) on the
-machine that runs the rollout.
+machine that runs the rollout; ``--drain "slurm:PREFIX"`` runs them through PREFIX instead, e.g.
+``slurm:ssh root@slurm-ctl`` where the rollout's machine is no Slurm client (PREFIX gets the command as one
+shell-quoted argument, as ssh passes it to the remote shell). The Slurm node name is the inventory host name.
 
 The drain reason names the rollout (``gpufleet rollout <id>``); that reason is the record of whose drain it is.
 A node already drained (or draining) with another reason (an admin, or Slurm itself, e.g. a GRES mismatch) is
@@ -10,6 +12,7 @@ with the reason saying why. ``sinfo -h -n NODE -o "%T|%E|%u"`` is read, as ``sco
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -53,11 +56,33 @@ def parse_sinfo(text: str, node: str) -> NodeStatus:
     return NodeStatus(state.strip().lower(), "" if reason == "none" else reason, user.strip())
 
 
+def prefixed(prefix: list[str]) -> Runner:
+    """A runner that runs each command through ``prefix`` (``ssh host``): the command as one quoted argument."""
+    return lambda argv: _run([*prefix, shlex.join(argv)])
+
+
+def parse_spec(spec: str) -> list[str]:
+    """``slurm`` -> [] (local commands); ``slurm:ssh root@ctl`` -> ["ssh", "root@ctl"]."""
+    text = spec.split(":", 1)[1] if ":" in spec else ""
+    try:
+        prefix = shlex.split(text)
+    except ValueError as error:
+        raise DrainError(f"--drain {spec!r}: {error}") from None
+    if ":" in spec and not prefix:
+        raise DrainError(f"--drain {spec!r}: slurm: needs a command prefix, e.g. slurm:ssh root@slurm-ctl")
+    return prefix
+
+
 @dataclass
 class SlurmDrainer(Drainer):
     rollout_id: str
     run: Runner = field(default=_run)
     name = "slurm"
+
+    @classmethod
+    def from_spec(cls, spec: str, rollout_id: str) -> SlurmDrainer:
+        prefix = parse_spec(spec)
+        return cls(rollout_id, run=prefixed(prefix) if prefix else _run)
 
     @property
     def marker(self) -> str:

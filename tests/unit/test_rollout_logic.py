@@ -170,7 +170,7 @@ def test_command_drainer_failure_names_the_command(tmp_path):
         make_drainer(f"command:{h}", "r").drain("n1", "x")
     with pytest.raises(DrainError, match="needs a command"):
         make_drainer("command:", "r")
-    with pytest.raises(DrainError, match="allowed: none, slurm, command:CMD"):
+    with pytest.raises(DrainError, match="allowed: none, slurm, slurm:PREFIX, command:CMD"):
         make_drainer("kubernetes", "r")
 
 
@@ -580,3 +580,17 @@ def test_resume_after_a_stop_retries_the_failed_hosts_and_not_the_done_ones(fake
     s = st.load(o.state_path())
     assert [h[0] for h in s.nodes["n2"].history][-2:] == ["returning", "done"] and "failed" in [
         h[0] for h in s.nodes["n2"].history]
+
+
+def test_slurm_spec_runs_commands_locally_or_through_a_prefix(monkeypatch):
+    from gpufleet.rollout import slurm  # noqa: PLC0415
+
+    seen = []
+    monkeypatch.setattr(slurm, "_run", lambda argv: seen.append(argv) or __import__("subprocess").CompletedProcess(
+        argv, 0, "idle|none|Unknown\n", ""))
+    assert slurm.parse_spec("slurm") == [] and slurm.parse_spec("slurm:ssh -p 2222 root@ctl") == [
+        "ssh", "-p", "2222", "root@ctl"]
+    make_drainer("slurm:ssh root@ctl", "r1").status("gpu node")
+    assert seen[-1] == ["ssh", "root@ctl", "sinfo -h -n 'gpu node' -o '%T|%E|%u'"]
+    with pytest.raises(DrainError, match="needs a command prefix"):
+        make_drainer("slurm:", "r1")
