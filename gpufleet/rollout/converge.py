@@ -26,9 +26,12 @@ def pyinfra_executable() -> str:
 
 
 def pyinfra_command(inventory: str, deploy: str, hosts: list[str] | None, *, dry: bool) -> list[str]:
-    """``pyinfra --json [-y | --dry] [--limit HOST ...] INVENTORY DEPLOY`` (argv, no shell)."""
+    """``pyinfra --json [-y | --dry] [--limit HOST ...] INVENTORY DEPLOY`` (argv, no shell); ``hosts`` None: every
+    host of the inventory. An empty list is refused: without a ``--limit`` pyinfra would run on every host."""
+    if hosts is not None and not hosts:
+        raise ValueError("pyinfra_command: an empty host list (None means every host)")
     cmd = [pyinfra_executable(), "--json", "--dry" if dry else "-y"]
-    for name in hosts or []:
+    for name in hosts or ():
         cmd += ["--limit", name]
     return [*cmd, inventory, deploy]
 

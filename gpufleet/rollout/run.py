@@ -126,7 +126,7 @@ class Controller:
         rec.move(FAILED, reason)
         if rec.drained_by_rollout:
             try:
-                self.drainer.keep_drained(name, f"gpufleet rollout {self.state.rollout_id} failed: {reason}")
+                self.drainer.keep_drained(name, reason)
             except DrainError as error:
                 self.say(f"warning: {name}: {error}")
 
@@ -182,6 +182,8 @@ class Controller:
                 self.say(f"warning: {name}: {error}")
 
     def phase_converge(self, names: list[str]) -> list[str]:
+        if not names:  # every host of the wave already failed or was skipped (pyinfra without --limit = everyone)
+            return []
         for n in names:
             self.node(n).move(CONVERGING)
         self.save()

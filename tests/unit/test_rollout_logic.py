@@ -103,6 +103,8 @@ def test_pyinfra_command_limits_each_host_and_never_uses_a_shell():
     cmd = converge.pyinfra_command("inv.py", "d.py", ["a", "b;rm -rf /"], dry=False)
     assert cmd[1:] == ["--json", "-y", "--limit", "a", "--limit", "b;rm -rf /", "inv.py", "d.py"]
     assert converge.pyinfra_command("inv.py", "d.py", None, dry=True)[1:] == ["--json", "--dry", "inv.py", "d.py"]
+    with pytest.raises(ValueError, match="empty host list"):  # no --limit would mean every host
+        converge.pyinfra_command("inv.py", "d.py", [], dry=False)
 
 
 RESULTS = {"plan": [], "results": {
@@ -521,6 +523,8 @@ def test_wait_for_jobs_timeout_policies(fake, tmp_path, monkeypatch, policy, sta
         assert "jobs still running after --wait-for-jobs 0.05 s" in s.nodes["n2"].reason
         assert "n2" in drainer.resumed and not s.nodes["n2"].drained_by_rollout  # given back, nothing changed
     assert rc == (0 if policy == "force" else 1)  # a skipped host is not done either
+    if policy != "force":  # the only other host of the wave was held back: pyinfra ran on n1 alone
+        assert [c[1] for c in fleet.calls if c[0] == "run"] == [["n1"]]
 
 
 def test_wait_for_jobs_waits_until_the_jobs_end(fake, tmp_path, monkeypatch):
@@ -594,3 +598,11 @@ def test_slurm_spec_runs_commands_locally_or_through_a_prefix(monkeypatch):
     assert seen[-1] == ["ssh", "root@ctl", "sinfo -h -n 'gpu node' -o '%T|%E|%u'"]
     with pytest.raises(DrainError, match="needs a command prefix"):
         make_drainer("slurm:", "r1")
+
+
+def test_a_wave_with_every_host_held_back_runs_pyinfra_on_nobody(fake, tmp_path, monkeypatch):
+    fleet = fake(3)
+    monkeypatch.setattr(run, "make_drainer", lambda spec, rid: BusyDrainer({"n1"}))
+    rc, text = go(opts(tmp_path, fake.deploy, canary=1, waves="100%", wait_for_jobs=0.02, poll_s=0.01))
+    assert rc == 1 and "untouched (2): n2, n3" in text
+    assert [c for c in fleet.calls if c[0] == "run"] == []  # not a pyinfra run without --limit (= every host)
