@@ -183,3 +183,15 @@ def test_running_job_keeps_the_node_draining_until_the_timeout_policy(fleet, tmp
         assert "untouched (2): node03, node04" in result.stdout  # the canary failed: nothing else
     finally:
         ssh(fleet, "node01", "scancel -u root")
+
+
+def test_rollout_waits_for_a_job_to_finish_then_changes_the_node(fleet, tmp_path):
+    ssh(fleet, "node01", "sbatch -w node02 -o /dev/null --wrap 'sleep 8'")
+    wait_for("the job to run on node02", lambda: sinfo(fleet)["node02"][0] == "allocated")
+    result = rollout(fleet, tmp_path, 330, "--canary", "1", "--waves", "100%", "--wait-for-jobs", "120",
+                     "--verify", "none")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "waiting for jobs on 1 node(s): node02" in result.stderr  # it was draining, not drained, at first
+    assert [power_w(fleet, n) for n in COMPUTE] == [330, 330, 330]
+    assert all(sinfo(fleet)[n][0].rstrip("*") == "idle" for n in COMPUTE)
+    assert ssh(fleet, "node01", "squeue -h -w node02").stdout.strip() == ""  # the job ran to its end
