@@ -221,6 +221,11 @@ class Controller:
             self.save()
             return [], None
         verdicts = {h.host: h for h in result.fleet.hosts}
+        wave = next((w for w in self.state.waves if w["index"] == wave_index), None)
+        if wave is not None:  # the gate's verdicts in the rollout report, beside the path of the full report
+            summary = result.fleet.summary()
+            wave["verify_summary"] = {k: summary[k] for k in ("hosts", "hosts_ok", "hosts_unreachable", "hosts_failed",
+                                                              "gpus", "checks", "verdict")}
         ok = []
         for n in names:
             host = verdicts.get(n)

@@ -540,7 +540,7 @@ def test_wait_for_jobs_waits_until_the_jobs_end(fake, tmp_path, monkeypatch):
 def test_verify_gate_uses_verify_and_fails_hosts_that_fail_a_check(tmp_path, monkeypatch):
     from types import SimpleNamespace  # noqa: PLC0415
 
-    from gpufleet.verify import CheckResult, HostResult, unreachable_host  # noqa: PLC0415
+    from gpufleet.verify import CheckResult, FleetResult, HostResult, unreachable_host  # noqa: PLC0415
     from gpufleet.verify import run as verify_run  # noqa: PLC0415
 
     calls = []
@@ -551,7 +551,7 @@ def test_verify_gate_uses_verify_and_fails_hosts_that_fail_a_check(tmp_path, mon
                  HostResult("n2", checks=[CheckResult("health.temperature", "fail", "n2", "92 C"),
                                           CheckResult("health.ecc", "warn", "n2", "x")]),
                  unreachable_host("n4", "timed out")]
-        return SimpleNamespace(fleet=SimpleNamespace(hosts=hosts), paths={"json": Path(out) / "report.json"})
+        return SimpleNamespace(fleet=FleetResult(hosts), paths={"json": Path(out) / "report.json"})
 
     monkeypatch.setattr(verify_run, "run_verify", fake_run_verify)
     o = run.RolloutOptions(inventory="inv.py", out=str(tmp_path), verify="full")
@@ -561,12 +561,15 @@ def test_verify_gate_uses_verify_and_fails_hosts_that_fail_a_check(tmp_path, mon
             state.nodes[n].move(s)
     ctl = run.Controller(o, run.Parsed([], waves.Count(0), None), state,
                          run.Drainer(), io.StringIO())
+    state.waves.append({"index": 2, "kind": "wave", "hosts": state.order, "phases": {}})
     ok, path = ctl.phase_verify(["n1", "n2", "n3", "n4"], 2)
     assert calls == [("inv.py", ["n1", "n2", "n3", "n4"], "quick")]  # --verify full = probe + quick benchmarks
     assert ok == ["n1", "n3"]  # n3: not a GPU node (verify skipped it), nothing to gate
     assert state.nodes["n2"].reason == "verify: FAIL (health.temperature)"
     assert state.nodes["n4"].reason == "verify: UNREACHABLE (host.reachable)"
     assert path == str(tmp_path / "wave-002-verify" / "report.json")
+    summary = state.waves[0]["verify_summary"]
+    assert (summary["hosts"], summary["hosts_failed"], summary["hosts_unreachable"]) == (3, 2, 1)
 
 
 def test_resume_after_a_stop_retries_the_failed_hosts_and_not_the_done_ones(fake, tmp_path):
