@@ -10,7 +10,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
-from .state import DONE, FAILED, PENDING, SKIPPED, RolloutState
+from .state import ACTIVE, DONE, FAILED, PENDING, SKIPPED, RolloutState
 from .waves import Count, plan_waves
 
 REPORT_SCHEMA = "gpufleet.rollout.report"
@@ -41,6 +41,7 @@ def classify(state: RolloutState) -> dict[str, list[str]]:
         "failed": [n for n in state.order if nodes[n].state == FAILED],
         "skipped": [n for n in state.order if nodes[n].state == SKIPPED],
         "untouched": [n for n in state.order if nodes[n].state == PENDING],
+        "in_progress": [n for n in state.order if nodes[n].state in ACTIVE],
         "drained_by_rollout": state.drained_now(),
     }
 
@@ -57,6 +58,9 @@ def summary_text(state: RolloutState, opts: Any) -> str:
         lines.append(f"skipped ({len(groups['skipped'])}): {_names(groups['skipped'])}")
         lines += [f"  {n}: {state.nodes[n].reason}" for n in groups["skipped"]]
     lines.append(f"untouched ({len(groups['untouched'])}): {_names(groups['untouched'])}")
+    if groups["in_progress"]:
+        lines.append(f"interrupted mid-phase ({len(groups['in_progress'])}): "
+                     + _names([f"{n} ({state.nodes[n].state})" for n in groups["in_progress"]]))
     if groups["drained_by_rollout"]:
         lines.append(f"STILL DRAINED by this rollout ({len(groups['drained_by_rollout'])}): "
                      f"{_names(groups['drained_by_rollout'])}")

@@ -319,6 +319,7 @@ def test_interrupt_then_resume_never_touches_done_hosts(fake, tmp_path):
     o = opts(tmp_path, fake.deploy, canary=1, waves="2")
     rc, text = go(o)
     assert rc == 130 and "INTERRUPTED" in text
+    assert "interrupted mid-phase (2): n2 (converging), n3 (converging)" in text
     state = st.load(o.state_path())
     assert state.nodes["n1"].state == "done" and state.nodes["n2"].state == "converging"
     rc, text = go(opts(tmp_path, fake.deploy, canary=1, waves="2"))
