@@ -203,7 +203,7 @@ def _summary(data: dict[str, Any]) -> list[str]:
             names = sorted({c["check"] for c in checks})
             rows.append([_host_link(h["host"]), _badge(host_verdict(h)), escape(host_facts(h)),
                          escape(", ".join(names))])
-        out.append(_table(["host", "verdict", "host", "problem checks"], rows, raw=True))
+        out.append(_table(["host", "verdict", "driver, CUDA, GPUs", "checks with that verdict"], rows, raw=True))
     else:
         out.append("<p>None: every host passed.</p>")
     groups = problem_groups(data)
