@@ -42,3 +42,67 @@ def verify(inventory: str, limit: tuple[str, ...], bench: str, out: str) -> None
     from .verify import run  # noqa: PLC0415
 
     sys.exit(run.main(inventory, limit=list(limit), bench=bench, out=out, echo=click.echo))
+
+
+@main.command()
+@click.argument("inventory")
+@click.argument("deploy", required=False, default="deploys/gpu_node.py")
+@click.option("--canary", type=int, default=1, show_default=True, help="hosts in the first wave (0: no canary)")
+@click.option("--waves", default=None, metavar="N,N,P%",
+              help="sizes of the waves after the canary, the last repeated (default 25%)")
+@click.option("--batch", default=None, metavar="N|P%", help="one size for every wave (same as --waves N)")
+@click.option("--max-unavailable", default=None, metavar="K|P%",
+              help="at most this many hosts out of service at once (failed hosts left drained count)")
+@click.option("--max-failures", default="0", show_default=True, metavar="K|P%",
+              help="stop before the next wave when more hosts than this have failed")
+@click.option("--verify", "verify_gate", type=click.Choice(["none", "quick", "full"]), default="quick",
+              show_default=True, help="gate after each wave: quick = probe and checks, full = with quick benchmarks")
+@click.option("--drain", default="none", show_default=True, metavar="none|slurm|command:CMD",
+              help="take each wave's hosts out of service first (command: CMD drain|drained|resume NODE)")
+@click.option("--wait-for-jobs", type=float, default=None, metavar="SECONDS",
+              help="wait this long for running jobs to finish after the drain")
+@click.option("--on-timeout", type=click.Choice(["fail", "skip", "force"]), default="fail", show_default=True,
+              help="jobs still running after --wait-for-jobs: fail the host, skip it, or change it anyway")
+@click.option("--state", "state_file", default=None, type=click.Path(dir_okay=False),
+              help="state file (default OUT/state.json)")
+@click.option("--resume", is_flag=True, help="continue the rollout of the state file (done hosts are not touched)")
+@click.option("--dry", is_flag=True, help="validate, preflight and print the waves; drain and change nothing")
+@click.option("--out", type=click.Path(file_okay=False), default="gpufleet-rollout", show_default=True,
+              help="directory for rollout.json, rollout-junit.xml, the state file and each wave's verify report")
+def rollout(inventory: str, deploy: str, canary: int, waves: str | None, batch: str | None,
+            max_unavailable: str | None, max_failures: str, verify_gate: str, drain: str,
+            wait_for_jobs: float | None, on_timeout: str, state_file: str | None, resume: bool, dry: bool,
+            out: str) -> None:
+    """Roll DEPLOY (default deploys/gpu_node.py) out over INVENTORY: validation and preflight of every host,
+    then the canary and the waves in inventory order, each host drained, converged, verified and returned.
+
+    Exit code: 0 every host done, 1 stopped by failures or a host failed, 2 bad input or usage (nothing drained
+    or changed), 130 interrupted (continue with --resume).
+    """
+    if waves and batch:
+        raise click.UsageError("--waves and --batch: give one of them")
+    if verify_gate != "none":
+        # Imported first: verify patches the standard library for gevent (pyinfra's connectors).
+        from .verify import run as _verify_run  # noqa: F401, PLC0415
+    from .rollout import run  # noqa: PLC0415
+
+    opts = run.RolloutOptions(inventory=inventory, deploy=deploy, canary=canary, waves=waves or batch or "25%",
+                              max_unavailable=max_unavailable, max_failures=max_failures, verify=verify_gate,
+                              drain=drain, wait_for_jobs=wait_for_jobs, on_timeout=on_timeout, state=state_file,
+                              resume=resume, dry=dry, out=out)
+    sys.exit(run.main(opts, echo=click.echo))
+
+
+@main.command()
+@click.argument("inventory")
+@click.argument("deploy", required=False, default="deploys/gpu_node.py")
+@click.option("--json", "as_json", is_flag=True, help="print the drift as JSON")
+def drift(inventory: str, deploy: str, as_json: bool) -> None:
+    """What DEPLOY (default deploys/gpu_node.py) would change on every host of INVENTORY, per setting and host:
+    the deploy run with pyinfra --dry (same validation, preflight, facts and operations; nothing is changed).
+
+    Exit code: 0 no drift, 1 drift, 2 could not tell (bad input, a host unreachable).
+    """
+    from .drift import main as drift_main  # noqa: PLC0415
+
+    sys.exit(drift_main(inventory, deploy, as_json=as_json, echo=click.echo))

@@ -74,5 +74,92 @@ def fmt(value: Any, digits: int = 1, none: str = "–") -> str:
     return str(value)
 
 
-__all__ = ["VERDICTS", "VERDICT_ORDER", "as_report", "bench_precisions", "epoch_seconds", "fmt", "gpu_label",
-           "host_facts", "sorted_checks"]
+# The headline of a fleet: a failed check outranks an unreachable host (the fleet has a real problem to fix, and one
+# host that could not be asked does not hide it); every counted verdict is then named next to it.
+HEADLINE_ORDER = ("fail", "unreachable", "warn", "pass", "skip")
+
+
+def host_verdict(host: dict[str, Any]) -> str:
+    return host.get("verdict") or "skip"
+
+
+def hosts_worst_first(hosts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Failing hosts first, then unreachable, warn, pass, skip; by name within a verdict."""
+    rank = {v: i for i, v in enumerate(HEADLINE_ORDER)}
+    return sorted(hosts, key=lambda h: (rank.get(host_verdict(h), 9), h["host"]))
+
+
+def hosts_by_verdict(hosts: list[dict[str, Any]]) -> dict[str, int]:
+    """{verdict: host count} in headline order, verdicts with no host left out."""
+    counts: dict[str, int] = {}
+    for h in hosts:
+        counts[host_verdict(h)] = counts.get(host_verdict(h), 0) + 1
+    return {v: counts[v] for v in HEADLINE_ORDER if v in counts}
+
+
+def fleet_headline(report: dict[str, Any]) -> tuple[str, str]:
+    """(verdict, text): ``("fail", "FAIL: 18 hosts fail, 1 unreachable, 981 pass (1000 hosts)")``."""
+    counts = hosts_by_verdict(report["hosts"])
+    verdict = next(iter(counts), "skip")
+    parts = [f"{n} host{'s' if n != 1 else ''} {v}" if i == 0 else f"{n} {v}"
+             for i, (v, n) in enumerate(counts.items())]
+    total = len(report["hosts"])
+    return verdict, f"{verdict.upper()}: {', '.join(parts) or 'no host'} ({total} host{'s' if total != 1 else ''})"
+
+
+def problem_groups(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """Non-passing checks grouped by (check, verdict), worst and widest first: each group with its hosts, the
+    number of GPUs it hit, an example message and the remediation."""
+    groups: dict[tuple[str, str], dict[str, Any]] = {}
+    for host in report["hosts"]:
+        for c in host["checks"]:
+            if c["verdict"] not in ("fail", "unreachable", "warn"):
+                continue
+            g = groups.setdefault((c["check"], c["verdict"]), {
+                "check": c["check"], "verdict": c["verdict"], "hosts": [], "gpus": 0, "example": c["message"],
+                "example_host": c["host"], "remediation": c.get("remediation") or ""})
+            if not g["hosts"] or g["hosts"][-1] != c["host"]:
+                g["hosts"].append(c["host"])
+            if c.get("gpu_index") is not None:
+                g["gpus"] += 1
+    rank = {v: i for i, v in enumerate(HEADLINE_ORDER)}
+    return sorted(groups.values(), key=lambda g: (rank[g["verdict"]], -len(g["hosts"]), g["check"]))
+
+
+def model_groups(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """Hosts grouped by GPU model (the GPUs' names; ``mixed`` / ``none`` where not one model):
+    [{model, hosts, gpus, verdicts: {verdict: hosts}}]."""
+    groups: dict[str, dict[str, Any]] = {}
+    for host in report["hosts"]:
+        # A GPU fallen off the bus has no name: the host still counts under its other GPUs' model.
+        names = sorted({g["name"] for g in host.get("gpus") or [] if g.get("name")})
+        model = names[0] if len(names) == 1 else ("mixed: " + ", ".join(names) if names else "no GPU data")
+        g = groups.setdefault(model, {"model": model, "hosts": 0, "gpus": 0, "verdicts": {}})
+        g["hosts"] += 1
+        g["gpus"] += len(host.get("gpus") or [])
+        g["verdicts"][host_verdict(host)] = g["verdicts"].get(host_verdict(host), 0) + 1
+    return sorted(groups.values(), key=lambda g: (-g["hosts"], g["model"]))
+
+
+def mig_layouts(host: dict[str, Any]) -> dict[int, str]:
+    """{GPU index: ``MIG on: 1x 3g.20gb, 1x 2g.10gb``} for the host's GPUs that report a MIG mode, from the probe."""
+    out: dict[int, str] = {}
+    for gpu in (host.get("probe") or {}).get("gpus") or []:
+        mig = gpu.get("mig") or {}
+        if mig.get("mode_current") is None or gpu.get("index") is None:
+            continue
+        if not mig["mode_current"]:
+            out[gpu["index"]] = "MIG off" + (" (on pending reset)" if mig.get("mode_pending") else "")
+            continue
+        counts: dict[str, int] = {}
+        for gi in mig.get("gpu_instances") or []:
+            name = gi.get("profile_name") or f"profile {gi.get('profile_id')}"
+            counts[name] = counts.get(name, 0) + 1
+        layout = ", ".join(f"{n}x {p}" for p, n in sorted(counts.items())) or "no instances"
+        out[gpu["index"]] = f"MIG on: {layout}" + ("" if mig.get("mode_pending", True) else " (off pending reset)")
+    return out
+
+
+__all__ = ["HEADLINE_ORDER", "VERDICTS", "VERDICT_ORDER", "as_report", "bench_precisions", "epoch_seconds",
+           "fleet_headline", "fmt", "gpu_label", "host_facts", "host_verdict", "hosts_by_verdict",
+           "hosts_worst_first", "mig_layouts", "model_groups", "problem_groups", "sorted_checks"]

@@ -1,8 +1,11 @@
 """Self-contained HTML report: inline CSS, inline SVG charts, no scripts, no external assets.
 
-Per host: one bar chart per measured precision (a bar per GPU: measured TFLOP/s, with the catalog's dense peak as
-a marker) and a temperature chart (a bar per GPU, with its warn and slowdown limits). The markup is well-formed
-XML (XHTML serialisation of HTML5) so it can be checked with any XML parser.
+Built to read at 1000 hosts: the fleet summary comes first (headline where a failure outranks an unreachable host,
+hosts by verdict, hosts with problems worst first, problems grouped by check, hosts by GPU model), then one fleet
+heatmap (host x GPU, coloured by verdict), then one collapsed <details> per host linked from the summary. Bar
+charts (TFLOP/s per measured precision against the catalog's dense peak, temperature against its warn and
+slowdown limits) are drawn only for hosts with a problem: that is where a picture tells something.
+The markup is well-formed XML (XHTML serialisation of HTML5) so it can be checked with any XML parser.
 """
 
 from __future__ import annotations
@@ -12,7 +15,22 @@ from typing import Any
 
 from gpufleet.verify.model import FleetResult
 
-from ._common import as_report, bench_precisions, fmt, gpu_label, host_facts, sorted_checks
+from ._common import (
+    HEADLINE_ORDER,
+    as_report,
+    bench_precisions,
+    fleet_headline,
+    fmt,
+    gpu_label,
+    host_facts,
+    host_verdict,
+    hosts_by_verdict,
+    hosts_worst_first,
+    mig_layouts,
+    model_groups,
+    problem_groups,
+    sorted_checks,
+)
 
 _CSS = """
 body { font-family: -apple-system, 'Segoe UI', Roboto, Helvetica, Arial, sans-serif; margin: 2em; color: #1d232a; }
@@ -33,6 +51,12 @@ svg .bar { fill: #2f81f7; } svg .bar.warn { fill: #d4a72c; } svg .bar.fail { fil
 svg .peak { stroke: #1d232a; stroke-width: 2; } svg .limit-warn { stroke: #d4a72c; stroke-dasharray: 4 3; }
 svg .limit-fail { stroke: #cf222e; stroke-dasharray: 4 3; } svg .axis { stroke: #8c959f; }
 details { margin: 0.5em 0; }
+details.host > summary { cursor: pointer; padding: 0.2em 0; }
+.headline { font-size: 1.2em; }
+.heatmap-box { max-height: 40em; overflow: auto; border: 1px solid #d0d7de; display: inline-block; }
+svg.heatmap { border: none; } svg .cell { stroke: #ffffff; }
+svg .c-pass { fill: #2da44e; } svg .c-warn { fill: #d4a72c; } svg .c-fail, svg .c-unreachable { fill: #cf222e; }
+svg .c-skip { fill: #afb8c1; }
 """
 
 
@@ -122,58 +146,154 @@ def _host_charts(host: dict[str, Any], precisions: list[str]) -> str:
     return '<div class="charts">' + "".join(charts) + "</div>"
 
 
-def render_html(report: FleetResult | dict[str, Any], title: str = "gpufleet verify report") -> str:
-    data = as_report(report)
+def _host_id(name: str) -> str:
+    return "host-" + "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name)
+
+
+def _host_link(name: str) -> str:
+    return f'<a href="#{escape(_host_id(name))}">{escape(name)}</a>'
+
+
+def heatmap(hosts: list[dict[str, Any]], precision: str | None) -> str:
+    """One SVG for the whole fleet: a row per host (worst first), a cell per GPU coloured by the GPU's verdict,
+    its temperature (and the matmul fraction of dense peak when benchmarked) in the cell's tooltip. Replaces a
+    chart per host: 1000 hosts stay one picture the eye can scan for the red cells."""
+    rows = [h for h in hosts if h.get("gpus")]
+    if not rows:
+        return ""
+    cols = max(len(h["gpus"]) for h in rows)
+    cell, gap, label_w, top = 12, 2, 10 + 7 * max(len(h["host"]) for h in rows), 18
+    width = label_w + cols * (cell + gap) + 10
+    height = top + len(rows) * (cell + gap) + 4
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" id="fleet-heatmap" class="heatmap" width="{width}" '
+             f'height="{height}" viewBox="0 0 {width} {height}" role="img" aria-label="GPU verdicts, host x GPU">']
+    parts += [f'<text x="{label_w + i * (cell + gap)}" y="12">{i}</text>' for i in range(cols)]
+    for r, host in enumerate(rows):
+        # One <g> per host row: the host name once, cells positioned inside it (keeps 1000 x 8 cells small).
+        parts.append(f'<g class="row" data-host="{escape(host["host"])}" '
+                     f'transform="translate(0,{top + r * (cell + gap)})">'
+                     f'<text x="2" y="{cell - 2}">{escape(host["host"])}</text>')
+        for g in host["gpus"]:
+            verdict = g.get("verdict") or "skip"
+            tip = f"gpu{g['index']} {verdict.upper()} {fmt(g.get('temperature_c'), 0)} °C"
+            frac = ((g.get("matmul") or {}).get(precision) or {}).get("fraction") if precision else None
+            if frac is not None:
+                tip += f", {precision} {frac:.0%} of peak"
+            x = label_w + int(g["index"]) * (cell + gap)
+            parts.append(f'<rect class="cell c-{escape(verdict)}" data-gpu="gpu{g["index"]}" x="{x}" '
+                         f'width="{cell}" height="{cell}"><title>{escape(tip)}</title></rect>')
+        parts.append("</g>")
+    parts.append("</svg>")
+    return '<div class="heatmap-box">' + "".join(parts) + "</div>"
+
+
+def _summary(data: dict[str, Any]) -> list[str]:
     s = data["summary"]
     counts = s["checks"]
-    precisions = bench_precisions(data)
-    body = [f"<h1>{escape(title)}</h1>",
-            f'<p class="facts">Generated {escape(data["generated_at"])} · bench profile '
-            f'{escape(str(data.get("bench_profile") or "none"))} · {_badge(s["verdict"])} '
-            f'exit code {s["exit_code"]}</p>',
-            _table(["hosts", "verified", "unreachable", "GPUs", "pass", "warn", "fail", "skip"],
-                   [[s["hosts"], s["hosts_ok"], s["hosts_unreachable"], s["gpus"], counts["pass"], counts["warn"],
-                     counts["fail"] + counts["unreachable"], counts["skip"]]])]
-    problems = [c for h in data["hosts"] for c in h["checks"] if c["verdict"] in ("fail", "unreachable", "warn")]
-    body.append("<h2>Problems</h2>")
-    if problems:
-        body.append(_table(["host", "GPU", "check", "verdict", "message", "remediation"],
-                           [[escape(c["host"]), escape(gpu_label(c)), escape(c["check"]), _badge(c["verdict"]),
-                             escape(c["message"]), escape(c.get("remediation") or "")]
-                            for c in sorted_checks(problems)], raw=True))
+    by_verdict = hosts_by_verdict(data["hosts"])
+    out = [_table(["hosts", *[f"{v}" for v in by_verdict], "GPUs", "checks pass", "warn", "fail", "skip"],
+                  [[str(s["hosts"]), *[str(n) for n in by_verdict.values()], str(s["gpus"]), str(counts["pass"]),
+                    str(counts["warn"]), str(counts["fail"] + counts["unreachable"]), str(counts["skip"])]])]
+    bad = [h for h in hosts_worst_first(data["hosts"]) if host_verdict(h) in ("fail", "unreachable", "warn")]
+    out.append('<h2 id="hosts-with-problems">Hosts with problems</h2>')
+    if bad:
+        rows = []
+        for h in bad:
+            checks = sorted_checks([c for c in h["checks"] if c["verdict"] == host_verdict(h)])
+            names = sorted({c["check"] for c in checks})
+            rows.append([_host_link(h["host"]), _badge(host_verdict(h)), escape(host_facts(h)),
+                         escape(", ".join(names))])
+        out.append(_table(["host", "verdict", "driver, CUDA, GPUs", "checks with that verdict"], rows, raw=True))
     else:
-        body.append("<p>None: every check passed.</p>")
+        out.append("<p>None: every host passed.</p>")
+    groups = problem_groups(data)
+    out.append('<h2 id="problems">Problems by check</h2>')
+    if groups:
+        rows = []
+        for g in groups:
+            links = " ".join(_host_link(h) for h in g["hosts"])
+            if len(g["hosts"]) > 12:
+                links = f"<details><summary>{len(g['hosts'])} hosts</summary>{links}</details>"
+            rows.append([escape(g["check"]), _badge(g["verdict"]), str(len(g["hosts"])), str(g["gpus"]),
+                         f'{escape(g["example_host"])}: {escape(g["example"])}', escape(g["remediation"]), links])
+        out.append(_table(["check", "verdict", "hosts", "GPUs", "example", "remediation", "hosts"], rows, raw=True))
+    else:
+        out.append("<p>None: every check passed.</p>")
+    out.append('<h2 id="models">By GPU model</h2>')
+    out.append(_table(["GPU model", "hosts", "GPUs", "hosts by verdict"],
+                      [[escape(g["model"]), str(g["hosts"]), str(g["gpus"]),
+                        " ".join(f"{_badge(v)} {n}" for v, n in sorted(
+                            g["verdicts"].items(), key=lambda kv: HEADLINE_ORDER.index(kv[0])))]
+                       for g in model_groups(data)], raw=True))
+    return out
+
+
+def _host_details(host: dict[str, Any], precisions: list[str]) -> str:
+    verdict = host_verdict(host)
+    parts = [f'<details class="host" id="{escape(_host_id(host["host"]))}"><summary>{escape(host["host"])} '
+             f'{_badge(verdict)} <span class="facts">{escape(host_facts(host))}</span></summary>']
+    if verdict in ("fail", "warn"):
+        # A picture where it says something: the bars of a host with a problem. Passing hosts are in the heatmap.
+        parts.append(_host_charts(host, precisions))
+    migs = mig_layouts(host)
+    if host.get("gpus"):
+        # The model is in the summary line; a column only where the host's GPUs differ (or one lost its name).
+        mixed = len({g.get("name") for g in host["gpus"]}) > 1
+        header = ["GPU", "UUID"] + (["model"] if mixed else []) + ["temp °C", "power W (limit)"]
+        header += [f"{p} TFLOP/s" for p in precisions] + ["memory GB/s"] + (["MIG"] if migs else []) + ["verdict"]
+        rows = []
+        for g in host["gpus"]:
+            row = [escape(str(g["index"])), escape(g.get("uuid") or "–")]
+            row += [escape(g.get("name") or "–")] if mixed else []
+            row += [escape(fmt(g.get("temperature_c"), 0)),
+                   escape(f"{fmt(g.get('power_draw_w'))} ({fmt(g.get('power_limit_w'), 0)})")]
+            for p in precisions:
+                m = (g.get("matmul") or {}).get(p) or {}
+                frac = f" ({m['fraction']:.0%})" if m.get("fraction") is not None else ""
+                row.append(escape(fmt(m.get("tflops")) + frac))
+            row.append(escape(fmt(g.get("memory_bandwidth_gbs"), 0)))
+            if migs:
+                row.append(escape(migs.get(g["index"], "–")))
+            row.append(_badge(g.get("verdict")))
+            rows.append(row)
+        parts.append(_table(header, rows, raw=True))
+    shown = sorted_checks([c for c in host["checks"] if c["verdict"] != "pass"])
+    passed = sorted({c["check"] for c in host["checks"] if c["verdict"] == "pass"})
+    if shown:
+        parts.append(_table(["GPU", "check", "verdict", "message", "remediation"],
+                            [[escape(gpu_label(c)), escape(c["check"]), _badge(c["verdict"]), escape(c["message"]),
+                              escape(c.get("remediation") or "")] for c in shown], raw=True))
+    npass = len(host["checks"]) - len(shown)
+    parts.append(f'<p class="facts">{npass} check(s) passed ({len(passed)} kinds)</p></details>')
+    return "".join(parts)
+
+
+def render_html(report: FleetResult | dict[str, Any], title: str = "gpufleet verify report") -> str:
+    """Fleet summary first (headline, hosts by verdict, hosts with problems, problems grouped by check, hosts by
+    GPU model), the fleet heatmap, then one collapsed section per host (worst first) linked from the summary."""
+    data = as_report(report)
+    s = data["summary"]
+    precisions = bench_precisions(data)
+    verdict, headline = fleet_headline(data)
+    body = [f"<h1>{escape(title)}</h1>",
+            f'<p class="headline">{_badge(verdict)} <span id="headline">{escape(headline)}</span></p>',
+            f'<p class="facts">Generated {escape(data["generated_at"])} · bench profile '
+            f'{escape(str(data.get("bench_profile") or "none"))} · exit code {s["exit_code"]}</p>']
+    body += _summary(data)
     if data.get("regressions"):
         body.append("<h2>Regressions since the previous report</h2>")
         body.append(_table(["host", "GPU", "what", "before", "after", "message"],
                            [[r["host"], "" if r.get("gpu_index") is None else f"gpu{r['gpu_index']}", r["check"],
                              r["before"], r["after"], r["message"]] for r in data["regressions"]]))
-    body.append("<h2>Hosts</h2>")
-    for host in sorted(data["hosts"], key=lambda h: h["host"]):
-        body.append(f'<h3 id="host-{escape(host["host"])}">{escape(host["host"])} {_badge(host.get("verdict"))}</h3>')
-        body.append(f'<p class="facts">{escape(host_facts(host))}</p>')
-        body.append(_host_charts(host, precisions))
-        if host.get("gpus"):
-            header = ["GPU", "UUID", "model", "temp °C", "power W (limit)"]
-            header += [f"{p} TFLOP/s" for p in precisions] + ["memory GB/s", "verdict"]
-            rows = []
-            for g in host["gpus"]:
-                row = [escape(str(g["index"])), escape(g.get("uuid") or "–"), escape(g.get("name") or "–"),
-                       escape(fmt(g.get("temperature_c"), 0)),
-                       escape(f"{fmt(g.get('power_draw_w'))} ({fmt(g.get('power_limit_w'), 0)})")]
-                for p in precisions:
-                    m = (g.get("matmul") or {}).get(p) or {}
-                    frac = f" ({m['fraction']:.0%})" if m.get("fraction") is not None else ""
-                    row.append(escape(fmt(m.get("tflops")) + frac))
-                row += [escape(fmt(g.get("memory_bandwidth_gbs"), 0)), _badge(g.get("verdict"))]
-                rows.append(row)
-            body.append(_table(header, rows, raw=True))
-        checks = sorted_checks(host["checks"])
-        body.append(f"<details><summary>{len(checks)} check(s)</summary>")
-        body.append(_table(["GPU", "check", "verdict", "message", "remediation"],
-                           [[escape(gpu_label(c)), escape(c["check"]), _badge(c["verdict"]), escape(c["message"]),
-                             escape(c.get("remediation") or "")] for c in checks], raw=True))
-        body.append("</details>")
+    hosts = hosts_worst_first(data["hosts"])
+    chart = heatmap(hosts, precisions[0] if precisions else None)
+    if chart:
+        body.append('<h2 id="heatmap">GPUs: host × GPU</h2>')
+        body.append('<p class="facts">One cell per GPU, coloured by its verdict (hover for temperature and '
+                    'benchmark); hosts worst first.</p>')
+        body.append(chart)
+    body.append('<h2 id="hosts">Hosts</h2>')
+    body += [_host_details(h, precisions) for h in hosts]
     return ("<!DOCTYPE html>\n"
             '<html xmlns="http://www.w3.org/1999/xhtml" lang="en"><head><meta charset="utf-8"/>'
             f"<title>{escape(title)}</title><style>{_CSS}</style></head><body>"

@@ -1,4 +1,5 @@
-"""Markdown report for people: summary, problems first, regressions, then one section per host."""
+"""Markdown report for people: headline (a failure outranks an unreachable host), summary, problems first,
+regressions, then one section per host, worst first."""
 
 from __future__ import annotations
 
@@ -6,7 +7,16 @@ from typing import Any
 
 from gpufleet.verify.model import FleetResult
 
-from ._common import as_report, bench_precisions, fmt, gpu_label, host_facts, sorted_checks
+from ._common import (
+    as_report,
+    bench_precisions,
+    fleet_headline,
+    fmt,
+    gpu_label,
+    host_facts,
+    hosts_worst_first,
+    sorted_checks,
+)
 
 _BADGE = {"pass": "PASS", "warn": "WARN", "fail": "FAIL", "skip": "SKIP", "unreachable": "UNREACHABLE"}
 
@@ -29,7 +39,7 @@ def render_markdown(report: FleetResult | dict[str, Any]) -> str:
         "# gpufleet verify report",
         "",
         f"Generated {data['generated_at']} · bench profile {data.get('bench_profile') or 'none'} · "
-        f"**{_BADGE[s['verdict']]}** (exit code {s['exit_code']})",
+        f"**{fleet_headline(data)[1]}** (exit code {s['exit_code']})",
         "",
     ]
     out += _table(["hosts", "verified", "unreachable", "GPUs", "pass", "warn", "fail", "skip"],
@@ -50,7 +60,7 @@ def render_markdown(report: FleetResult | dict[str, Any]) -> str:
                         r["before"], r["after"], r["message"]] for r in data["regressions"]])
     precisions = bench_precisions(data)
     out += ["", "## Hosts"]
-    for host in sorted(data["hosts"], key=lambda h: h["host"]):
+    for host in hosts_worst_first(data["hosts"]):
         verdict = host.get("verdict") or "pass"
         out += ["", f"### {host['host']} — {_BADGE[verdict]}", "", host_facts(host)]
         if host.get("gpus"):

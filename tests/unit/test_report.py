@@ -125,7 +125,7 @@ def test_markdown_golden(report):
 def test_markdown_content(report):
     text = render_markdown(report)
     assert text.startswith("# gpufleet verify report\n")
-    assert "**UNREACHABLE** (exit code 1)" in text
+    assert "**FAIL: 2 hosts fail, 1 unreachable, 2 pass (5 hosts)** (exit code 1)" in text
     problems = text.split("## Problems", 1)[1].split("## Hosts", 1)[0]
     assert "| gpu-h100-04 |  | host.reachable | UNREACHABLE |" in problems
     assert "power limit 500 W, expected 700 W" in problems
@@ -291,8 +291,8 @@ def test_html_charts_have_one_bar_per_gpu(report):
         safe = "".join(ch if ch.isalnum() else "-" for ch in host["host"])
         gpus = host["gpus"]
         temp = charts.get(f"temperature-{safe}")
-        if not gpus:
-            assert temp is None
+        if not gpus or host["verdict"] not in ("fail", "warn"):
+            assert temp is None, host["host"]  # passing hosts are drawn in the fleet heatmap only
             continue
         bars = [r for r in temp.iter(f"{SVG}rect") if "bar" in r.get("class").split()]
         assert [b.get("data-gpu") for b in bars] == [f"gpu{g['index']}" for g in gpus]
@@ -313,7 +313,8 @@ def test_html_charts_have_one_bar_per_gpu(report):
 
 def test_html_escapes_text(report):
     odd = copy.deepcopy(report)
-    odd["hosts"][1]["checks"][0]["message"] = "<script>alert(1)</script> & more"
+    failing = next(c for c in odd["hosts"][1]["checks"] if c["verdict"] == "fail")
+    failing["message"] = "<script>alert(1)</script> & more"
     text = render_html(odd)
     parse_html(text)
     assert "<script>" not in text and "&lt;script&gt;" in text
@@ -363,3 +364,70 @@ def test_write_reports_compares_with_the_previous_run(tmp_path):
     check_exposition((tmp_path / "prometheus" / "gpu-h100-02.prom").read_text())
     ET.fromstring(second["junit"].read_text())
     assert exit_code(load_report(second["json"])) == 1
+
+
+# --------------------------------------------------------------------------------------------------------------
+# HTML at fleet scale: summary first, headline, grouping, heatmap, collapsed hosts, MIG layout
+# --------------------------------------------------------------------------------------------------------------
+
+
+def test_html_headline_fail_outranks_unreachable_and_counts_both(report):
+    root = parse_html(render_html(report))
+    headline = root.find(f".//{XHTML}span[@id='headline']").text
+    assert headline == "FAIL: 2 hosts fail, 1 unreachable, 2 pass (5 hosts)"
+    badge = root.find(f".//{XHTML}p[@class='headline']/{XHTML}span")
+    assert badge.text == "FAIL"
+
+
+def test_html_summary_lists_failing_hosts_first_and_links_them(report):
+    text = render_html(report)
+    root = parse_html(text)
+    ids = [d.get("id") for d in root.iter(f"{XHTML}details") if d.get("class") == "host"]
+    assert ids == ["host-gpu-h100-02", "host-gpu-h100-03", "host-gpu-h100-04", "host-gpu-h100-01",
+                   "host-gpu-l40s-01"]
+    assert all(d.get("open") is None for d in root.iter(f"{XHTML}details"))  # collapsed
+    # the summary comes before the per-host sections and links each host with a problem to its section
+    assert text.index('id="hosts-with-problems"') < text.index('id="heatmap"') < text.index('id="hosts"')
+    summary = text[text.index('id="hosts-with-problems"'):text.index('id="problems"')]
+    assert re.findall(r'href="#(host-[^"]+)"', summary) == ["host-gpu-h100-02", "host-gpu-h100-03",
+                                                            "host-gpu-h100-04"]
+
+
+def test_html_groups_problems_by_check_and_hosts_by_model(report):
+    root = parse_html(render_html(report))
+    tables = [t for t in root.iter(f"{XHTML}table")]
+    by_check = next(t for t in tables if [th.text for th in t.iter(f"{XHTML}th")][:4] ==
+                    ["check", "verdict", "hosts", "GPUs"])
+    rows = {(r[0].text, "".join(r[1].itertext())): (int(r[2].text), int(r[3].text))
+            for r in (list(tr) for tr in by_check.find(f"{XHTML}tbody"))}
+    checks = [c for h in report["hosts"] for c in h["checks"]]
+    for (check, verdict), (hosts, gpus) in rows.items():
+        hit = [c for c in checks if c["check"] == check and c["verdict"] == verdict.lower()]
+        assert hosts == len({c["host"] for c in hit}) and gpus == sum(1 for c in hit if c["gpu_index"] is not None)
+    assert ("host.reachable", "UNREACHABLE") in rows and ("config.power_limit", "FAIL") in rows
+    assert len(rows) == len({(c["check"], c["verdict"]) for c in checks if c["verdict"] in ("fail", "warn",
+                                                                                             "unreachable")})
+    by_model = next(t for t in tables if [th.text for th in t.iter(f"{XHTML}th")][0] == "GPU model")
+    models = {list(tr)[0].text: int(list(tr)[1].text) for tr in by_model.find(f"{XHTML}tbody")}
+    assert models == {"NVIDIA H100 80GB HBM3": 2, "NVIDIA L40S": 1, "no GPU data": 2}
+
+
+def test_html_heatmap_has_one_cell_per_gpu_coloured_by_verdict(report):
+    root = parse_html(render_html(report))
+    svg = next(s for s in root.iter(f"{SVG}svg") if s.get("id") == "fleet-heatmap")
+    got = [(row.get("data-host"), r.get("data-gpu"), r.get("class").split()[1][2:])
+           for row in svg.iter(f"{SVG}g") for r in row.iter(f"{SVG}rect") if "cell" in r.get("class").split()]
+    expected = [(h["host"], f"gpu{g['index']}", g["verdict"] or "skip") for h in report["hosts"] for g in h["gpus"]]
+    assert sorted(got) == sorted(expected)
+    assert got[0][0] == "gpu-h100-02"  # worst host on top
+
+
+def test_html_shows_the_mig_layout():
+    hosts = [evaluate_host("gpu-a100-01", load("probe-a100-40gb-1-mig.json"))]
+    text = render_html(build_fleet_result(hosts).to_dict())
+    assert "<th>MIG</th>" in text and "MIG on: 1x 2g.10gb, 1x 3g.20gb" in text
+
+
+def test_markdown_headline_fail_outranks_unreachable(report):
+    text = render_markdown(report)
+    assert "**FAIL: 2 hosts fail, 1 unreachable, 2 pass (5 hosts)** (exit code 1)" in text

@@ -1,0 +1,131 @@
+"""Rollout overhead on the simulated fleet.
+
+    .venv/bin/python benchmarks/rollout.py [--hosts 32] [--runs 1]
+
+On N simulated RTX 4090 workstations (``--driver preinstalled``), the same deploy (deploys/gpu_node.py, stages
+driver/power/nccl) applies a new power limit each time, so every run has the same one change to make on every host:
+
+* plain: ``pyinfra -y INVENTORY deploys/gpu_node.py`` (one run over every host);
+* rollout, one wave: ``gpufleet rollout --canary 0 --waves 100% --verify none --drain none`` (the controller's
+  own cost: inventory order, the whole-fleet ``--dry`` preflight, the state file, the report);
+* rollout, canary + waves: ``--canary 1 --waves 25%`` (five pyinfra runs, each connecting to its wave).
+
+Verify and drain waits are excluded (``--verify none --drain none``). Wall time and controller CPU (user + system of
+the command and its children: pyinfra runs on the controller) per host are measured; the time for 1000 hosts is
+projected from the measured per-host costs (CPU on this machine's cores as a lower bound, wall time scaled linearly
+as an upper bound), stated as a projection.
+Needs root (systemd-nspawn).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+os.environ.setdefault("GPUFLEET_SIM_DIR", "/tmp/gpufleet-bench-rollout-sim")
+os.environ.setdefault("GPUFLEET_SIM_NET", "10.77.27")
+
+from gpufleet.sim import hosts  # noqa: E402
+from gpufleet.sim.gpu import state as gpu_state  # noqa: E402
+
+BIN = Path(sys.executable).parent
+INVENTORY = """from gpufleet.sim.inventory import sim_groups
+
+gpu_nodes = [(name, dict(data, gpufleet_power_limit={watts}, gpufleet_stages=["driver", "power", "nccl"]))
+             for name, data in sim_groups({{}})["gpu_nodes"]]
+"""
+
+
+def timed(argv: list[str]) -> tuple[float, float, subprocess.CompletedProcess]:
+    """(wall s, CPU s of the command and its children, result)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=3600)
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu, proc
+
+
+def power_limits(fleet) -> set[float]:
+    return {int(gpu_state.read_state(str(h.dir / "hw/gpus.state"))["gpu.0.power.limit_mw"]) / 1000
+            for h in fleet.hosts}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hosts", type=int, default=32)
+    parser.add_argument("--runs", type=int, default=1, help="runs of each kind (median reported)")
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        print("needs root (systemd-nspawn)")
+        return 2
+    work = Path(tempfile.mkdtemp(prefix="gpufleet-bench-rollout-"))
+    t0 = time.perf_counter()
+    fleet = hosts.up(args.hosts, ["rtx4090-1"], driver="preinstalled", inventory=work / "sim.py", force=True,
+                     log=lambda *_: None)
+    print(f"{args.hosts} simulated hosts up in {time.perf_counter() - t0:.1f} s")
+    results: dict[str, list[tuple[float, float]]] = {"plain": [], "rollout-1-wave": [], "rollout-canary-waves": []}
+    watts = 300
+    try:
+        # first converge (persistence/nccl files etc.) so that every measured run changes only the power limit
+        inv = work / "inventory-warm.py"
+        inv.write_text(INVENTORY.format(watts=watts))
+        wall, _, proc = timed([str(BIN / "pyinfra"), "-y", str(inv), "deploys/gpu_node.py"])
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        print(f"warm-up converge: {wall:.1f} s")
+        for run in range(args.runs):
+            for kind in results:
+                watts += 5
+                inv = work / f"inventory-{kind}-{run}.py"
+                inv.write_text(INVENTORY.format(watts=watts))
+                if kind == "plain":
+                    argv = [str(BIN / "pyinfra"), "-y", str(inv), "deploys/gpu_node.py"]
+                else:
+                    shape = ["--canary", "0", "--waves", "100%"] if kind == "rollout-1-wave" else \
+                        ["--canary", "1", "--waves", "25%"]
+                    argv = [str(BIN / "gpufleet"), "rollout", str(inv), "deploys/gpu_node.py", *shape, "--verify",
+                            "none", "--drain", "none", "--out", str(work / f"out-{kind}-{run}")]
+                wall, cpu, proc = timed(argv)
+                assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+                assert power_limits(fleet) == {watts}, power_limits(fleet)  # the change really landed everywhere
+                results[kind].append((wall, cpu))
+                print(f"{kind:22s} run {run + 1}: {wall:6.1f} s wall, {cpu:6.1f} s CPU "
+                      f"({cpu / args.hosts * 1000:.0f} ms CPU/host)")
+    finally:
+        hosts.down(log=lambda *_: None)
+    med = {k: (statistics.median(w for w, _ in v), statistics.median(c for _, c in v)) for k, v in results.items()}
+    plain_wall = med["plain"][0]
+    cores = os.cpu_count() or 1
+    summary = {"hosts": args.hosts, "cores": cores, "runs": args.runs,
+               "wall_s": {k: round(v[0], 2) for k, v in med.items()},
+               "cpu_s": {k: round(v[1], 2) for k, v in med.items()},
+               "overhead_x": {k: round(v[0] / plain_wall, 2) for k, v in med.items()},
+               "cpu_ms_per_host": {k: round(v[1] / args.hosts * 1000) for k, v in med.items()}}
+    projected = {k: round(v[1] / args.hosts * 1000 / cores / 60, 1) for k, v in med.items()}
+    linear = {k: round(v[0] / args.hosts * 1000 / 60, 1) for k, v in med.items()}
+    summary["projected_1000_hosts_min_cpu_bound"] = projected
+    summary["projected_1000_hosts_min_linear_wall"] = linear
+    print(json.dumps(summary, indent=1))
+    print(f"overhead over plain pyinfra: one wave {summary['overhead_x']['rollout-1-wave']}x, canary + 25% waves "
+          f"{summary['overhead_x']['rollout-canary-waves']}x (target <= 1.3x)")
+    print(f"PROJECTION (not measured) for 1000 hosts, from the measured per-host cost: controller CPU on {cores} "
+          f"core(s) (a lower bound): plain {projected['plain']} min, rollout one wave {projected['rollout-1-wave']} "
+          f"min, canary + 25% waves {projected['rollout-canary-waves']} min; wall time scaled linearly (an upper "
+          f"bound while pyinfra's parallelism holds): plain {linear['plain']} min, one wave "
+          f"{linear['rollout-1-wave']} min, canary + 25% waves {linear['rollout-canary-waves']} min")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

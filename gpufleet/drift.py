@@ -1,0 +1,106 @@
+"""``gpufleet drift INVENTORY [DEPLOY]``: what the deploy would change on every host, without changing anything.
+
+It is the deploy itself run by ``pyinfra --dry --json`` (the same validation, preflight, facts and operations a
+converge goes through; each operation decides from the host's facts whether it has something to do), summarised
+per setting (operation) and per host. Exit code: 0 no drift, 1 drift, 2 could not tell (bad input, a host that
+could not be reached).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpufleet.rollout import converge
+
+EXIT_IN_SYNC, EXIT_DRIFT, EXIT_UNKNOWN = 0, 1, 2
+DEFAULT_DEPLOY = "deploys/gpu_node.py"
+
+
+def setting_name(operation: str) -> str:
+    """``gpufleet: GPU node | GPU power limits`` -> ``GPU power limits`` (the operation's own name)."""
+    return operation.split(" | ", 1)[-1]
+
+
+@dataclass
+class Drift:
+    hosts: list[str]
+    settings: dict[str, list[str]] = field(default_factory=dict)  # setting -> hosts that would change
+    maybe: dict[str, list[str]] = field(default_factory=dict)  # setting -> hosts that might change (conditional)
+    unreachable: dict[str, str] = field(default_factory=dict)
+    error: str | None = None
+
+    def by_host(self) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {h: [] for h in self.hosts}
+        for setting, names in self.settings.items():
+            for h in names:
+                out.setdefault(h, []).append(setting)
+        return out
+
+    @property
+    def exit_code(self) -> int:
+        if self.error or self.unreachable:
+            return EXIT_UNKNOWN
+        return EXIT_DRIFT if any(self.settings.values()) or any(self.maybe.values()) else EXIT_IN_SYNC
+
+    def to_dict(self) -> dict[str, Any]:
+        by_host = self.by_host()
+        return {"schema": "gpufleet.drift", "schema_version": 1, "exit_code": self.exit_code, "error": self.error,
+                "hosts": by_host, "settings": {k: v for k, v in self.settings.items() if v},
+                "conditional": {k: v for k, v in self.maybe.items() if v},
+                "in_sync": [h for h in self.hosts if not by_host.get(h) and h not in self.unreachable],
+                "unreachable": self.unreachable}
+
+
+def drift_from_run(run: converge.PyinfraRun, hosts: list[str]) -> Drift:
+    """The Drift of a ``pyinfra --dry --json`` run over ``hosts``."""
+    if run.rc != 0 or run.payload is None:
+        return Drift(hosts, error="the deploy could not plan (nothing was changed):\n" + run.error_text(40))
+    drift = Drift(hosts)
+    for op in run.payload.get("plan") or []:
+        name = setting_name(op.get("name") or "?")
+        drift.settings[name] = list(op.get("hosts_with_change") or [])
+        drift.maybe[name] = list(op.get("hosts_with_conditional_change") or [])
+    for h in hosts:
+        reason = converge.host_log_reason(run.stderr, h)
+        if reason and re.search(r"could not connect|connect|timed out|refused", reason, re.IGNORECASE):
+            drift.unreachable[h] = reason
+    return drift
+
+
+def text(drift: Drift) -> str:
+    if drift.error:
+        return f"gpufleet drift: {drift.error}"
+    data = drift.to_dict()
+    drifted = [h for h, s in data["hosts"].items() if s]
+    lines = [f"gpufleet drift: {len(drifted)} of {len(drift.hosts)} host(s) differ from the configuration"
+             + (f", {len(drift.unreachable)} unreachable" if drift.unreachable else "")]
+    if data["settings"] or data["conditional"]:
+        lines.append("by setting:")
+        for setting, names in data["settings"].items():
+            lines.append(f"  {setting}: {', '.join(names)}")
+        for setting, names in data["conditional"].items():
+            lines.append(f"  {setting} (may change): {', '.join(names)}")
+        lines.append("by host:")
+        for h in drifted:
+            lines.append(f"  {h}: {'; '.join(data['hosts'][h])}")
+    for h, why in drift.unreachable.items():
+        lines.append(f"  {h}: UNREACHABLE ({why})")
+    if data["in_sync"]:
+        lines.append(f"in sync: {', '.join(data['in_sync'])}")
+    return "\n".join(lines)
+
+
+def run_drift(inventory: str, deploy: str = DEFAULT_DEPLOY) -> Drift:
+    hosts, error = converge.inventory_order(inventory)
+    if error:
+        return Drift([], error=error)
+    return drift_from_run(converge.run_pyinfra(inventory, deploy, None, dry=True), hosts)
+
+
+def main(inventory: str, deploy: str = DEFAULT_DEPLOY, *, as_json: bool = False, echo=print) -> int:
+    drift = run_drift(inventory, deploy)
+    echo(json.dumps(drift.to_dict(), indent=1) if as_json else text(drift))
+    return drift.exit_code

@@ -1,0 +1,151 @@
+"""Run the deploy with pyinfra as a subprocess and read its per-host result from ``--json``.
+
+pyinfra's own host order is a set, so the rollout decides the order and gives pyinfra one wave at a time
+(``--limit`` per host). ``pyinfra --json`` prints the plan (``--dry``: the operations that would change each host)
+or the results (per operation: hosts with success / error / no change, and the failed hosts, e.g. those it could
+not connect to) on stdout; its log goes to stderr, where the reason of a host's failure is found.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def pyinfra_executable() -> str:
+    """The pyinfra next to this Python (the virtual environment gpufleet runs in), else the one on PATH."""
+    here = Path(sys.executable).with_name("pyinfra")
+    return str(here) if here.exists() else "pyinfra"
+
+
+def pyinfra_command(inventory: str, deploy: str, hosts: list[str] | None, *, dry: bool) -> list[str]:
+    """``pyinfra --json [-y | --dry] [--limit HOST ...] INVENTORY DEPLOY`` (argv, no shell); ``hosts`` None: every
+    host of the inventory. An empty list is refused: without a ``--limit`` pyinfra would run on every host."""
+    if hosts is not None and not hosts:
+        raise ValueError("pyinfra_command: an empty host list (None means every host)")
+    cmd = [pyinfra_executable(), "--json", "--dry" if dry else "-y"]
+    for name in hosts or ():
+        cmd += ["--limit", name]
+    return [*cmd, inventory, deploy]
+
+
+@dataclass
+class HostOutcome:
+    ok: bool
+    changed: bool = False
+    reason: str | None = None
+    operations_changed: list[str] = field(default_factory=list)
+
+
+@dataclass
+class PyinfraRun:
+    rc: int
+    payload: dict[str, Any] | None
+    stderr: str
+    seconds: float = 0.0
+
+    def error_text(self, lines: int = 15) -> str:
+        """What went wrong, from pyinfra's log: from its ``--> pyinfra error`` line on (the deploy's validation and
+        preflight errors follow it, one per line), else the host error lines, else the last lines."""
+        text = [_ANSI.sub("", ln).rstrip() for ln in self.stderr.splitlines() if ln.strip()]
+        start = next((i for i, ln in enumerate(text) if "pyinfra error" in ln.lower()), None)
+        if start is not None:
+            return "\n".join(text[start:start + lines])
+        errors = [ln for ln in text if re.search(r"error|could not|failed", ln, re.IGNORECASE)]
+        return "\n".join((errors or text)[-lines:])
+
+
+def parse_json_stdout(stdout: str) -> dict[str, Any] | None:
+    text = stdout.strip()
+    if not text:
+        return None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        # anything printed before the document (a deploy's print()) is not ours to read: take the last object
+        start = text.rfind("\n{")
+        if start < 0:
+            return None
+        try:
+            data = json.loads(text[start + 1:])
+        except json.JSONDecodeError:
+            return None
+    return data if isinstance(data, dict) else None
+
+
+def host_log_reason(stderr: str, host: str) -> str | None:
+    """The last error pyinfra logged for ``host`` (``[host] Error: ...``, ``[host] Could not connect ...``)."""
+    prefix = f"[{host}] "
+    found = None
+    for line in stderr.splitlines():
+        line = _ANSI.sub("", line).strip()
+        if line.startswith(prefix):
+            rest = line[len(prefix):]
+            if re.search(r"error|could not|failed|refus|timed out|unreachable", rest, re.IGNORECASE):
+                found = rest
+    return found
+
+
+def host_outcomes(run: PyinfraRun, hosts: list[str]) -> dict[str, HostOutcome]:
+    """Per host of the wave: converged (changed or not) or failed with a reason, from pyinfra's JSON results."""
+    results = (run.payload or {}).get("results")
+    if not isinstance(results, dict):
+        reason = f"pyinfra exited {run.rc} without results: " + (run.error_text(3).replace("\n", " | ") or "no output")
+        return {h: HostOutcome(ok=False, reason=reason) for h in hosts}
+    out = {h: HostOutcome(ok=True) for h in hosts}
+    failed = set(results.get("failed_hosts") or [])
+    for op in results.get("operations") or []:
+        for h in op.get("success") or []:
+            if h in out:
+                out[h].changed = True
+                out[h].operations_changed.append(op.get("name") or "?")
+        for h in op.get("error") or []:
+            if h in out and out[h].ok:
+                out[h] = HostOutcome(ok=False, reason=f"operation failed: {op.get('name')}"
+                                     + (f" ({r})" if (r := host_log_reason(run.stderr, h)) else ""))
+    for h in failed & set(out):
+        if out[h].ok:
+            out[h] = HostOutcome(ok=False, reason=host_log_reason(run.stderr, h) or "pyinfra marked the host failed")
+    return out
+
+
+def run_pyinfra(inventory: str, deploy: str, hosts: list[str] | None, *, dry: bool, cwd: str | None = None,
+                timeout: float | None = None) -> PyinfraRun:
+    import time  # noqa: PLC0415
+
+    start = time.monotonic()
+    proc = subprocess.run(pyinfra_command(inventory, deploy, hosts, dry=dry), capture_output=True, text=True,
+                          cwd=cwd, timeout=timeout, check=False, stdin=subprocess.DEVNULL)
+    return PyinfraRun(rc=proc.returncode, payload=parse_json_stdout(proc.stdout), stderr=proc.stderr,
+                      seconds=time.monotonic() - start)
+
+
+def planned_changes(run: PyinfraRun) -> dict[str, list[str]]:
+    """From a ``--dry --json`` run: {host: [operations that would change it]} (conditional changes included)."""
+    out: dict[str, list[str]] = {}
+    for op in (run.payload or {}).get("plan") or []:
+        for h in [*(op.get("hosts_with_change") or []), *(op.get("hosts_with_conditional_change") or [])]:
+            out.setdefault(h, []).append(op.get("name") or "?")
+    return out
+
+
+def inventory_order(inventory: str, *, cwd: str | None = None) -> tuple[list[str], str | None]:
+    """The hosts of the inventory in pyinfra's order (``pyinfra --json INVENTORY debug-inventory``), or an error."""
+    proc = subprocess.run([pyinfra_executable(), "--json", inventory, "debug-inventory"], capture_output=True,
+                          text=True, cwd=cwd, check=False, stdin=subprocess.DEVNULL)
+    data = None
+    try:
+        data = json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        pass
+    if proc.returncode != 0 or not isinstance(data, list):
+        run = PyinfraRun(rc=proc.returncode, payload=None, stderr=proc.stderr)
+        return [], f"cannot load the inventory {inventory}:\n{run.error_text()}"
+    return [h["name"] for h in data], None

@@ -1,0 +1,436 @@
+"""``gpufleet rollout``: the controller. Validation and preflight of the whole fleet, then the canary and the
+waves, each node through drain → converge → verify gate → return, the state file after every phase, a summary,
+and the rollout report (JSON + JUnit).
+
+Exit codes: 0 every node done (or already converged); 1 stopped by failures, or a node failed or was skipped
+(jobs still running, ``--on-timeout skip``); 2 bad input or usage (nothing drained or changed); 130 interrupted
+(the state file says where; ``--resume`` continues).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from . import converge, report, waves
+from .drain import Drainer, DrainError, make_drainer
+from .state import (
+    ACTIVE,
+    CONVERGING,
+    DONE,
+    DRAINED,
+    DRAINING,
+    FAILED,
+    PENDING,
+    RETURNING,
+    SKIPPED,
+    VERIFYING,
+    RolloutState,
+    StateError,
+)
+from .state import load as load_state
+from .state import save as save_state
+
+EXIT_DONE, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+VERIFY_GATES = {"none": None, "quick": "none", "full": "quick"}  # gate -> verify's --bench profile
+ON_TIMEOUT = ("fail", "skip", "force")
+DEFAULT_DEPLOY = "deploys/gpu_node.py"
+DEFAULT_OUT = "gpufleet-rollout"
+
+
+class BadInput(Exception):
+    pass
+
+
+@dataclass
+class RolloutOptions:
+    inventory: str
+    deploy: str = DEFAULT_DEPLOY
+    canary: int = 1
+    waves: str = "25%"
+    max_unavailable: str | None = None
+    max_failures: str = "0"
+    verify: str = "quick"
+    drain: str = "none"
+    wait_for_jobs: float | None = None
+    on_timeout: str = "fail"
+    state: str | None = None
+    resume: bool = False
+    dry: bool = False
+    out: str = DEFAULT_OUT
+    poll_s: float = 2.0
+
+    def state_path(self) -> Path:
+        return Path(self.state) if self.state else Path(self.out) / "state.json"
+
+    def recorded(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in ("canary", "waves", "max_unavailable", "max_failures", "verify",
+                                              "drain", "wait_for_jobs", "on_timeout")}
+
+
+@dataclass
+class Parsed:
+    waves: list[waves.Count]
+    max_failures: waves.Count
+    max_unavailable: waves.Count | None
+
+
+def parse_options(opts: RolloutOptions) -> Parsed:
+    try:
+        parsed = Parsed(waves=waves.parse_waves(opts.waves),
+                        max_failures=waves.Count.parse(opts.max_failures, option="--max-failures"),
+                        max_unavailable=None if opts.max_unavailable is None else
+                        waves.Count.parse(opts.max_unavailable, option="--max-unavailable", allow_zero=False))
+    except waves.BadCount as error:
+        raise BadInput(str(error)) from None
+    if opts.canary < 0:
+        raise BadInput(f"--canary {opts.canary}: must be 0 or more hosts")
+    if opts.verify not in VERIFY_GATES:
+        raise BadInput(f"--verify {opts.verify}: allowed: {', '.join(VERIFY_GATES)}")
+    if opts.on_timeout not in ON_TIMEOUT:
+        raise BadInput(f"--on-timeout {opts.on_timeout}: allowed: {', '.join(ON_TIMEOUT)}")
+    if opts.wait_for_jobs is not None and opts.wait_for_jobs < 0:
+        raise BadInput(f"--wait-for-jobs {opts.wait_for_jobs}: must be 0 seconds or more")
+    if not Path(opts.deploy).is_file():
+        raise BadInput(f"deploy {opts.deploy}: no such file")
+    return parsed
+
+
+@dataclass
+class Controller:
+    opts: RolloutOptions
+    parsed: Parsed
+    state: RolloutState
+    drainer: Drainer
+    progress: TextIO
+    start: float = field(default_factory=time.monotonic)
+
+    # ---------------------------------------------------------------------------------------------- plumbing
+
+    def say(self, text: str) -> None:
+        self.progress.write(f"[{time.monotonic() - self.start:7.1f}s] {text}\n")
+        self.progress.flush()
+
+    def save(self) -> None:
+        save_state(self.state, self.opts.state_path())
+
+    def node(self, name: str):
+        return self.state.nodes[name]
+
+    def fail(self, name: str, reason: str) -> None:
+        rec = self.node(name)
+        rec.move(FAILED, reason)
+        if rec.drained_by_rollout:
+            try:
+                self.drainer.keep_drained(name, reason)
+            except DrainError as error:
+                self.say(f"warning: {name}: {error}")
+
+    # ---------------------------------------------------------------------------------------------- phases
+
+    def phase_drain(self, names: list[str]) -> list[str]:
+        reason = f"gpufleet rollout {self.state.rollout_id}"
+        for n in names:
+            self.node(n).move(DRAINING)
+        self.save()
+        for n in names:
+            rec = self.node(n)
+            if rec.drained_by_rollout:  # drained before an interruption: still ours
+                continue
+            try:
+                rec.drained_by_rollout = self.drainer.drain(n, reason)
+            except DrainError as error:
+                self.fail(n, f"drain: {error}")
+        self.save()
+        waiting = [n for n in names if self.node(n).state == DRAINING]
+        deadline = time.monotonic() + (self.opts.wait_for_jobs or 0)
+        while waiting:
+            waiting = [n for n in waiting if not self.drainer.is_drained(n)]
+            if not waiting or self.opts.wait_for_jobs is None or time.monotonic() >= deadline:
+                break
+            self.say(f"waiting for jobs on {len(waiting)} node(s): {', '.join(waiting[:8])}"
+                     + (" ..." if len(waiting) > 8 else ""))
+            time.sleep(self.opts.poll_s)
+        for n in waiting:
+            if self.opts.on_timeout == "force":
+                continue
+            why = f"jobs still running after --wait-for-jobs {self.opts.wait_for_jobs:g} s"
+            self._undrain(n)
+            if self.opts.on_timeout == "skip":
+                self.node(n).move(SKIPPED, why + " (left as it was)")
+            else:
+                self.fail(n, "drain: " + why)
+        ready = []
+        for n in names:
+            if self.node(n).state == DRAINING:
+                self.node(n).move(DRAINED)
+                ready.append(n)
+        self.save()
+        return ready
+
+    def _undrain(self, name: str) -> None:
+        rec = self.node(name)
+        if rec.drained_by_rollout:
+            try:
+                self.drainer.resume(name)
+                rec.drained_by_rollout = False
+            except DrainError as error:
+                self.say(f"warning: {name}: {error}")
+
+    def phase_converge(self, names: list[str]) -> list[str]:
+        if not names:  # every host of the wave already failed or was skipped (pyinfra without --limit = everyone)
+            return []
+        for n in names:
+            self.node(n).move(CONVERGING)
+        self.save()
+        run = converge.run_pyinfra(self.opts.inventory, self.opts.deploy, names, dry=False)
+        outcomes = converge.host_outcomes(run, names)
+        ok = []
+        for n in names:
+            o = outcomes[n]
+            self.node(n).changed = o.changed if o.ok else None
+            if o.ok:
+                ok.append(n)
+            else:
+                self.fail(n, f"converge: {o.reason}")
+        self.save()
+        return ok
+
+    def phase_verify(self, names: list[str], wave_index: int) -> tuple[list[str], str | None]:
+        for n in names:
+            self.node(n).move(VERIFYING)
+        self.save()
+        bench = VERIFY_GATES[self.opts.verify]
+        if bench is None or not names:
+            return names, None
+        from gpufleet.verify import run as verify_run  # noqa: PLC0415 (patches the stdlib for gevent)
+
+        out = Path(self.opts.out) / f"wave-{wave_index:03d}-verify"
+        try:
+            result = verify_run.run_verify(self.opts.inventory, limit=names, bench=bench, out=out,
+                                           progress=self.progress)
+        except verify_run.VerifyError as error:
+            if str(error).startswith("no GPU node to verify"):
+                return names, None  # a wave of hosts without gpufleet stages (e.g. monitoring): nothing to gate
+            for n in names:
+                self.fail(n, f"verify could not run: {error}")
+            self.save()
+            return [], None
+        verdicts = {h.host: h for h in result.fleet.hosts}
+        wave = next((w for w in self.state.waves if w["index"] == wave_index), None)
+        if wave is not None:  # the gate's verdicts in the rollout report, beside the path of the full report
+            summary = result.fleet.summary()
+            wave["verify_summary"] = {k: summary[k] for k in ("hosts", "hosts_ok", "hosts_unreachable", "hosts_failed",
+                                                              "gpus", "checks", "verdict")}
+        ok = []
+        for n in names:
+            host = verdicts.get(n)
+            if host is None:
+                ok.append(n)  # not a GPU node (verify skipped it: no gpufleet stages): nothing to gate
+            elif host.verdict in ("fail", "unreachable"):
+                bad = sorted({c.check for c in host.checks if c.verdict in ("fail", "unreachable")})
+                self.fail(n, f"verify: {host.verdict.upper()} ({', '.join(bad)})")
+            else:
+                ok.append(n)
+        self.save()
+        return ok, str(result.paths.get("json", out / "report.json"))
+
+    def phase_return(self, names: list[str]) -> None:
+        for n in names:
+            self.node(n).move(RETURNING)
+        self.save()
+        for n in names:
+            rec = self.node(n)
+            if rec.drained_by_rollout:
+                try:
+                    self.drainer.resume(n)
+                    rec.drained_by_rollout = False
+                except DrainError as error:
+                    self.fail(n, f"return: {error}")
+                    continue
+            rec.move(DONE)
+        self.save()
+
+    # ---------------------------------------------------------------------------------------------- waves
+
+    def run_wave(self, index: int, kind: str, names: list[str]) -> None:
+        wave: dict[str, Any] = {"index": index, "kind": kind, "hosts": list(names), "phases": {}, "verify_report": None}
+        self.state.waves.append(wave)
+        for n in names:
+            self.node(n).wave = index
+        self.say(f"wave {index} ({kind}): {len(names)} node(s): {', '.join(names[:10])}"
+                 + (" ..." if len(names) > 10 else ""))
+        current = names
+        for phase in ("drain", "converge", "verify", "return"):
+            t0 = time.monotonic()
+            if phase == "drain":
+                if self.opts.drain != "none":
+                    self.say(f"wave {index}: draining {len(current)} node(s) ({self.opts.drain})")
+                current = self.phase_drain(current)
+            elif phase == "converge":
+                self.say(f"wave {index}: converging {len(current)} node(s) with pyinfra")
+                current = self.phase_converge(current)
+            elif phase == "verify":
+                if self.opts.verify != "none":
+                    self.say(f"wave {index}: verify gate ({self.opts.verify}) on {len(current)} node(s)")
+                current, wave["verify_report"] = self.phase_verify(current, index)
+            else:
+                self.phase_return(current)
+            seconds = round(time.monotonic() - t0, 3)
+            wave["phases"][phase] = seconds
+            for n in names:
+                self.node(n).phases[phase] = seconds
+            self.save()
+        failed = [n for n in names if self.node(n).state == FAILED]
+        wave["failed"] = failed
+        self.save()
+        self.say(f"wave {index}: {len(names) - len(failed)} done, {len(failed)} failed"
+                 + (f": {', '.join(failed)}" if failed else ""))
+
+    def stop_reason(self, total: int) -> str | None:
+        failed = self.state.by_state(FAILED)
+        if self.state.options.get("canary_failed"):
+            return f"the canary failed ({', '.join(failed)})"
+        if failed and waves.too_many_failures(len(failed), total, self.parsed.max_failures):
+            return (f"{len(failed)} node(s) failed ({', '.join(failed[:10])}), more than --max-failures "
+                    f"{self.parsed.max_failures}")
+        return None
+
+    def loop(self, todo: list[str], canary: int) -> str:
+        """Run the canary and the waves over ``todo`` (inventory order); returns the final status. Before each
+        wave: stop when failures exceed the threshold; cut the wave to what --max-unavailable leaves (nodes that
+        failed stay out of service and count)."""
+        total = len(self.state.order)
+        queue = list(todo)
+        rest = len(queue) - min(canary, len(queue))
+        nominal = ([("canary", min(canary, len(queue)))] if canary > 0 and queue else [])
+        nominal += [("wave", s) for s in waves.wave_sizes(rest, self.parsed.waves)]
+        index = len(self.state.waves)
+        i = 0
+        while queue:
+            reason = self.stop_reason(total)
+            if reason:
+                self.say(f"stopping before the next wave: {reason}")
+                return "stopped"
+            kind, size = nominal[i] if i < len(nominal) else ("wave", nominal[-1][1])
+            i += 1
+            room = waves.capacity(self.parsed.max_unavailable, total, len(self.state.drained_now()))
+            if room is not None:
+                if room == 0:
+                    self.say(f"stopping: {len(self.state.drained_now())} node(s) out of service (failed, left "
+                             f"drained) reach --max-unavailable {self.parsed.max_unavailable}")
+                    return "stopped"
+                size = min(size, room)
+            names, queue = queue[:size], queue[size:]
+            index += 1
+            self.run_wave(index, kind, names)
+            if kind == "canary" and any(self.node(n).state == FAILED for n in names):
+                self.state.options["canary_failed"] = True
+                self.save()
+        return "stopped" if self.stop_reason(total) else "finished"
+
+
+def _preflight(opts: RolloutOptions, hosts: list[str], progress: TextIO) -> dict[str, list[str]]:
+    """Validation + preflight of every host still to do: the deploy with ``pyinfra --dry`` (the deploy validates
+    every host's configuration and runs preflight before any operation). Raises BadInput on any problem."""
+    limit = hosts
+    run = converge.run_pyinfra(opts.inventory, opts.deploy, limit, dry=True)
+    if run.rc != 0 or run.payload is None:
+        raise BadInput("validation / preflight failed, nothing was drained or changed:\n" + run.error_text(40))
+    failed = set(run.payload.get("results") and run.payload["results"].get("failed_hosts") or [])
+    if failed:
+        raise BadInput(f"preflight could not reach {', '.join(sorted(failed))}; nothing was drained or changed")
+    progress.write(f"preflight: {len(hosts)} host(s) valid, {run.seconds:.1f} s\n")
+    return converge.planned_changes(run)
+
+
+def main(opts: RolloutOptions, *, progress: TextIO | None = None, echo=print) -> int:
+    progress = progress if progress is not None else sys.stderr
+    try:
+        parsed = parse_options(opts)
+        make_drainer(opts.drain, "check")  # the --drain spec, read before anything runs
+    except (BadInput, DrainError) as error:
+        progress.write(f"gpufleet rollout: {error}\n")
+        return EXIT_BAD_INPUT
+    path = opts.state_path()
+    if opts.resume:
+        try:
+            state = load_state(path)
+        except StateError as error:
+            progress.write(f"gpufleet rollout: --resume: {error}\n")
+            return EXIT_BAD_INPUT
+        if (state.inventory, state.deploy) != (opts.inventory, opts.deploy):
+            progress.write(f"gpufleet rollout: --resume: {path} is the rollout of {state.inventory} with "
+                           f"{state.deploy}, not {opts.inventory} with {opts.deploy}\n")
+            return EXIT_BAD_INPUT
+    else:
+        if path.exists() and not opts.dry:
+            progress.write(f"gpufleet rollout: {path} exists (an earlier rollout): --resume to continue it, or "
+                           "remove it / give another --state to start a new one\n")
+            return EXIT_BAD_INPUT
+        order, error = converge.inventory_order(opts.inventory)
+        if error:
+            progress.write(f"gpufleet rollout: {error}\n")
+            return EXIT_BAD_INPUT
+        if not order:
+            progress.write(f"gpufleet rollout: {opts.inventory} has no host\n")
+            return EXIT_BAD_INPUT
+        state = RolloutState.new(time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + uuid.uuid4().hex[:6],
+                                 opts.inventory, opts.deploy, opts.recorded(), order)
+    drainer = make_drainer(opts.drain, state.rollout_id)
+    ctl = Controller(opts, parsed, state, drainer, progress)
+    # Nodes caught mid-phase by an interruption start over (converging again is idempotent); their drain record
+    # is kept, so they are resumed in the scheduler once they pass.
+    for name in state.by_state(*ACTIVE):
+        state.nodes[name].move(PENDING)
+    if opts.resume:  # the user fixed what failed (or wants another try): failed and skipped nodes run again
+        for name in state.by_state(FAILED, SKIPPED):
+            state.nodes[name].retry()
+        state.options.pop("canary_failed", None)
+    todo = state.by_state(PENDING)
+    ctl.say(f"gpufleet rollout {state.rollout_id}: {len(state.order)} host(s), {len(todo)} to do"
+            + (f", {len(state.by_state(DONE))} already done (not touched)" if opts.resume else ""))
+    try:
+        planned = _preflight(opts, todo, progress) if todo else {}
+    except BadInput as error:
+        progress.write(f"gpufleet rollout: {error}\n")
+        return EXIT_BAD_INPUT
+    unchanged = [n for n in todo if n not in planned]
+    need = [n for n in todo if n in planned]
+    # The canary runs once: not again on --resume once its wave has finished.
+    canary_done = any(w["kind"] == "canary" and all(state.nodes[n].state in (DONE, FAILED, SKIPPED)
+                                                    for n in w["hosts"]) for w in state.waves)
+    canary = 0 if canary_done else opts.canary
+    if opts.dry:
+        echo(report.dry_plan_text(state, need, unchanged, planned, canary, parsed.waves))
+        return EXIT_DONE
+    for n in unchanged:
+        state.nodes[n].changed = False
+        state.nodes[n].move(DONE)
+    state.status = "running"
+    ctl.save()
+    if unchanged:
+        ctl.say(f"{len(unchanged)} host(s) already converged (no change planned, not drained): "
+                + ", ".join(unchanged[:10]) + (" ..." if len(unchanged) > 10 else ""))
+    try:
+        state.status = ctl.loop(need, canary)
+    except KeyboardInterrupt:
+        state.status = "interrupted"
+        ctl.save()
+        echo(report.summary_text(state, opts))
+        report.write(state, opts)
+        return EXIT_INTERRUPTED
+    ctl.save()
+    report.write(state, opts)
+    echo(report.summary_text(state, opts))
+    if state.status == "stopped" or state.by_state(FAILED, SKIPPED):
+        return EXIT_FAILED
+    return EXIT_DONE
+
+
+__all__ = ["EXIT_BAD_INPUT", "EXIT_DONE", "EXIT_FAILED", "EXIT_INTERRUPTED", "RolloutOptions", "main",
+           "parse_options"]

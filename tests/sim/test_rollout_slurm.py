@@ -1,0 +1,197 @@
+"""`gpufleet rollout --drain slurm` against a real Slurm (Debian 12's slurmctld/slurmd 22.05 and munge) on the
+simulated fleet: node01 runs slurmctld, node02-node04 run slurmd (recipe: /work/shared/reference/slurm-on-sim.md,
+without GRES, which drain/resume does not need). The rollout reaches Slurm through ``--drain slurm:ssh ... node01``.
+Judged by Slurm's own state (``sinfo``, slurmctld's log): a node drained by an admin is converged but stays drained
+with the admin's reason; nodes the rollout drained are resumed; a node failing the gate stays drained with a reason
+naming the rollout and the failure; a running job keeps a node draining and the timeout policy applies.
+
+The Slurm packages are fetched once with ``apt-get download`` into /var/cache/gpufleet-test-slurm-debs and
+installed into the hosts with dpkg (the hosts have no route to a Debian mirror).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import shlex
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from conftest import BIN, REPO, bring_up, gpufleet, ssh
+
+from gpufleet.sim import hosts
+from gpufleet.sim.gpu import state as gpu_state
+
+DEBS = Path("/var/cache/gpufleet-test-slurm-debs")
+PACKAGES = ["install-info", "libhwloc15", "liblua5.1-0", "libmunge2", "libnuma1", "libyaml-0-2", "munge",
+            "slurm-client", "slurm-wlm-basic-plugins", "slurmctld", "slurmd"]
+COMPUTE = ("node02", "node03", "node04")
+SLURM_CONF = """ClusterName=simfleet
+SlurmctldHost=node01
+SlurmUser=slurm
+AuthType=auth/munge
+CredType=cred/munge
+MpiDefault=none
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+SwitchType=switch/none
+SchedulerType=sched/backfill
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+ReturnToService=2
+SlurmctldPidFile=/run/slurmctld.pid
+SlurmdPidFile=/run/slurmd.pid
+StateSaveLocation=/var/lib/slurm/slurmctld
+SlurmdSpoolDir=/var/lib/slurm/slurmd
+SlurmctldLogFile=/var/log/slurm/slurmctld.log
+SlurmdLogFile=/var/log/slurm/slurmd.log
+SlurmdTimeout=30
+InactiveLimit=0
+MinJobAge=30
+KillWait=5
+NodeName=node0[2-4] CPUs=1 RealMemory=256 State=UNKNOWN
+PartitionName=gpu Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+"""
+INVENTORY = """from gpufleet.sim.inventory import sim_groups
+
+gpu_nodes = [(name, dict(data, gpufleet_power_limit={watts}, gpufleet_stages=["driver", "power", "nccl"]))
+             for name, data in sim_groups({{}})["gpu_nodes"] if name != "node01"]
+"""
+
+
+def fetch_debs() -> list[Path]:
+    DEBS.mkdir(parents=True, exist_ok=True)
+    missing = [p for p in PACKAGES if not list(DEBS.glob(f"{p}_*.deb"))]
+    if missing:
+        result = subprocess.run(["apt-get", "download", *missing], cwd=DEBS, capture_output=True, text=True,
+                                timeout=300)
+        if result.returncode != 0:
+            pytest.fail(f"apt-get download of the Slurm packages failed: {result.stderr[-2000:]}")
+    return sorted(DEBS.glob("*.deb"))
+
+
+def wait_for(what: str, probe, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while not probe():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    debs = fetch_debs()
+    fleet = bring_up(tmp_path_factory, ["rtx4090-1"] * 4, driver="preinstalled")
+    key = secrets.token_bytes(1024)
+    etc_hosts = "".join(f"{h.address} {h.name}\n" for h in fleet.hosts)
+    for h in fleet.hosts:
+        stage = h.dir / "root" / "var" / "tmp" / "slurm-setup"
+        stage.mkdir(parents=True, exist_ok=True)
+        for deb in debs:
+            (stage / deb.name).write_bytes(deb.read_bytes())
+        (stage / "munge.key").write_bytes(key)
+        (stage / "slurm.conf").write_text(SLURM_CONF)
+        (stage / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\n")
+        (stage / "hosts").write_text(etc_hosts)
+        role = ("systemctl enable --now slurmctld && systemctl disable --now slurmd" if h.name == "node01" else
+                "systemctl disable --now slurmctld; systemctl enable slurmd && systemctl restart slurmd")
+        ssh(fleet, h.name, "set -e; cd /var/tmp/slurm-setup; DEBIAN_FRONTEND=noninteractive dpkg -i *.deb >/dev/null; "
+            "sed -i '/^127.0.1.1/d' /etc/hosts; cat hosts >> /etc/hosts; "
+            "install -o munge -g munge -m 0400 munge.key /etc/munge/munge.key; systemctl restart munge; "
+            "install -m 0644 slurm.conf cgroup.conf /etc/slurm/; " + role, timeout=180)
+
+    def all_idle() -> bool:
+        return sinfo(fleet) and all(sinfo(fleet)[n][0] == "idle" for n in COMPUTE)
+
+    wait_for("slurmd on node02-node04 to be idle in sinfo", all_idle)
+    yield fleet
+    hosts.down(log=lambda *_: None)
+
+
+def sinfo(fleet) -> dict[str, tuple[str, str]]:
+    """Slurm's own view: {node: (state, reason)}."""
+    out = ssh(fleet, "node01", "sinfo -h -N -o '%N|%T|%E'", check=False).stdout
+    rows = [line.split("|", 2) for line in out.splitlines() if line.count("|") >= 2]
+    return {n: (state, "" if reason == "none" else reason) for n, state, reason in rows}
+
+
+def power_w(fleet, name: str) -> float:
+    gpus = gpu_state.read_state(str(fleet.host(name).dir / "hw/gpus.state"))
+    return int(gpus["gpu.0.power.limit_mw"]) / 1000
+
+
+def rollout(fleet, tmp_path: Path, watts: int, *extra: str) -> subprocess.CompletedProcess:
+    inventory = tmp_path / "inventory.py"
+    inventory.write_text(INVENTORY.format(watts=watts))
+    drain = "slurm:" + shlex.join(hosts.ssh_command(fleet.host("node01")))
+    return subprocess.run([str(BIN / "gpufleet"), "rollout", str(inventory), "deploys/gpu_node.py", "--out",
+                           str(tmp_path / "out"), "--drain", drain, *extra], cwd=REPO, capture_output=True,
+                          text=True, timeout=600)
+
+
+def test_admin_drained_node_is_changed_but_stays_drained_and_ours_are_resumed(fleet, tmp_path):
+    ssh(fleet, "node01", "scontrol update nodename=node04 state=drain reason='admin: bad DIMM, ticket 42'")
+    try:
+        result = rollout(fleet, tmp_path, 300, "--canary", "1", "--waves", "100%")
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert [power_w(fleet, n) for n in COMPUTE] == [300, 300, 300]
+        state = sinfo(fleet)
+        assert state["node02"] == ("idle", "") and state["node03"] == ("idle", "")
+        assert state["node04"] == ("drained", "admin: bad DIMM, ticket 42")  # never resumed by the rollout
+        rid = json.loads((tmp_path / "out" / "rollout.json").read_text())["rollout_id"]
+        log = ssh(fleet, "node01", "cat /var/log/slurm/slurmctld.log").stdout
+        for node in ("node02", "node03"):  # Slurm's own record of the drain with the rollout's reason
+            assert f"node {node} reason set to: gpufleet rollout {rid}" in log, log[-3000:]
+    finally:
+        ssh(fleet, "node01", "scontrol update nodename=node04 state=resume")
+
+
+def test_a_node_failing_the_gate_stays_drained_with_the_reason(fleet, tmp_path):
+    gpufleet("sim", "fault", "node03", "overheat")
+    try:
+        result = rollout(fleet, tmp_path, 310, "--canary", "1", "--waves", "100%", "--max-failures", "0")
+    finally:
+        gpufleet("sim", "fault", "node03", "clear")
+    assert result.returncode == 1, result.stdout + result.stderr
+    rid = json.loads((tmp_path / "out" / "rollout.json").read_text())["rollout_id"]
+    state = sinfo(fleet)
+    assert state["node02"][0] == "idle" and state["node04"][0] == "idle"
+    assert state["node03"][0] == "drained"
+    assert state["node03"][1].startswith(f"gpufleet rollout {rid}: verify: FAIL (")
+    assert "health.temperature" in state["node03"][1]
+    assert "STILL DRAINED by this rollout (1): node03" in result.stdout
+    ssh(fleet, "node01", "scontrol update nodename=node03 state=resume")
+
+
+def test_running_job_keeps_the_node_draining_until_the_timeout_policy(fleet, tmp_path):
+    ssh(fleet, "node01", "sbatch -w node02 -o /dev/null --wrap 'sleep 600'")
+    wait_for("the job to run on node02", lambda: sinfo(fleet)["node02"][0] == "allocated")
+    try:
+        result = rollout(fleet, tmp_path, 320, "--canary", "1", "--waves", "100%", "--wait-for-jobs", "4",
+                         "--on-timeout", "fail", "--verify", "none")
+        assert result.returncode == 1, result.stdout + result.stderr
+        assert "node02: drain: jobs still running after --wait-for-jobs 4 s" in result.stdout
+        assert "waiting for jobs on 1 node(s): node02" in result.stderr
+        assert power_w(fleet, "node02") != 320  # not changed under a running job
+        state, reason = sinfo(fleet)["node02"]
+        # given back to Slurm, the job still running ("allocated*" for a moment after a resume: not responding yet)
+        assert (state.rstrip("*"), reason) == ("allocated", "")
+        assert "untouched (2): node03, node04" in result.stdout  # the canary failed: nothing else
+    finally:
+        ssh(fleet, "node01", "scancel -u root")
+
+
+def test_rollout_waits_for_a_job_to_finish_then_changes_the_node(fleet, tmp_path):
+    ssh(fleet, "node01", "sbatch -w node02 -o /dev/null --wrap 'sleep 8'")
+    wait_for("the job to run on node02", lambda: sinfo(fleet)["node02"][0] == "allocated")
+    result = rollout(fleet, tmp_path, 330, "--canary", "1", "--waves", "100%", "--wait-for-jobs", "120",
+                     "--verify", "none")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "waiting for jobs on 1 node(s): node02" in result.stderr  # it was draining, not drained, at first
+    assert [power_w(fleet, n) for n in COMPUTE] == [330, 330, 330]
+    assert all(sinfo(fleet)[n][0].rstrip("*") == "idle" for n in COMPUTE)
+    assert ssh(fleet, "node01", "squeue -h -w node02").stdout.strip() == ""  # the job ran to its end
