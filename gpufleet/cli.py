@@ -18,6 +18,16 @@ def main() -> None:
 main.add_command(sim)
 
 
+def _patch_for_gevent() -> None:
+    """Patch the standard library for gevent before pyinfra (and paramiko, whose transport is a thread) is imported,
+    as pyinfra's own CLI does. Only the commands that run pyinfra's connectors in this process (verify, and rollout's
+    verify gate) call it: an import never patches anything."""
+    from gevent import monkey  # noqa: PLC0415
+
+    if not monkey.is_module_patched("socket"):
+        monkey.patch_all()
+
+
 @main.command()
 @click.argument("inventory")
 @click.option("--limit", multiple=True, metavar="NAME,...",
@@ -33,12 +43,7 @@ def verify(inventory: str, limit: tuple[str, ...], bench: str, out: str) -> None
     Exit code: 0 nothing failed, 1 a check failed or a host was unreachable, 2 verify could not run (bad inventory
     or configuration, no host reachable).
     """
-    # pyinfra's connectors run on gevent: patch the standard library before pyinfra (and paramiko, whose transport
-    # is a thread) is imported, as pyinfra's own CLI does; only verify needs it, so only this command does it.
-    from gevent import monkey  # noqa: PLC0415
-
-    if not monkey.is_module_patched("socket"):
-        monkey.patch_all()
+    _patch_for_gevent()
     from .verify import run  # noqa: PLC0415
 
     sys.exit(run.main(inventory, limit=list(limit), bench=bench, out=out, echo=click.echo))
@@ -82,8 +87,7 @@ def rollout(inventory: str, deploy: str, canary: int, waves: str | None, batch: 
     if waves and batch:
         raise click.UsageError("--waves and --batch: give one of them")
     if verify_gate != "none":
-        # Imported first: verify patches the standard library for gevent (pyinfra's connectors).
-        from .verify import run as _verify_run  # noqa: F401, PLC0415
+        _patch_for_gevent()  # the verify gate runs verify in this process
     from .rollout import run  # noqa: PLC0415
 
     opts = run.RolloutOptions(inventory=inventory, deploy=deploy, canary=canary, waves=waves or batch or "25%",
