@@ -1,6 +1,6 @@
 """Converge a GPU node: the stages of ``deploys/gpu_node.py``, in order, each skippable by ``gpufleet_stages``.
 
-driver → persistence → power → mig → nccl → clocks. The GPU stages need the GPUs' UUIDs and current state,
+driver → persistence → power → mig → nccl → clocks → exporters. The GPU stages need the GPUs' UUIDs and current state,
 which only the driver can tell: on a host whose driver is installed by this very run they are planned at
 execution time, right after the driver stage, from fresh facts (a nested pyinfra step); on every later run
 they are planned up front like any operation, so a converged node reports no change.
@@ -19,11 +19,12 @@ from pyinfra.operations import python
 from gpufleet import preflight
 from gpufleet.config import NodeConfig, resolve_power_limits
 from gpufleet.facts import prefetch
+from gpufleet.facts.exporters import AptCandidate
 from gpufleet.facts.nvidia import GpuInventory
 from gpufleet.facts.packages import NvidiaPackages
 from gpufleet.facts.pci import NvidiaPciDevices
 from gpufleet.facts.system import OsInfo, SecureBoot
-from gpufleet.operations import clocks, driver, mig, nccl, persistence, power
+from gpufleet.operations import clocks, driver, exporters, mig, nccl, persistence, power
 
 from ._inputs import checked_facts, node_config
 
@@ -79,6 +80,31 @@ def gpu_stages(config: NodeConfig, inventory_fact: dict) -> None:
         clocks.gpu_clocks(name="GPU clocks", lock_mhz=lock)
 
 
+def choose_gpu_exporter(setting: str, models: list, dcgm_offered: bool) -> str:
+    """``auto``: DCGM on datacenter GPUs when the repository offers it, else gpufleet's NVML exporter."""
+    if setting != "auto":
+        return setting
+    datacenter = bool(models) and all(model is not None and model.datacenter for model in models)
+    return "dcgm" if datacenter and dcgm_offered else "nvml"
+
+
+def exporters_stage(config: NodeConfig, facts: preflight.HostFacts) -> None:
+    """node_exporter and the GPU exporter (stage ``exporters``)."""
+    settings = config.exporters
+    if settings.node:
+        exporters.node_exporter(name="node_exporter", textfile_dir=settings.textfile_dir,
+                                listen=settings.node_listen)
+    models = [gpu.model for gpu in preflight.host_gpus(facts)]
+    offered = settings.gpu == "auto" and host.get_fact(AptCandidate, package=exporters.DCGM_PACKAGES[-1]) is not None
+    kind = choose_gpu_exporter(settings.gpu, models, offered)
+    if kind == "dcgm":
+        driver.nvidia_repository(name="NVIDIA repository (DCGM)", repo_url=config.driver.repo_url,
+                                 keyring_url=config.driver.repo_keyring_url)
+    exporters.gpu_exporter(name=f"GPU exporter ({kind})", kind=kind, listen=settings.gpu_listen,
+                           profiling=bool(models) and all(m is not None and m.datacenter for m in models),
+                           persistence_managed=config.stage_enabled("persistence"))
+
+
 def _gpu_stages_after_driver(config: NodeConfig) -> None:
     prefetch.invalidate(host.state, host)  # planned from what the node says now, never from an earlier read
     gpu_stages(config, host.get_fact(GpuInventory))
@@ -94,9 +120,11 @@ def gpu_node() -> None:
     if config.stage_enabled("driver"):
         driver_stage(config, facts)
     if not any(config.stage_enabled(stage) for stage in GPU_STAGES):
-        return
-    if (facts.gpu_inventory or {}).get("gpus") or not config.stage_enabled("driver"):
+        pass  # no GPU setting managed on this host
+    elif (facts.gpu_inventory or {}).get("gpus") or not config.stage_enabled("driver"):
         gpu_stages(config, facts.gpu_inventory or {})
     else:
         python.call(name="GPU settings (planned once the driver answers)", function=_gpu_stages_after_driver,
                     config=config)
+    if config.stage_enabled("exporters"):
+        exporters_stage(config, facts)
