@@ -100,7 +100,7 @@ def exporters_stage(config: NodeConfig, facts: preflight.HostFacts) -> None:
     if kind == "dcgm":
         driver.nvidia_repository(name="NVIDIA repository (DCGM)", repo_url=config.driver.repo_url,
                                  keyring_url=config.driver.repo_keyring_url)
-    exporters.gpu_exporter(name=f"GPU exporter ({kind})", kind=kind, listen=settings.gpu_listen,
+    exporters.gpu_exporter(name="GPU exporter", kind=kind, listen=settings.gpu_listen,
                            profiling=bool(models) and all(m is not None and m.datacenter for m in models),
                            persistence_managed=config.stage_enabled("persistence"))
 

@@ -43,6 +43,8 @@ _PROFILE_LIST = [
     Profile("l40s-4", "l40s", 4, 0, "4x L40S PCIe, no NVLink"),
     Profile("rtx4090-1", "rtx4090", 1, 0, "1x GeForce RTX 4090 workstation"),
     Profile("b200-8", "b200", 8, 2, "HGX B200 8-GPU: 8x B200, 2 NVLink Switch chips (DGX B200 class)"),
+    # model_key is unused without GPUs; a server of the fleet that is no GPU node (monitoring, login)
+    Profile("cpu-only", "h100-sxm", 0, 0, "a server without GPUs (e.g. the monitoring host)"),
 ]
 
 # PCI bus numbers as on real boards (HGX H100/H200 baseboards, DGX A100, DGX B200, 4-GPU PCIe servers)
