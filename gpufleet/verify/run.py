@@ -56,6 +56,7 @@ from pyinfra.context import ctx_config, ctx_inventory, ctx_state  # noqa: E402
 from pyinfra_cli.inventory import make_inventory  # noqa: E402
 from pyinfra_cli.util import exec_file  # noqa: E402
 
+from gpufleet import config  # noqa: E402
 from gpufleet.config import (  # noqa: E402
     ConfigError,
     ConfigErrors,
@@ -75,7 +76,7 @@ from .expected import expected_state  # noqa: E402
 from .model import FleetResult, HostResult, exit_code  # noqa: E402
 
 PROBE_REMOTE_DIR = "/opt/gpufleet/probe"
-DEFAULT_TEXTFILE_DIR = "/var/lib/node_exporter/textfile_collector"
+DEFAULT_TEXTFILE_DIR = config.DEFAULT_TEXTFILE_DIR  # Debian/Ubuntu node_exporter's; gpufleet_exporters_textfile_dir
 TEXTFILE_NAME = "gpufleet_verify.prom"
 DEFAULT_OUT = "gpufleet-verify"
 BENCH_PROFILES = ("none", "quick", "full")
@@ -121,6 +122,10 @@ def load_verify_settings(host_name: str, data: Mapping[str, Any]) -> tuple[Verif
             errors.append(ConfigError(host_name, key, ours[key], "one of " + ", ".join(VERIFY_KEYS)
                                       + did_you_mean(key, VERIFY_KEYS), "unknown gpufleet verify setting"))
     values: dict[str, Any] = {}
+    # node_exporter's textfile directory (stage exporters) is where the textfile goes unless verify says otherwise
+    exporters_dir = data.get("gpufleet_exporters_textfile_dir")
+    if isinstance(exporters_dir, str) and _ABS_PATH_RE.match(exporters_dir):
+        values["textfile_dir"] = exporters_dir.rstrip("/") or "/"
     key = "gpufleet_verify_textfile_dir"
     if key in ours and ours[key] is not None:
         value = ours[key]

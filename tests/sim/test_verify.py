@@ -18,7 +18,7 @@ from gpufleet.sim import hosts
 INVENTORY = "inventories/sim.py"
 PROFILES = ["h100-sxm-8", "a100-40gb-1", "rtx4090-1"]
 NODES = ("node01", "node02", "node03")
-TEXTFILE = "/var/lib/node_exporter/textfile_collector/gpufleet_verify.prom"
+TEXTFILE = "/var/lib/prometheus/node-exporter/gpufleet_verify.prom"
 
 
 @pytest.fixture(scope="module")
