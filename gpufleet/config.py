@@ -938,6 +938,7 @@ def register_namespace(prefix: str) -> None:
 # The verify stage's settings (gpufleet/verify/run.py validates them); registered here so that the converge
 # deploy, which never imports the verify code, accepts an inventory that sets them.
 register_namespace("gpufleet_verify_")
+register_namespace("gpufleet_monitoring_")  # gpufleet/monitoring/config.py validates them (deploys/monitoring.py)
 
 
 def _is_ours(key: Any) -> bool:

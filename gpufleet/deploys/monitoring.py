@@ -47,12 +47,16 @@ def _in_monitoring(h) -> bool:
 
 
 def _targets(configs, target_settings) -> list[render.Target]:
+    everyone = {h.name for h in inventory}
+    # groups that hold every host (pyinfra's group named after the inventory file) tell hosts apart no better
+    # than "all": they are left out of the group label
+    broad = {g for h in inventory for g in h.groups if {x.name for x in inventory.get_group(g)} == everyone}
     out = []
     for h in inventory:
         if _in_monitoring(h) or not configs[h.name].stage_enabled("exporters"):
             continue
         out.append(render.Target(host=h.name, address=h.data.get("ssh_hostname") or h.name,
-                                 groups=tuple(sorted(g for g in h.groups if g != MONITORING_GROUP)),
+                                 groups=tuple(sorted(g for g in h.groups if g != MONITORING_GROUP and g not in broad)),
                                  config=configs[h.name], target=target_settings[h.name]))
     return out
 
