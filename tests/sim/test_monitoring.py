@@ -251,6 +251,31 @@ def test_every_dashboard_panel_query_returns_data(mon):
     assert empty == []
 
 
+def test_verify_checks_the_exporters_and_its_textfile_reaches_prometheus(mon, tmp_path):
+    wait_all_up(mon)
+    proc = subprocess.run([str(BIN / "gpufleet"), "verify", str(mon.test_inventory), "--limit", "gpu_nodes",
+                           "--out", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    report = json.loads((tmp_path / "report.json").read_text())
+    checks = {(c["host"], c["check"]): c["verdict"] for h in report["hosts"] for c in h["checks"]
+              if c["check"].startswith("config.exporter.")}
+    assert checks == {(h, f"config.exporter.{e}"): "pass" for h in (DCGM_HOST, NVML_HOST) for e in ("gpu", "node")}, (
+        proc.stdout + proc.stderr)
+    # verify's textfile lands in node_exporter's textfile directory: Prometheus sees it with the inventory labels
+    result = wait_for("gpufleet_verify_host_up in Prometheus", lambda: promql(mon, "gpufleet_verify_host_up"))
+    assert sorted((r["metric"]["host"], r["metric"]["hostname"]) for r in result) == [
+        (DCGM_HOST, DCGM_HOST), (NVML_HOST, NVML_HOST)]
+    ssh(mon, NVML_HOST, "systemctl stop gpufleet-gpu-exporter.service")
+    try:
+        proc = subprocess.run([str(BIN / "gpufleet"), "verify", str(mon.test_inventory), "--limit", NVML_HOST,
+                               "--out", str(tmp_path / "down")], cwd=REPO, capture_output=True, text=True,
+                              timeout=300)
+        report = json.loads((tmp_path / "down" / "report.json").read_text())
+        verdicts = {c["check"]: c["verdict"] for h in report["hosts"] for c in h["checks"]}
+        assert verdicts["config.exporter.gpu"] == "fail" and proc.returncode == 1
+    finally:
+        ssh(mon, NVML_HOST, "systemctl start gpufleet-gpu-exporter.service")
+
+
 def _files(fleet, host: str, paths: tuple[str, ...]) -> dict[str, str]:
     root = fleet.host(host).dir / "root"
     return {p: hashlib.sha256((root / p.lstrip("/")).read_bytes()).hexdigest() if (root / p.lstrip("/")).exists()
