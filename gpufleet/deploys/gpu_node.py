@@ -95,7 +95,11 @@ def exporters_stage(config: NodeConfig, facts: preflight.HostFacts) -> None:
         exporters.node_exporter(name="node_exporter", textfile_dir=settings.textfile_dir,
                                 listen=settings.node_listen)
     models = [gpu.model for gpu in preflight.host_gpus(facts)]
-    offered = settings.gpu == "auto" and host.get_fact(AptCandidate, package=exporters.DCGM_PACKAGES[-1]) is not None
+    # NVIDIA's repository offers DCGM: when the driver stage configures it (this run or an earlier one), auto
+    # decides the same on every run; otherwise it asks apt whether a configured repository has the exporter
+    offered = settings.gpu == "auto" and (
+        config.stage_enabled("driver")
+        or host.get_fact(AptCandidate, package=exporters.DCGM_PACKAGES[-1]) is not None)
     kind = choose_gpu_exporter(settings.gpu, models, offered)
     if kind == "dcgm":
         driver.nvidia_repository(name="NVIDIA repository (DCGM)", repo_url=config.driver.repo_url,

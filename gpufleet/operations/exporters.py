@@ -26,7 +26,7 @@ NODE_EXPORTER_PACKAGE = "prometheus-node-exporter"  # Debian / Ubuntu
 NODE_EXPORTER_UNIT = "prometheus-node-exporter.service"
 NODE_EXPORTER_DEFAULTS = "/etc/default/prometheus-node-exporter"
 
-NVML_UNIT = "gpufleet-gpu-exporter.service"
+NVML_UNIT = "gpufleet-exporter.service"
 NVML_UNIT_PATH = posixpath.join(UNIT_DIR, NVML_UNIT)
 NVML_BUNDLE_DIR = "/opt/gpufleet/exporter"
 NVML_BUNDLE = posixpath.join(NVML_BUNDLE_DIR, BUNDLE_NAME)
@@ -98,7 +98,7 @@ def node_exporter_defaults(textfile_dir: str, listen: str) -> str:
 
 
 def nvml_unit_text(listen: str) -> str:
-    return render("systemd/gpufleet-gpu-exporter.service.j2", python=PYTHON, bundle=NVML_BUNDLE, listen=listen,
+    return render("systemd/gpufleet-exporter.service.j2", python=PYTHON, bundle=NVML_BUNDLE, listen=listen,
                   settings_dir=SETTINGS_DIR)
 
 
@@ -200,7 +200,7 @@ def gpu_exporter(kind: str, listen: str = "0.0.0.0:9400", profiling: bool = Fals
 
     ``nvml``: uploads ``/opt/gpufleet/exporter/gpufleet-gpu-exporter.pyz`` (the exporter with nvidia-ml-py and
     prometheus-client: no pip, no internet on the node), ``/etc/gpufleet/exporter.json`` and the hardened unit
-    ``gpufleet-gpu-exporter.service`` (dynamic unprivileged user, no capabilities, read-only system).
+    ``gpufleet-exporter.service`` (dynamic unprivileged user, no capabilities, read-only system).
     ``dcgm``: installs ``datacenter-gpu-manager-4-core`` and ``datacenter-gpu-manager-exporter``, writes the
     counters file ``/etc/dcgm-exporter/gpufleet-counters.csv`` (the health counters the alerts need switched
     on) and a drop-in that runs dcgm-exporter with it on ``listen``; ``nvidia-dcgm`` and ``dcgm-exporter`` are

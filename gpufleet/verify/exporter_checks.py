@@ -15,6 +15,8 @@ from gpufleet.config import NodeConfig
 from .model import FAIL, PASS, SKIP
 
 DEFAULT_PORTS = {"gpu": 9400, "node": 9100}
+# exported for every GPU, MIG mode included (utilisation is not: NVML has none for a MIG-enabled GPU)
+REQUIRED_METRICS = ("DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE")
 
 
 def expected_exporters(config: NodeConfig) -> dict[str, bool] | None:
@@ -56,7 +58,8 @@ def check_exporters(add, probe: Mapping[str, Any], expected: Mapping[str, Any] |
         if name == "node":
             add(check, PASS, f"node_exporter answers at {entry.get('url')}", observed="answering", expected="answering")
             continue
-        wrong = {metric: seen for metric, seen in (entry.get("gpus") or {}).items() if seen != want_gpus}
+        seen_by_metric = entry.get("gpus") or {}
+        wrong = {m: seen_by_metric.get(m, []) for m in REQUIRED_METRICS if seen_by_metric.get(m, []) != want_gpus}
         if wrong:
             metric, seen = sorted(wrong.items())[0]
             add(check, FAIL, f"GPU exporter exports {metric} for GPU(s) {seen or 'none'}, expected one series for "
@@ -64,4 +67,4 @@ def check_exporters(add, probe: Mapping[str, Any], expected: Mapping[str, Any] |
                 observed=wrong, expected=want_gpus)
         else:
             add(check, PASS, f"GPU exporter exports one series per GPU ({len(want_gpus)}) for "
-                f"{len(entry.get('gpus') or {})} core metrics", observed=want_gpus, expected=want_gpus)
+                f"{', '.join(REQUIRED_METRICS)}", observed=want_gpus, expected=want_gpus)

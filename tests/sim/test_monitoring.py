@@ -41,7 +41,7 @@ MONITORING_DATA = {
     "gpufleet_monitoring_scrape_interval": SCRAPE,
     "gpufleet_monitoring_evaluation_interval": SCRAPE,
     "gpufleet_monitoring_alert_for": {"GpuOverheating": ALERT_FOR, "GpuMissing": ALERT_FOR,
-                                      "GpuExporterDown": ALERT_FOR},
+                                      "GpuExporterDown": ALERT_FOR, "NodeDown": ALERT_FOR},
     "gpufleet_monitoring_group_wait": "1s",
     "gpufleet_monitoring_grafana": False,  # Grafana's package cannot be installed here (no Grafana repository)
     "gpufleet_monitoring_receivers": [{"name": "ops", "type": "webhook", "url": "http://127.0.0.1:9999/alerts"}],
@@ -228,15 +228,31 @@ def test_lost_gpu_raises_gpu_missing(mon):
 
 def test_stopped_exporter_raises_exporter_down(mon):
     wait_all_up(mon)
-    ssh(mon, NVML_HOST, "systemctl stop gpufleet-gpu-exporter.service")
+    ssh(mon, NVML_HOST, "systemctl stop gpufleet-exporter.service")
     try:
         alerts = wait_for("GpuExporterDown in Alertmanager", lambda: [
             a for a in active_alerts(mon, "GpuExporterDown") if a["labels"].get("host") == NVML_HOST])
         assert alerts[0]["annotations"]["summary"] == f"{NVML_HOST}: GPU exporter down"
     finally:
-        ssh(mon, NVML_HOST, "systemctl start gpufleet-gpu-exporter.service")
+        ssh(mon, NVML_HOST, "systemctl start gpufleet-exporter.service")
     wait_for("GpuExporterDown resolved", lambda: not [
         a for a in active_alerts(mon, "GpuExporterDown") if a["labels"].get("host") == NVML_HOST])
+
+
+def test_node_down_inhibits_the_gpu_alerts_of_that_host(mon):
+    wait_all_up(mon)
+    ssh(mon, NVML_HOST, "systemctl stop prometheus-node-exporter.service gpufleet-exporter.service")
+    try:
+        wait_for("NodeDown in Alertmanager", lambda: [
+            a for a in active_alerts(mon, "NodeDown") if a["labels"].get("host") == NVML_HOST])
+        suppressed = wait_for("GpuExporterDown inhibited", lambda: [
+            a for a in active_alerts(mon, "GpuExporterDown")
+            if a["labels"].get("host") == NVML_HOST and a["status"]["inhibitedBy"]])
+        assert suppressed[0]["status"]["state"] == "suppressed"
+    finally:
+        ssh(mon, NVML_HOST, "systemctl start prometheus-node-exporter.service gpufleet-exporter.service")
+    wait_for("NodeDown resolved", lambda: not [
+        a for a in active_alerts(mon, "NodeDown") if a["labels"].get("host") == NVML_HOST])
 
 
 def test_every_dashboard_panel_query_returns_data(mon):
@@ -264,7 +280,7 @@ def test_verify_checks_the_exporters_and_its_textfile_reaches_prometheus(mon, tm
     result = wait_for("gpufleet_verify_host_up in Prometheus", lambda: promql(mon, "gpufleet_verify_host_up"))
     assert sorted((r["metric"]["host"], r["metric"]["hostname"]) for r in result) == [
         (DCGM_HOST, DCGM_HOST), (NVML_HOST, NVML_HOST)]
-    ssh(mon, NVML_HOST, "systemctl stop gpufleet-gpu-exporter.service")
+    ssh(mon, NVML_HOST, "systemctl stop gpufleet-exporter.service")
     try:
         proc = subprocess.run([str(BIN / "gpufleet"), "verify", str(mon.test_inventory), "--limit", NVML_HOST,
                                "--out", str(tmp_path / "down")], cwd=REPO, capture_output=True, text=True,
@@ -273,7 +289,7 @@ def test_verify_checks_the_exporters_and_its_textfile_reaches_prometheus(mon, tm
         verdicts = {c["check"]: c["verdict"] for h in report["hosts"] for c in h["checks"]}
         assert verdicts["config.exporter.gpu"] == "fail" and proc.returncode == 1
     finally:
-        ssh(mon, NVML_HOST, "systemctl start gpufleet-gpu-exporter.service")
+        ssh(mon, NVML_HOST, "systemctl start gpufleet-exporter.service")
 
 
 def _files(fleet, host: str, paths: tuple[str, ...]) -> dict[str, str]:

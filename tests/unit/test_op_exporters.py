@@ -45,12 +45,12 @@ def test_nvml_first_install_uploads_bundle_settings_unit_then_enables_and_starts
         f"upload /etc/gpufleet/exporter.json\n{SETTINGS}",
         "chown root:root /etc/gpufleet/exporter.json && chmod 644 /etc/gpufleet/exporter.json",
         "mkdir -p /etc/systemd/system",
-        f"upload /etc/systemd/system/gpufleet-gpu-exporter.service\n{UNIT}",
-        "chown root:root /etc/systemd/system/gpufleet-gpu-exporter.service && chmod 644 "
-        "/etc/systemd/system/gpufleet-gpu-exporter.service",
+        f"upload /etc/systemd/system/gpufleet-exporter.service\n{UNIT}",
+        "chown root:root /etc/systemd/system/gpufleet-exporter.service && chmod 644 "
+        "/etc/systemd/system/gpufleet-exporter.service",
         "systemctl daemon-reload",
-        "systemctl enable gpufleet-gpu-exporter.service",
-        "systemctl start gpufleet-gpu-exporter.service",
+        "systemctl enable gpufleet-exporter.service",
+        "systemctl start gpufleet-exporter.service",
     ]
     assert noops == []
 
@@ -66,9 +66,9 @@ def test_nvml_new_listen_address_rewrites_unit_and_restarts():
     commands, _ = run_operation(exporters.gpu_exporter, facts={ManagedState: nvml_state(bundle(), units=RUNNING)},
                                 kind="nvml", listen="10.0.0.5:9400")
     assert commands == [
-        f"upload /etc/systemd/system/gpufleet-gpu-exporter.service\n{exporters.nvml_unit_text('10.0.0.5:9400')}",
+        f"upload /etc/systemd/system/gpufleet-exporter.service\n{exporters.nvml_unit_text('10.0.0.5:9400')}",
         "systemctl daemon-reload",
-        "systemctl restart gpufleet-gpu-exporter.service",
+        "systemctl restart gpufleet-exporter.service",
     ]
 
 
@@ -76,9 +76,9 @@ def test_none_stops_disables_and_removes_the_nvml_exporter():
     commands, _ = run_operation(exporters.gpu_exporter, facts={ManagedState: nvml_state(bundle(), units=RUNNING)},
                                 kind="none")
     assert commands == [
-        "systemctl stop gpufleet-gpu-exporter.service",
-        "systemctl disable gpufleet-gpu-exporter.service",
-        "rm -f /etc/systemd/system/gpufleet-gpu-exporter.service",
+        "systemctl stop gpufleet-exporter.service",
+        "systemctl disable gpufleet-exporter.service",
+        "rm -f /etc/systemd/system/gpufleet-exporter.service",
     ]
 
 
