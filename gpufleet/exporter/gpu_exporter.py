@@ -139,6 +139,8 @@ class GpuCollector:
         self.settings_dir = settings_dir
         self.hostname = hostname or socket.gethostname()
         self.lock = threading.Lock()  # NVML handles are shared by concurrent scrapes
+        self.initialized = False
+        self.init_error: str | None = None
 
     def _settings(self):
         exporter = read_json(os.path.join(self.settings_dir, "exporter.json"))
@@ -148,9 +150,24 @@ class GpuCollector:
                if isinstance(g, dict) and isinstance(g.get("pci_bus_id"), str)}
         return exporter, power, mig
 
+    def _nvml_ready(self) -> bool:
+        """NVML initialised (retried at every scrape: the driver may load after the exporter started)."""
+        if not self.initialized:
+            try:
+                pynvml.nvmlInit()
+                self.initialized = True
+            except pynvml.NVMLError as error:
+                self.init_error = str(error)
+        return self.initialized
+
     def collect(self):
         with self.lock:
-            samples, errors = self._read()
+            ready = self._nvml_ready()
+            samples, errors = self._read() if ready else ({}, 0)
+        up = GaugeMetricFamily("gpufleet_gpu_exporter_nvml_up", "1 when NVML answers (the driver is loaded).",
+                               labels=("hostname",))
+        up.add_metric((self.hostname,), 1 if ready else 0)
+        yield up
         for name, help_text in _HELP.items():
             family = GaugeMetricFamily(name, help_text, labels=LABELS)
             for labels, value in samples.get(name, []):
@@ -257,7 +274,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--listen", type=parse_listen, default=("0.0.0.0", 9400), help="ADDRESS:PORT")
     parser.add_argument("--settings-dir", default=SETTINGS_DIR)
     args = parser.parse_args(argv)
-    pynvml.nvmlInit()
     registry = build_registry(args.settings_dir)
     address, port = args.listen
     start_http_server(port, addr=address, registry=registry)
@@ -266,7 +282,6 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     stop.wait()
-    pynvml.nvmlShutdown()
     return 0
 
 

@@ -60,7 +60,6 @@ def scrape(root: Path, pyz: Path, settings: Path | None = None) -> dict[str, lis
     """{metric: [(labels, value)]} of one collection, the bundle run by the system python (as on a node)."""
     script = (f"import sys; sys.path.insert(0, {str(pyz)!r})\n"
               "import pynvml, gpu_exporter\nfrom prometheus_client import generate_latest\n"
-              "pynvml.nvmlInit()\n"
               f"print(generate_latest(gpu_exporter.build_registry({str(settings or root / 'none')!r}, 'node1'))"
               ".decode())\n")
     proc = subprocess.run(["/usr/bin/python3", "-c", script], env=node_env(root), capture_output=True, text=True,
@@ -190,3 +189,11 @@ def test_mig_layout_match_with_the_instances_of_the_layout(env, tmp_path):
     layout["gpus"][0]["create"] = [19, 19, 19]
     (tmp_path / "mig-layout.json").write_text(json.dumps(layout))
     assert by_gpu(scrape(root, pyz, tmp_path)["gpufleet_gpu_mig_layout_match"]) == {"0": 0.0}
+
+
+def test_driver_not_loaded_serves_nvml_down_instead_of_exiting(env):
+    root, pyz = env
+    write_state(root, "h100-sxm-8", **{"driver.loaded": "0", "driver.version": ""})
+    metrics = scrape(root, pyz)
+    assert metrics["gpufleet_gpu_exporter_nvml_up"] == [({"hostname": "node1"}, 0.0)]
+    assert "DCGM_FI_DEV_GPU_TEMP" not in metrics
