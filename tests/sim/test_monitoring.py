@@ -32,6 +32,7 @@ from gpufleet.sim.repo import packages as sim_packages
 PROFILES = ["cpu-only", "h100-sxm-8", "rtx4090-1"]
 MON, DCGM_HOST, NVML_HOST = "node01", "node02", "node03"
 SCRAPE = "2s"
+EVALUATION = "2s"
 ALERT_FOR = "4s"
 DEB_CACHE = cache_dir() / "debs-bookworm"  # the .debs the hosts download from Debian, kept between runs
 SIM_PACKAGES = {name for name, *_ in sim_packages()}  # the simulator's repository's own: rebuilt, never cached
@@ -39,7 +40,7 @@ SIM_PACKAGES = {name for name, *_ in sim_packages()}  # the simulator's reposito
 MONITORING_DATA = {
     "gpufleet_stages": [],
     "gpufleet_monitoring_scrape_interval": SCRAPE,
-    "gpufleet_monitoring_evaluation_interval": SCRAPE,
+    "gpufleet_monitoring_evaluation_interval": EVALUATION,
     "gpufleet_monitoring_alert_for": {"GpuOverheating": ALERT_FOR, "GpuMissing": ALERT_FOR,
                                       "GpuExporterDown": ALERT_FOR, "NodeDown": ALERT_FOR},
     "gpufleet_monitoring_group_wait": "1s",
@@ -203,7 +204,8 @@ def test_overheat_alert_reaches_alertmanager_and_resolves(mon):
         assert [a["labels"]["gpu"] for a in alerts] == ["3"]
         assert alerts[0]["annotations"]["summary"].startswith(f"{DCGM_HOST} GPU 3: overheating at ")
         assert alerts[0]["labels"]["severity"] == "critical"
-        assert latency <= seconds(ALERT_FOR) + 2 * seconds(SCRAPE) + seconds(SCRAPE) + 1.0
+        # for + 2 scrape intervals, plus one rule evaluation interval: Prometheus evaluates on its own clock
+        assert latency <= seconds(ALERT_FOR) + 2 * seconds(SCRAPE) + seconds(EVALUATION)
     finally:
         gpufleet("sim", "fault", DCGM_HOST, "clear")
     wait_for("GpuOverheating resolved", lambda: not [
