@@ -259,6 +259,10 @@ def test_node_down_inhibits_the_gpu_alerts_of_that_host(mon):
 
 def test_every_dashboard_panel_query_returns_data(mon):
     wait_all_up(mon)
+    rss = promql(mon, 'process_resident_memory_bytes{job="prometheus"}')
+    series = promql(mon, "prometheus_tsdb_head_series")
+    print(f"\nPrometheus of the test fleet: {float(rss[0]['value'][1]) / 2**20:.0f} MiB resident, "
+          f"{series[0]['value'][1]} head series")
     wait_for("the recording rules", lambda: promql(mon, "gpufleet:gpus_visible"))
     empty = []
     for name in render.DASHBOARDS:
