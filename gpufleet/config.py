@@ -36,8 +36,8 @@ KEY_PREFIX = "gpufleet_"
 IGNORED_PREFIXES = ("gpufleet_sim_",)
 CONFIG_VERSION = 1
 
-STAGES = ("driver", "persistence", "power", "mig", "nccl", "clocks")
-DEFAULT_STAGES = ("driver", "persistence", "power", "mig", "nccl")
+STAGES = ("driver", "persistence", "power", "mig", "nccl", "clocks", "exporters")
+DEFAULT_STAGES = ("driver", "persistence", "power", "mig", "nccl", "exporters")
 FLAVOURS = ("auto", "open", "proprietary")
 PACKAGE_STYLES = ("ubuntu", "nvidia")
 DEFAULT_DRIVER_BRANCH = "580"
@@ -254,6 +254,7 @@ class NodeConfig:
     mig: MigConfig | None = None
     nccl: NcclConfig = field(default_factory=NcclConfig)
     clocks: ClocksConfig = field(default_factory=ClocksConfig)
+    exporters: ExportersConfig = field(default_factory=lambda: ExportersConfig())
 
     def stage_enabled(self, stage: str) -> bool:
         if stage not in STAGES:
@@ -823,6 +824,85 @@ def _clocks(ctx: _Ctx, key: str, value: Any) -> Any:
     return ClocksConfig(mode="lock", lock_gpu_mhz=(pair[0], pair[1]))
 
 
+
+# ------------------------------------------------------------------------------- exporters (stage exporters)
+# The monitoring exporters of a GPU node. One table: key, parser, default, doc. ``gpufleet_exporters_textfile_dir``
+# is also where verify writes its Prometheus textfile (one setting drives both).
+
+GPU_EXPORTERS = ("auto", "dcgm", "nvml", "none")
+DEFAULT_TEXTFILE_DIR = "/var/lib/prometheus/node-exporter"  # Debian/Ubuntu prometheus-node-exporter's own
+_LISTEN_RE = re.compile(r"^(?:(?P<v4>\d{1,3}(?:\.\d{1,3}){3})|\[(?P<v6>[0-9A-Fa-f:]+)\]|(?P<any>)):(?P<port>\d{1,5})$")
+_TEXTFILE_PATH_RE = re.compile(r"^/[A-Za-z0-9._/-]*$")
+
+
+@dataclass(frozen=True)
+class ExportersConfig:
+    gpu: str = "auto"
+    gpu_listen: str = "0.0.0.0:9400"
+    node: bool = True
+    node_listen: str = "0.0.0.0:9100"
+    textfile_dir: str = DEFAULT_TEXTFILE_DIR
+    gpu_count: int | None = None  # GPUs the host should have (monitoring's GpuMissing); None: the most seen
+
+    @staticmethod
+    def port(listen: str) -> int:
+        return int(listen.rsplit(":", 1)[1])
+
+
+def _listen(ctx: _Ctx, key: str, value: Any) -> Any:
+    allowed = 'ADDRESS:PORT, e.g. "0.0.0.0:9400", "10.0.0.5:9100", "[::]:9400" (port 1..65535)'
+    m = _LISTEN_RE.match(value) if isinstance(value, str) else None
+    ok = m is not None and 1 <= int(m.group("port")) <= 65535
+    if ok and m.group("v4"):
+        ok = all(int(part) <= 255 for part in m.group("v4").split("."))
+    if not ok:
+        ctx.error(key, value, allowed, "not a listen address")
+        return _INVALID
+    return value if not value.startswith(":") else "0.0.0.0" + value
+
+
+def _textfile_dir(ctx: _Ctx, key: str, value: Any) -> Any:
+    if not isinstance(value, str) or not _TEXTFILE_PATH_RE.match(value) or ".." in value.split("/") or value == "/":
+        ctx.error(key, value, "an absolute directory path (letters, digits, . _ - /), e.g. " + DEFAULT_TEXTFILE_DIR,
+                  "not an absolute directory path")
+        return _INVALID
+    return value.rstrip("/")
+
+
+def _gpu_count(ctx: _Ctx, key: str, value: Any) -> Any:
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 64:
+        ctx.error(key, value, "an integer 1..64 (or unset: the most GPUs seen in the last day)", "not a GPU count")
+        return _INVALID
+    return value
+
+
+EXPORTER_SETTINGS: tuple[tuple[str, Any, Any, str], ...] = (
+    ("gpufleet_exporters_gpu", _choice(GPU_EXPORTERS), "auto",
+     "GPU exporter: dcgm (NVIDIA DCGM + dcgm-exporter from the NVIDIA repository), nvml (gpufleet's own), auto "
+     "(dcgm on datacenter GPUs when the repository offers it, else nvml) or none"),
+    ("gpufleet_exporters_gpu_listen", _listen, "0.0.0.0:9400", "address:port the GPU exporter listens on"),
+    ("gpufleet_exporters_node", _bool, True, "install node_exporter (the distribution's package)"),
+    ("gpufleet_exporters_node_listen", _listen, "0.0.0.0:9100", "address:port node_exporter listens on"),
+    ("gpufleet_exporters_textfile_dir", _textfile_dir, DEFAULT_TEXTFILE_DIR,
+     "node_exporter's textfile collector directory; verify writes its results there too"),
+    ("gpufleet_exporters_gpu_count", _gpu_count, None,
+     "GPUs this host should have (alert GpuMissing below it); unset: the most seen in the last day"),
+)
+
+
+def _exporters_config(ctx: _Ctx, values: Mapping[str, Any]) -> ExportersConfig | None:
+    if any(values[key] is _INVALID for key, *_ in EXPORTER_SETTINGS):
+        return None
+    config = ExportersConfig(
+        gpu=values["gpufleet_exporters_gpu"], gpu_listen=values["gpufleet_exporters_gpu_listen"],
+        node=values["gpufleet_exporters_node"], node_listen=values["gpufleet_exporters_node_listen"],
+        textfile_dir=values["gpufleet_exporters_textfile_dir"], gpu_count=values["gpufleet_exporters_gpu_count"])
+    if config.node and config.gpu != "none" and config.port(config.gpu_listen) == config.port(config.node_listen):
+        ctx.error("gpufleet_exporters_node_listen", config.node_listen,
+                  f"a port other than the GPU exporter's (gpufleet_exporters_gpu_listen={config.gpu_listen!r})",
+                  "port clash")
+    return config
+
 # ------------------------------------------------------------------------------------------------- schema
 
 # key -> (parser, default). The MIG keys are parsed together (_mig).
@@ -850,6 +930,7 @@ _KEYS: dict[str, tuple[Any, Any]] = {
     "gpufleet_nccl": (_nccl, None),
     "gpufleet_clocks": (_clocks, None),
     "gpufleet_templates_dir": (_templates_dir, None),  # read by gpufleet.resources through host data
+    **{key: (parser, default) for key, parser, default, _doc in EXPORTER_SETTINGS},
 }
 _MIG_KEYS = ("gpufleet_mig", "gpufleet_mig_config_file", "gpufleet_mig_config")
 KNOWN_KEYS: tuple[str, ...] = (*_KEYS, *_MIG_KEYS)
@@ -866,6 +947,7 @@ def register_namespace(prefix: str) -> None:
 # The verify stage's settings (gpufleet/verify/run.py validates them); registered here so that the converge
 # deploy, which never imports the verify code, accepts an inventory that sets them.
 register_namespace("gpufleet_verify_")
+register_namespace("gpufleet_monitoring_")  # gpufleet/monitoring/config.py validates them (deploys/monitoring.py)
 
 
 def _is_ours(key: Any) -> bool:
@@ -886,6 +968,7 @@ def _collect(host_name: str, data: Mapping) -> tuple[NodeConfig | None, list[Con
         raw = ours.get(key)
         values[key] = default if raw is None else parser(ctx, key, raw)
     mig = _mig(ctx, ours)
+    exporters = _exporters_config(ctx, values)
     if ctx.errors:
         return None, ctx.errors
     config = NodeConfig(
@@ -909,6 +992,7 @@ def _collect(host_name: str, data: Mapping) -> tuple[NodeConfig | None, list[Con
         mig=mig,
         nccl=values["gpufleet_nccl"] or NcclConfig(),
         clocks=values["gpufleet_clocks"] or ClocksConfig(),
+        exporters=exporters,
     )
     return config, []
 

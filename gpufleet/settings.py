@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet import config
+from gpufleet.monitoring import config as monitoring_config
 from gpufleet.verify import settings as verify_settings
 
 UNSET = "unset"
@@ -106,6 +107,43 @@ _DOCS: dict[str, tuple[str, str, str, str, str | None]] = {
     "gpufleet_verify_bench": ("`none` \\| `quick` \\| `full`", "verify",
                               "benchmarks of `pyinfra INVENTORY verify/gpu_node.py` (`gpufleet verify`: --bench)",
                               '"quick"', None),
+    # exporters: the doc is config.EXPORTER_SETTINGS' own (None here)
+    "gpufleet_exporters_gpu": ("`auto` \\| `dcgm` \\| `nvml` \\| `none`", "exporters", None, '"nvml"', None),
+    "gpufleet_exporters_gpu_listen": ("ADDRESS:PORT", "exporters", None, '"0.0.0.0:9400"', None),
+    "gpufleet_exporters_node": ("bool", "exporters", None, "False", None),
+    "gpufleet_exporters_node_listen": ("ADDRESS:PORT", "exporters", None, '"127.0.0.1:9100"', None),
+    "gpufleet_exporters_textfile_dir": ("absolute directory path", "exporters, verify", None,
+                                        '"/var/lib/node_exporter/textfile_collector"', None),
+    "gpufleet_exporters_gpu_count": ("int 1..64", "exporters, monitoring", None, "8", None),
+    # monitoring (deploys/monitoring.py): the type is gpufleet.monitoring.config.KEYS' allowed text (None here)
+    "gpufleet_monitoring_scrape_interval": (None, "monitoring", "Prometheus scrape interval", '"15s"', None),
+    "gpufleet_monitoring_evaluation_interval": (None, "monitoring", "Prometheus rule evaluation interval", '"15s"',
+                                                None),
+    "gpufleet_monitoring_alert_for": (None, "monitoring", "an alert's `for` duration, per alert",
+                                      '{"GpuOverheating": "2m"}', "`{}`"),
+    "gpufleet_monitoring_verify_max_age": (None, "monitoring", "verify results older than this alert as stale",
+                                           '"8d"', None),
+    "gpufleet_monitoring_prometheus_listen": (None, "monitoring", "Prometheus' listen address", '"0.0.0.0:9090"',
+                                              None),
+    "gpufleet_monitoring_alertmanager_listen": (None, "monitoring", "Alertmanager's listen address",
+                                                '"0.0.0.0:9093"', None),
+    "gpufleet_monitoring_receivers": (None, "monitoring", "Alertmanager receivers",
+                                      '[{"name": "ops", "type": "webhook", "url": "http://hooks.internal/gpu"}]',
+                                      "`[]`"),
+    "gpufleet_monitoring_routes": (None, "monitoring", "Alertmanager routes to the receivers",
+                                   '[{"receiver": "ops", "matchers": {"severity": "critical"}}]', "`[]`"),
+    "gpufleet_monitoring_group_wait": (None, "monitoring", "Alertmanager's group_wait", '"30s"', None),
+    "gpufleet_monitoring_grafana": (None, "monitoring", "install and provision Grafana", "False", None),
+    "gpufleet_monitoring_grafana_admin_password": (None, "monitoring",
+                                                   "Grafana's admin password (required with Grafana on)",
+                                                   '"long-site-secret-42"', None),
+    "gpufleet_monitoring_grafana_repo_url": (None, "monitoring", "apt source of Grafana's package",
+                                             '"http://mirror.internal/grafana stable main"', None),
+    "gpufleet_monitoring_grafana_listen": (None, "monitoring", "Grafana's listen address", '"0.0.0.0:3000"', None),
+    "gpufleet_monitoring_cluster": (None, "monitoring", "the `cluster` label of this host's scrape targets",
+                                    '"cluster-a"', None),
+    "gpufleet_monitoring_gpu_model": (None, "monitoring", "the `gpu_model` label of this host's scrape targets",
+                                      '"h100-sxm"', "from the catalog"),
 }
 
 _MIG_NOTE = "validated together by gpufleet.config (inline layout or file + label, never both)"
@@ -116,6 +154,16 @@ def _verify_defaults() -> dict[str, Any]:
     return {f"{verify_settings.VERIFY_PREFIX}{name}": value for name, value in fields.items()}
 
 
+def _monitoring_defaults() -> dict[str, Any]:
+    fields = [*dataclasses.fields(monitoring_config.MonitoringSettings),
+              *dataclasses.fields(monitoring_config.TargetSettings)]
+    found = {}
+    for f in fields:
+        value = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        found[f"{monitoring_config.PREFIX}{f.name}"] = value
+    return found
+
+
 def table() -> list[Setting]:
     """Every setting, in documentation order; raises if the validators and this table disagree on the keys."""
     validated: dict[str, tuple[Callable[..., Any] | None, Any]] = dict(config._KEYS)
@@ -124,6 +172,10 @@ def table() -> list[Setting]:
     verify_defaults = _verify_defaults()
     for key in verify_settings.VERIFY_KEYS:
         validated[key] = (verify_settings.load_verify_settings, verify_defaults.get(key))
+    monitoring_defaults = _monitoring_defaults()
+    for key in monitoring_config.KEYS:
+        validated[key] = (monitoring_config.load_monitoring_settings, monitoring_defaults.get(key))
+    exporter_docs = {key: doc for key, _parser, _default, doc in config.EXPORTER_SETTINGS}
     missing, extra = sorted(set(validated) - set(_DOCS)), sorted(set(_DOCS) - set(validated))
     if missing or extra:
         raise LookupError(f"gpufleet/settings.py is out of step with the validators: undocumented {missing}, "
@@ -131,6 +183,8 @@ def table() -> list[Setting]:
     rows = []
     for name, (type_, stage, doc, example, default_text) in _DOCS.items():
         parser, default = validated[name]
+        type_ = type_ if type_ is not None else monitoring_config.KEYS[name].replace("|", "\\|")
+        doc = doc if doc is not None else exporter_docs[name]
         rows.append(Setting(name=name, type=type_, stage=stage, doc=doc, example=example, parser=parser,
                             default=default, default_text=default_text))
     return rows

@@ -1,6 +1,6 @@
 """Converge a GPU node: the stages of ``deploys/gpu_node.py``, in order, each skippable by ``gpufleet_stages``.
 
-driver → persistence → power → mig → nccl → clocks. The GPU stages need the GPUs' UUIDs and current state,
+driver → persistence → power → mig → nccl → clocks → exporters. The GPU stages need the GPUs' UUIDs and current state,
 which only the driver can tell: on a host whose driver is installed by this very run they are planned at
 execution time, right after the driver stage, from fresh facts (a nested pyinfra step); on every later run
 they are planned up front like any operation, so a converged node reports no change. Their inputs are the node
@@ -20,11 +20,12 @@ from pyinfra.operations import python
 from gpufleet import preflight
 from gpufleet.config import NodeConfig
 from gpufleet.facts import prefetch
+from gpufleet.facts.exporters import AptCandidate
 from gpufleet.facts.nvidia import GpuInventory
 from gpufleet.facts.packages import NvidiaPackages
 from gpufleet.facts.pci import NvidiaPciDevices
 from gpufleet.facts.system import OsInfo, SecureBoot
-from gpufleet.operations import clocks, driver, mig, nccl, persistence, power
+from gpufleet.operations import clocks, driver, exporters, mig, nccl, persistence, power
 from gpufleet.operations._systemd import refuse
 from gpufleet.plan import NodePlan, gpus_from_facts
 
@@ -81,6 +82,35 @@ def gpu_stages(config: NodeConfig, inventory_fact: dict) -> None:
         clocks.locked(name="GPU clocks", lock_mhz=plan.clocks.lock_mhz)
 
 
+def choose_gpu_exporter(setting: str, models: list, dcgm_offered: bool) -> str:
+    """``auto``: DCGM on datacenter GPUs when the repository offers it, else gpufleet's NVML exporter."""
+    if setting != "auto":
+        return setting
+    datacenter = bool(models) and all(model is not None and model.datacenter for model in models)
+    return "dcgm" if datacenter and dcgm_offered else "nvml"
+
+
+def exporters_stage(config: NodeConfig, facts: preflight.HostFacts) -> None:
+    """node_exporter and the GPU exporter (stage ``exporters``)."""
+    settings = config.exporters
+    if settings.node:
+        exporters.node_exporter(name="node_exporter", textfile_dir=settings.textfile_dir,
+                                listen=settings.node_listen)
+    models = [gpu.model for gpu in preflight.host_gpus(facts)]
+    # NVIDIA's repository offers DCGM: when the driver stage configures it (this run or an earlier one), auto
+    # decides the same on every run; otherwise it asks apt whether a configured repository has the exporter
+    offered = settings.gpu == "auto" and (
+        config.stage_enabled("driver")
+        or host.get_fact(AptCandidate, package=exporters.DCGM_PACKAGES[-1]) is not None)
+    kind = choose_gpu_exporter(settings.gpu, models, offered)
+    if kind == "dcgm":
+        driver.nvidia_repository(name="NVIDIA repository (DCGM)", repo_url=config.driver.repo_url,
+                                 keyring_url=config.driver.repo_keyring_url)
+    exporters.gpu_exporter(name="GPU exporter", kind=kind, listen=settings.gpu_listen,
+                           profiling=bool(models) and all(m is not None and m.datacenter for m in models),
+                           persistence_managed=config.stage_enabled("persistence"))
+
+
 def _gpu_stages_after_driver(config: NodeConfig) -> None:
     prefetch.invalidate(host.state, host)  # planned from what the node says now, never from an earlier read
     gpu_stages(config, host.get_fact(GpuInventory))
@@ -95,15 +125,17 @@ def gpu_node() -> None:
         return  # the run stops once every host is prepared; nothing is planned for a host that failed
     if config.stage_enabled("driver"):
         driver_stage(config, facts)
-    if not any(config.stage_enabled(stage) for stage in GPU_STAGES):
-        return
     found = facts.gpu_inventory or {}
     # A driver installed but not loaded (or of another version than the one loaded) answers only after a
     # reboot: unless this run may reboot, planning after the driver stage would find the same, and only report a
     # change that is none. Plan now (the GPU settings are skipped with a warning).
     answers_after_reboot = found.get("status") in ("driver_not_loaded", "version_mismatch")
-    if found.get("gpus") or not config.stage_enabled("driver") or (answers_after_reboot and not config.allow_reboot):
+    if not any(config.stage_enabled(stage) for stage in GPU_STAGES):
+        pass  # no GPU setting managed on this host
+    elif found.get("gpus") or not config.stage_enabled("driver") or (answers_after_reboot and not config.allow_reboot):
         gpu_stages(config, found)
     else:
         python.call(name="GPU settings (planned once the driver answers)", function=_gpu_stages_after_driver,
                     config=config)
+    if config.stage_enabled("exporters"):
+        exporters_stage(config, facts)

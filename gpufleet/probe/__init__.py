@@ -12,6 +12,6 @@ import os
 from .probe import PROBE_VERSION, SCHEMA, SCHEMA_VERSION, collect, main
 
 PROBE_DIR = os.path.dirname(os.path.abspath(__file__))
-PROBE_FILES = ("__init__.py", "__main__.py", "probe.py", "bench.py")
+PROBE_FILES = ("__init__.py", "__main__.py", "probe.py", "bench.py", "exporters.py")
 
 __all__ = ["PROBE_DIR", "PROBE_FILES", "PROBE_VERSION", "SCHEMA", "SCHEMA_VERSION", "collect", "main"]

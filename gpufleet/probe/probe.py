@@ -779,6 +779,7 @@ def collect(nvml: Any = None, *, services: list[str] | tuple[str, ...] = DEFAULT
     doc.update(collect_nvml(nvml))
     doc["services"] = collect_services(services)
     doc["nccl_conf"] = collect_nccl_conf(nccl_conf)
+    doc["exporters"] = _load_exporters().collect_exporters()
     if kernel_log is False:
         doc["kernel_log"] = {"status": "skipped", "source": None, "error": None, "xid_lines": []}
     else:
@@ -790,6 +791,14 @@ def collect(nvml: Any = None, *, services: list[str] | tuple[str, ...] = DEFAULT
             bench_runner = _load_bench().run_bench
         doc["bench"] = bench_runner(bench, gpus=doc["gpus"])
     return doc
+
+
+def _load_exporters() -> Any:
+    try:
+        from . import exporters  # package mode
+    except ImportError:
+        import exporters  # type: ignore[no-redef]  # script mode
+    return exporters
 
 
 def _load_bench() -> Any:

@@ -1,15 +1,18 @@
 """Prometheus textfile (node_exporter textfile collector) with the verify results and bench figures.
 
-Metrics (every sample carries ``host``; GPU metrics add ``gpu`` (index, "" for host-level checks) and ``uuid``):
+Label names are dcgm-exporter's, so one set of rules and dashboards joins both: every sample carries
+``hostname`` (the inventory name of the host verified; Prometheus adds its own ``host`` target label when
+node_exporter is scraped), GPU metrics add ``gpu`` (index, "" for host-level checks) and ``UUID``, benchmark
+metrics ``modelName``:
 
-- ``gpufleet_verify_check{host,gpu,uuid,check}`` 1 = passed (pass or warn), 0 = failed (fail or unreachable);
+- ``gpufleet_verify_check{hostname,gpu,UUID,check}`` 1 = passed (pass or warn), 0 = failed (fail or unreachable);
   skipped checks are not exported; several results of one check on one GPU collapse to the worst.
-- ``gpufleet_verify_checks{host,verdict}`` number of checks per verdict.
-- ``gpufleet_verify_host_up{host}`` 1 when the host was reachable and probed.
-- ``gpufleet_verify_last_run_timestamp_seconds{host}`` when this verify ran.
-- ``gpufleet_bench_tflops{host,gpu,uuid,model,precision}``, ``gpufleet_bench_tflops_peak_ratio{...}``,
-  ``gpufleet_bench_memory_bandwidth_gbs{host,gpu,uuid,model}``,
-  ``gpufleet_bench_host_transfer_gbs{host,gpu,uuid,direction}``, ``gpufleet_bench_nccl_busbw_gbs{host}``.
+- ``gpufleet_verify_checks{hostname,verdict}`` number of checks per verdict.
+- ``gpufleet_verify_host_up{hostname}`` 1 when the host was reachable and probed.
+- ``gpufleet_verify_last_run_timestamp_seconds{hostname}`` when this verify ran.
+- ``gpufleet_bench_tflops{hostname,gpu,UUID,modelName,precision}``, ``gpufleet_bench_tflops_peak_ratio{...}``,
+  ``gpufleet_bench_memory_bandwidth_gbs{hostname,gpu,UUID,modelName}``,
+  ``gpufleet_bench_host_transfer_gbs{hostname,gpu,UUID,direction}``, ``gpufleet_bench_nccl_busbw_gbs{hostname}``.
 
 ``write_textfile`` writes atomically (temporary file + rename), as the textfile collector requires.
 """
@@ -73,33 +76,33 @@ def render_prometheus(report: FleetResult | dict[str, Any], host: str | None = N
             if key not in worst or _RANK[c["verdict"]] < _RANK[worst[key]]:
                 worst[key] = c["verdict"]
         for (gpu, uuid, check), verdict in sorted(worst.items()):
-            samples["gpufleet_verify_check"][_labels({"host": name, "gpu": gpu, "uuid": uuid, "check": check})] = (
+            samples["gpufleet_verify_check"][_labels({"hostname": name, "gpu": gpu, "UUID": uuid, "check": check})] = (
                 1 if verdict in ("pass", "warn") else 0)
         for verdict in VERDICTS:
-            samples["gpufleet_verify_checks"][_labels({"host": name, "verdict": verdict})] = sum(
+            samples["gpufleet_verify_checks"][_labels({"hostname": name, "verdict": verdict})] = sum(
                 1 for c in h["checks"] if c["verdict"] == verdict)
-        samples["gpufleet_verify_host_up"][_labels({"host": name})] = 1 if h.get("status") == "ok" else 0
+        samples["gpufleet_verify_host_up"][_labels({"hostname": name})] = 1 if h.get("status") == "ok" else 0
         if stamp is not None:
-            samples["gpufleet_verify_last_run_timestamp_seconds"][_labels({"host": name})] = stamp
+            samples["gpufleet_verify_last_run_timestamp_seconds"][_labels({"hostname": name})] = stamp
         for g in h.get("gpus") or []:
-            base = {"host": name, "gpu": g.get("index"), "uuid": g.get("uuid") or ""}
-            model = g.get("model") or g.get("name") or ""
+            base = {"hostname": name, "gpu": g.get("index"), "UUID": g.get("uuid") or ""}
+            model = g.get("name") or g.get("model") or ""  # dcgm-exporter's modelName is the NVML name
             for precision, m in sorted((g.get("matmul") or {}).items()):
                 if m.get("tflops") is None:
                     continue
-                lab = _labels({**base, "model": model, "precision": precision})
+                lab = _labels({**base, "modelName": model, "precision": precision})
                 samples["gpufleet_bench_tflops"][lab] = m["tflops"]
                 if m.get("fraction") is not None:
                     samples["gpufleet_bench_tflops_peak_ratio"][lab] = m["fraction"]
             if g.get("memory_bandwidth_gbs") is not None:
-                samples["gpufleet_bench_memory_bandwidth_gbs"][_labels({**base, "model": model})] = (
+                samples["gpufleet_bench_memory_bandwidth_gbs"][_labels({**base, "modelName": model})] = (
                     g["memory_bandwidth_gbs"])
             for direction, key in (("h2d", "host_to_device_gbs"), ("d2h", "device_to_host_gbs")):
                 if g.get(key) is not None:
                     samples["gpufleet_bench_host_transfer_gbs"][_labels({**base, "direction": direction})] = g[key]
         nccl = ((h.get("probe") or {}).get("bench") or {}).get("nccl_all_reduce") or {}
         if nccl.get("status") == "ok" and nccl.get("max_busbw_gbs") is not None:
-            samples["gpufleet_bench_nccl_busbw_gbs"][_labels({"host": name})] = nccl["max_busbw_gbs"]
+            samples["gpufleet_bench_nccl_busbw_gbs"][_labels({"hostname": name})] = nccl["max_busbw_gbs"]
     lines = []
     for metric in _ORDER:
         if not samples[metric]:

@@ -46,6 +46,8 @@ _PROFILE_LIST = [
     # A compute tray sees no NVSwitch on its PCI bus (the switches sit in separate NVLink switch trays), so the
     # simulated host has neither NVLink nor fabric manager.
     Profile("gb200-4", "gb200", 4, 0, "GB200 NVL compute tray: 4x GB200 on 2 Grace Blackwell superchips"),
+    # model_key is unused without GPUs; a server of the fleet that is no GPU node (monitoring, login)
+    Profile("cpu-only", "h100-sxm", 0, 0, "a server without GPUs (e.g. the monitoring host)"),
 ]
 
 # PCI bus numbers as on real boards (HGX H100/H200 baseboards, DGX A100, DGX B200, 4-GPU PCIe servers)

@@ -1,5 +1,7 @@
 """The simulator's package repository: NVIDIA driver packages (named as NVIDIA's and Ubuntu's) that
-install the simulated driver into a host, served over HTTP from the control machine on the fleet bridge.
+install the simulated driver into a host, and DCGM packages (named as NVIDIA's: the host engine and
+dcgm-exporter, answering from the simulated GPU state, ``simgpu/dcgm.py``), served over HTTP from the control
+machine on the fleet bridge.
 
 A flat, signed apt repository like NVIDIA's CUDA repository (``deb [signed-by=KEYRING] URL /``); the
 keyring is served at ``URL/gpufleet-sim-keyring.gpg``.
@@ -110,6 +112,82 @@ fi
 """
 
 
+DCGM_VERSION = "4.2.3"
+DCGM_EXPORTER_VERSION = "4.2.3-4.1.3"
+
+DCGM_UNIT = """\
+[Unit]
+Description=NVIDIA DCGM service
+Wants=network-online.target
+After=network-online.target
+
+[Service]
+User=root
+PrivateTmp=false
+ExecStart=/usr/bin/nv-hostengine -n --service-account nvidia-dcgm
+Restart=on-abort
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+DCGM_EXPORTER_UNIT = """\
+[Unit]
+Description=NVIDIA DCGM exporter
+Wants=nvidia-dcgm.service
+After=nvidia-dcgm.service
+
+[Service]
+ExecStart=/usr/bin/dcgm-exporter -f /etc/dcgm-exporter/default-counters.csv
+Restart=on-failure
+RestartSec=2s
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+DCGM_DEFAULT_COUNTERS = """\
+# Format
+# DCGM FIELD, Prometheus metric type, help message
+DCGM_FI_DEV_SM_CLOCK,  gauge, SM clock frequency (in MHz).
+DCGM_FI_DEV_MEM_CLOCK, gauge, Memory clock frequency (in MHz).
+DCGM_FI_DEV_GPU_TEMP,    gauge, GPU temperature (in C).
+DCGM_FI_DEV_POWER_USAGE,              gauge, Power draw (in W).
+DCGM_FI_DEV_GPU_UTIL,      gauge, GPU utilization (in %).
+DCGM_FI_DEV_FB_FREE, gauge, Framebuffer memory free (in MiB).
+DCGM_FI_DEV_FB_USED, gauge, Framebuffer memory used (in MiB).
+DCGM_FI_DRIVER_VERSION,        label, Driver Version
+"""
+
+
+def _dcgm_wrapper(program: str) -> str:
+    return ("#!/usr/bin/python3\nimport sys\nsys.path.insert(0, '/usr/lib/gpufleet-sim')\n"
+            f"from simgpu.dcgm import main\nsys.exit(main([{program!r}, *sys.argv[1:]]))\n")
+
+
+def _dcgm_tree(work: Path, package: str, version: str, revision: str) -> Path:
+    tree = work / package
+    (tree / "usr/bin").mkdir(parents=True)
+    (tree / "lib/systemd/system").mkdir(parents=True)
+    (tree / "DEBIAN").mkdir()
+    if package == "datacenter-gpu-manager-4-core":
+        (tree / "usr/bin/nv-hostengine").write_text(_dcgm_wrapper("nv-hostengine"))
+        (tree / "usr/bin/nv-hostengine").chmod(0o755)
+        (tree / "lib/systemd/system/nvidia-dcgm.service").write_text(DCGM_UNIT)
+        control = _control(package, f"1:{version}-{revision}", "NVIDIA Datacenter GPU Manager (core)",
+                           Depends="nvidia-driver-sim")
+    else:
+        (tree / "usr/bin/dcgm-exporter").write_text(_dcgm_wrapper("dcgm-exporter"))
+        (tree / "usr/bin/dcgm-exporter").chmod(0o755)
+        (tree / "etc/dcgm-exporter").mkdir(parents=True)
+        (tree / "etc/dcgm-exporter/default-counters.csv").write_text(DCGM_DEFAULT_COUNTERS)
+        (tree / "lib/systemd/system/dcgm-exporter.service").write_text(DCGM_EXPORTER_UNIT)
+        control = _control(package, f"1:{version}-{revision}", "NVIDIA DCGM exporter for Prometheus",
+                           Depends=f"datacenter-gpu-manager-4-core (>= 1:{DCGM_VERSION})")
+    (tree / "DEBIAN/control").write_text(control)
+    return tree
+
+
 def _control(package: str, version: str, description: str, **fields: str) -> str:
     lines = [f"Package: {package}", f"Version: {version}", "Architecture: amd64",
              "Maintainer: gpufleet simulator <sim@gpufleet.invalid>", "Priority: optional", "Section: non-free/libs"]
@@ -191,6 +269,8 @@ def packages() -> list[tuple[str, str, str, str]]:
             (f"nvidia-fabricmanager-{branch}", version, "1", "fabricmanager"),
             (f"cuda-drivers-{branch}", version, "1", "cuda-drivers"),
         ]
+    found += [("datacenter-gpu-manager-4-core", DCGM_VERSION, "1", "dcgm"),
+              ("datacenter-gpu-manager-exporter", DCGM_EXPORTER_VERSION, "1", "dcgm")]
     return found
 
 
@@ -228,6 +308,8 @@ def build() -> Path:
                 tree = _driver_tree(work, package, upstream, revision, kind, nvml, others)
             elif kind == "fabricmanager":
                 tree = _fabricmanager_tree(work, package, upstream, revision)
+            elif kind == "dcgm":
+                tree = _dcgm_tree(work, package, upstream, revision)
             else:
                 tree = work / package
                 (tree / "DEBIAN").mkdir(parents=True)

@@ -27,6 +27,7 @@ from typing import Any
 from gpufleet.catalog import Catalog, GpuModel, UnknownGpuModel, UnknownMigProfile, load_catalog
 from gpufleet.plan import mig_instances_ok, outside_range, power_differs
 
+from .exporter_checks import check_exporters
 from .model import FAIL, PASS, SKIP, UNREACHABLE, WARN, CheckResult, FleetResult, HostResult, worst_verdict
 from .thresholds import Thresholds, default_thresholds
 from .xid import XidEvent, parse_xid_lines
@@ -58,6 +59,7 @@ class ExpectedState:
     gpu_count: int | None = None
     gpu_model: str | None = None
     services: Mapping[str, str] = field(default_factory=dict)
+    exporters: Mapping[str, Any] | None = None  # gpufleet.verify.exporter_checks.expected_exporters
 
     def power_limit_for(self, uuid: str | None) -> float | None:
         if uuid and uuid in self.power_limits_w:
@@ -741,6 +743,7 @@ def evaluate(probe: dict[str, Any], expected: ExpectedState | None = None, *, be
     nvml_ok = _check_probe(ctx, probe)
     _check_driver(ctx, probe, expected, nvml_ok)
     _check_services(ctx, probe, expected)
+    check_exporters(ctx.add, probe, expected.exporters)
     _check_nccl(ctx, probe, expected)
     if not nvml_ok:
         return ctx.checks

@@ -29,6 +29,7 @@ from gpufleet.config import NodeConfig
 from gpufleet.plan import NodePlan, gpus_from_probe
 
 from .checks import ExpectedState
+from .exporter_checks import expected_exporters
 
 PERSISTENCED = "nvidia-persistenced"
 FABRICMANAGER = "nvidia-fabricmanager"
@@ -67,6 +68,7 @@ def expected_state(config: NodeConfig, probe: Mapping[str, Any], *, pci: Mapping
         nccl=dict(config.nccl.settings) if config.stage_enabled("nccl") else None,
         gpu_count=gpu_count,
         services=services,
+        exporters=expected_exporters(config),
     )
 
 

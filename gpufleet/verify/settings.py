@@ -12,9 +12,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpufleet import config
 from gpufleet.config import ConfigError, ConfigErrors, did_you_mean, register_namespace
 
-DEFAULT_TEXTFILE_DIR = "/var/lib/node_exporter/textfile_collector"
+DEFAULT_TEXTFILE_DIR = config.DEFAULT_TEXTFILE_DIR  # Debian/Ubuntu node_exporter's; gpufleet_exporters_textfile_dir
 DEFAULT_OUT = "gpufleet-verify"
 BENCH_PROFILES = ("none", "quick", "full")
 
@@ -54,6 +55,10 @@ def load_verify_settings(host_name: str, data: Mapping[str, Any]) -> tuple[Verif
             errors.append(ConfigError(host_name, key, ours[key], "one of " + ", ".join(VERIFY_KEYS)
                                       + did_you_mean(key, VERIFY_KEYS), "unknown gpufleet verify setting"))
     values: dict[str, Any] = {}
+    # node_exporter's textfile directory (stage exporters) is where the textfile goes unless verify says otherwise
+    exporters_dir = data.get("gpufleet_exporters_textfile_dir")
+    if isinstance(exporters_dir, str) and _ABS_PATH_RE.match(exporters_dir):
+        values["textfile_dir"] = exporters_dir.rstrip("/") or "/"
     key = "gpufleet_verify_textfile_dir"
     if key in ours and ours[key] is not None:
         value = ours[key]

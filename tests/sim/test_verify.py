@@ -18,7 +18,7 @@ from gpufleet.sim import hosts
 INVENTORY = "inventories/sim.py"
 PROFILES = ["h100-sxm-8", "a100-40gb-1", "rtx4090-1"]
 NODES = ("node01", "node02", "node03")
-TEXTFILE = "/var/lib/node_exporter/textfile_collector/gpufleet_verify.prom"
+TEXTFILE = "/var/lib/prometheus/node-exporter/gpufleet_verify.prom"
 
 
 @pytest.fixture(scope="module")
@@ -92,8 +92,8 @@ def test_junit_parses_back(fleet):
 def test_every_node_has_its_textfile_and_the_probe_installed(fleet):
     for name in NODES:
         text = ssh(fleet, name, f"cat {TEXTFILE}").stdout
-        assert f'gpufleet_verify_host_up{{host="{name}"}} 1' in text
-        assert not any(f'host="{other}"' in text for other in NODES if other != name)  # the node's own results
+        assert f'gpufleet_verify_host_up{{hostname="{name}"}} 1' in text
+        assert not any(f'hostname="{other}"' in text for other in NODES if other != name)  # the node's own results
         assert ssh(fleet, name, f"stat -c %a {TEXTFILE}").stdout.strip() == "644"
         assert ssh(fleet, name, f"ls -A $(dirname {TEXTFILE})").stdout.split() == ["gpufleet_verify.prom"]
         installed = ssh(fleet, name, "ls /opt/gpufleet/probe").stdout.split()

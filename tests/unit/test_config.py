@@ -89,25 +89,25 @@ BAD_INPUTS = [
     pytest.param(
         {"gpufleet_stages": ["power", "driver"]},
         "node01: gpufleet_stages=['power', 'driver']: stages out of order; allowed: a list of stages, in this "
-        "order: driver, persistence, power, mig, nccl, clocks",
+        "order: driver, persistence, power, mig, nccl, clocks, exporters",
         id="stages-order",
     ),
     pytest.param(
         {"gpufleet_stages": ["drivers", "power"]},
         "node01: gpufleet_stages[0]='drivers': unknown stage; allowed: driver, persistence, power, mig, nccl, "
-        "clocks (did you mean 'driver'?)",
+        "clocks, exporters (did you mean 'driver'?)",
         id="stages-unknown",
     ),
     pytest.param(
         {"gpufleet_stages": "driver"},
         "node01: gpufleet_stages='driver': not a list; allowed: a list of stages, in this order: driver, "
-        "persistence, power, mig, nccl, clocks",
+        "persistence, power, mig, nccl, clocks, exporters",
         id="stages-not-list",
     ),
     pytest.param(
         {"gpufleet_stages": ["driver", "driver"]},
         "node01: gpufleet_stages=['driver', 'driver']: stage 'driver' listed twice; allowed: a list of stages, in "
-        "this order: driver, persistence, power, mig, nccl, clocks; each stage once",
+        "this order: driver, persistence, power, mig, nccl, clocks, exporters; each stage once",
         id="stages-duplicate",
     ),
     pytest.param(
@@ -400,7 +400,7 @@ def test_registered_namespace_is_left_to_its_owner():
 
 def test_defaults():
     config = load_node_config("n", {})
-    assert config.stages == DEFAULT_STAGES == ("driver", "persistence", "power", "mig", "nccl")
+    assert config.stages == DEFAULT_STAGES == ("driver", "persistence", "power", "mig", "nccl", "exporters")
     assert not config.stage_enabled("clocks")
     assert config.driver.branch == "580" and config.driver.flavour == "auto"
     assert config.driver.repo_url is None and config.driver.packages_style is None

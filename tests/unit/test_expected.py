@@ -178,6 +178,10 @@ def test_verify_does_not_import_the_deploy():
 
 def test_a_node_matching_its_config_passes_every_config_check():
     doc = probe("probe-h100-sxm-8.json")  # driver 570, persistence on, 700 W, nccl file of the fixture
+    eight = [str(i) for i in range(8)]
+    doc["exporters"] = {"gpu": {"url": "http://127.0.0.1:9400/metrics", "status": "ok", "error": None,
+                                "gpus": {"DCGM_FI_DEV_GPU_TEMP": eight, "DCGM_FI_DEV_POWER_USAGE": eight}},
+                        "node": {"url": "http://127.0.0.1:9100/metrics", "status": "ok", "error": None, "gpus": {}}}
     cfg = config(driver_branch="570", power_limit="default", nccl={"NCCL_SOCKET_IFNAME": "=ens1f0",
                                                                     "NCCL_IB_HCA": "mlx5"},
                  mig=[{"devices": "all", "mig-enabled": False}])
@@ -185,7 +189,8 @@ def test_a_node_matching_its_config_passes_every_config_check():
     config_checks = [c for c in checks if c.check.startswith("config.")]
     assert {c.check for c in config_checks} == {
         "config.driver_branch", "config.persistence", "config.power_limit", "config.mig", "config.nccl",
-        "config.service.nvidia-persistenced", "config.service.nvidia-fabricmanager"}
+        "config.service.nvidia-persistenced", "config.service.nvidia-fabricmanager", "config.exporter.gpu",
+        "config.exporter.node"}
     assert [c for c in config_checks if c.verdict != "pass"] == []
 
 

@@ -230,15 +230,15 @@ def test_prometheus_exposition_is_valid(report):
     assert {"gpufleet_verify_check", "gpufleet_verify_last_run_timestamp_seconds", "gpufleet_bench_tflops",
             "gpufleet_verify_checks", "gpufleet_verify_host_up", "gpufleet_bench_nccl_busbw_gbs"} <= set(samples)
     checks = samples["gpufleet_verify_check"]
-    assert 'gpufleet_verify_check{host="gpu-h100-02",gpu="5",uuid="' in "\n".join(checks)
-    power = [s for s in checks if 'host="gpu-h100-02",gpu="5"' in s and 'check="config.power_limit"' in s]
+    assert 'gpufleet_verify_check{hostname="gpu-h100-02",gpu="5",UUID="' in "\n".join(checks)
+    power = [s for s in checks if 'hostname="gpu-h100-02",gpu="5"' in s and 'check="config.power_limit"' in s]
     assert len(power) == 1 and power[0].endswith(" 0")
-    ok = [s for s in checks if 'host="gpu-h100-01",gpu="0"' in s and 'check="health.ecc"' in s]
+    ok = [s for s in checks if 'hostname="gpu-h100-01",gpu="0"' in s and 'check="health.ecc"' in s]
     assert len(ok) == 1 and ok[0].endswith(" 1")
-    assert 'gpufleet_verify_check{host="gpu-h100-04",gpu="",uuid="",check="host.reachable"} 0' in checks
+    assert 'gpufleet_verify_check{hostname="gpu-h100-04",gpu="",UUID="",check="host.reachable"} 0' in checks
     stamp = samples["gpufleet_verify_last_run_timestamp_seconds"][0]
     assert stamp.endswith(" 1777637100.0")  # 2026-05-01T12:05:00Z
-    tflops = [s for s in samples["gpufleet_bench_tflops"] if 'host="gpu-h100-01",gpu="0"' in s and "bf16" in s]
+    tflops = [s for s in samples["gpufleet_bench_tflops"] if 'hostname="gpu-h100-01",gpu="0"' in s and "bf16" in s]
     assert tflops == [next(s for s in tflops)] and tflops[0].endswith(" 742.0")
     try:
         from prometheus_client.parser import text_string_to_metric_families
@@ -251,7 +251,7 @@ def test_prometheus_exposition_is_valid(report):
 def test_prometheus_per_host_file_and_label_escaping(report):
     text = render_prometheus(report, host="gpu-h100-01")
     samples = check_exposition(text)
-    assert all('host="gpu-h100-01"' in s for lines in samples.values() for s in lines)
+    assert all('hostname="gpu-h100-01"' in s for lines in samples.values() for s in lines)
     odd = copy.deepcopy(report)
     odd["hosts"][0]["host"] = 'we"ird\\host'
     for c in odd["hosts"][0]["checks"]:

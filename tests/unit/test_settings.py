@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from gpufleet import config, settings
+from gpufleet.monitoring import config as monitoring_config
 from gpufleet.verify import settings as verify_settings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,7 +34,7 @@ def test_every_validated_key_is_in_the_table_once_with_the_validators_default():
     rows = settings.table()
     names = [s.name for s in rows]
     assert len(names) == len(set(names))
-    assert set(names) == set(config.KNOWN_KEYS) | set(verify_settings.VERIFY_KEYS)
+    assert set(names) == set(config.KNOWN_KEYS) | set(verify_settings.VERIFY_KEYS) | set(monitoring_config.KEYS)
     by_name = {s.name: s for s in rows}
     for key, (parser, default) in config._KEYS.items():
         assert (by_name[key].parser, by_name[key].default) == (parser, default)
@@ -49,7 +50,7 @@ def test_a_key_the_validators_know_and_the_table_does_not_is_an_error(monkeypatc
 
 # examples that need something beyond the table (a UUID of a real GPU, a mig-parted file, a directory)
 _CONTEXTUAL = {"gpufleet_power_limit_by_uuid", "gpufleet_mig_config_file", "gpufleet_mig_config",
-               "gpufleet_templates_dir"}
+               "gpufleet_templates_dir", "gpufleet_monitoring_routes"}  # routes: to a receiver defined beside
 
 
 @pytest.mark.parametrize("setting", [s for s in settings.table() if s.name not in _CONTEXTUAL], ids=lambda s: s.name)
@@ -57,6 +58,9 @@ def test_each_example_is_valid(setting):
     value = ast.literal_eval(setting.example)
     if setting.name.startswith(verify_settings.VERIFY_PREFIX):
         found, errors = verify_settings.load_verify_settings("n", {setting.name: value})
+        assert errors == [], errors
+    elif setting.name.startswith(monitoring_config.PREFIX):
+        *_found, errors = monitoring_config.load_monitoring_settings("n", {setting.name: value})
         assert errors == [], errors
     else:
         assert config.load_node_config("n", {setting.name: value})

@@ -167,7 +167,8 @@ def test_hgx_bus_ids():
         assert len(set(buses)) == len(buses) and buses == sorted(buses)
 
 
-@pytest.mark.parametrize("profile", [p for p in sorted(PROFILES) if load_catalog().get(PROFILES[p].model_key).mig])
+@pytest.mark.parametrize("profile", [p for p in sorted(PROFILES)
+                                     if PROFILES[p].gpu_count and load_catalog().get(PROFILES[p].model_key).mig])
 def test_mig_profile_table_from_catalog(profile):
     model = load_catalog().get(PROFILES[profile].model_key)
     g = gpu(build_state(profile, "node1"), 0)

@@ -1146,7 +1146,7 @@ def test_mig_device_busy_blocks_destroy(make_smi, holder):
 # ----------------------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("profile", sorted(PROFILES))
+@pytest.mark.parametrize("profile", sorted(p for p in PROFILES if PROFILES[p].gpu_count))  # cpu-only: no GPU
 def test_every_profile_prints_list_table_and_query(make_smi, profile):
     smi = make_smi(profile)
     count = PROFILES[profile].gpu_count

@@ -50,7 +50,7 @@ def fixture(name: str) -> dict:
 def test_verify_settings_defaults_and_values():
     settings, errors = vrun.load_verify_settings("gpu01", {"ssh_user": "root", "gpufleet_driver_branch": "570"})
     assert errors == [] and settings == vrun.VerifySettings()
-    assert settings.textfile_dir == "/var/lib/node_exporter/textfile_collector" and settings.python == "python3"
+    assert settings.textfile_dir == "/var/lib/prometheus/node-exporter" and settings.python == "python3"
     settings, errors = vrun.load_verify_settings("gpu01", {
         "gpufleet_verify_textfile_dir": "/srv/textfiles/", "gpufleet_verify_python": "/usr/bin/python3.11",
         "gpufleet_verify_out": "reports", "gpufleet_verify_bench": "quick"})
@@ -435,3 +435,11 @@ def test_gpu_check_scripts_embedded_python_compiles():
     assert len(blocks) >= 3
     for i, block in enumerate(blocks):
         compile(block.split("\n", 1)[1], f"gpu_check.sh python block {i}", "exec")
+
+
+def test_verify_textfile_dir_follows_the_exporters_setting():
+    settings, errors = vrun.load_verify_settings("gpu01", {"gpufleet_exporters_textfile_dir": "/srv/prom/textfiles"})
+    assert errors == [] and settings.textfile_dir == "/srv/prom/textfiles"
+    settings, errors = vrun.load_verify_settings("gpu01", {"gpufleet_exporters_textfile_dir": "/srv/prom/textfiles",
+                                                           "gpufleet_verify_textfile_dir": "/srv/other"})
+    assert errors == [] and settings.textfile_dir == "/srv/other"

@@ -1,0 +1,282 @@
+"""Validated settings of the monitoring deploy (``gpufleet_monitoring_*`` keys; this module owns the namespace).
+
+Monitoring-host keys (host or group data of the hosts in the inventory's ``monitoring`` group):
+
+======================================== ========================================================== ==============
+key                                      allowed                                                    default
+======================================== ========================================================== ==============
+gpufleet_monitoring_scrape_interval      a Prometheus duration, 1s..1h                              ``"15s"``
+gpufleet_monitoring_evaluation_interval  a Prometheus duration, 1s..1h                              ``"15s"``
+gpufleet_monitoring_alert_for            {alert name: duration}: overrides an alert's ``for``       ``{}``
+gpufleet_monitoring_verify_max_age       a duration: VerifyStale fires past it                      ``"8d"``
+gpufleet_monitoring_prometheus_listen    ADDRESS:PORT                                               ``"0.0.0.0:9090"``
+gpufleet_monitoring_alertmanager_listen  ADDRESS:PORT                                               ``"0.0.0.0:9093"``
+gpufleet_monitoring_receivers            [{name, type: webhook|email|slack, ...}] (first: default)  ``[]`` (none)
+gpufleet_monitoring_routes               [{receiver, matchers: {label: value}}]                     ``[]``
+gpufleet_monitoring_group_wait           Alertmanager group_wait duration                           ``"30s"``
+gpufleet_monitoring_grafana              true / false                                               ``true``
+gpufleet_monitoring_grafana_admin_password  a password (>= 12 characters, not a default one)        (required)
+gpufleet_monitoring_grafana_repo_url     the Grafana apt repository                                 apt.grafana.com
+gpufleet_monitoring_grafana_listen       ADDRESS:PORT                                               ``"0.0.0.0:3000"``
+======================================== ========================================================== ==============
+
+Target keys (every GPU node): ``gpufleet_monitoring_cluster`` (the ``cluster`` label, default ``"default"``) and
+``gpufleet_monitoring_gpu_model`` (the ``gpu_model`` label: a catalog key or GPU name; default: empty).
+
+Receivers: ``webhook`` needs ``url``; ``email`` needs ``to``, ``from``, ``smarthost`` (``host:port``); ``slack``
+needs ``api_url`` (``channel`` optional).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpufleet.config import ConfigError, _catalog_model, did_you_mean, register_namespace
+
+from .rules import DURATION_RE, alert_names
+
+PREFIX = "gpufleet_monitoring_"
+register_namespace(PREFIX)
+
+RECEIVER_TYPES = {"webhook": ("url",), "email": ("to", "from", "smarthost"), "slack": ("api_url",)}
+_RECEIVER_OPTIONAL = {"webhook": (), "email": (), "slack": ("channel",)}
+DEFAULT_GRAFANA_REPO = "https://apt.grafana.com stable main"
+DEFAULT_PASSWORDS = {"admin", "password", "grafana", "changeme", "prom-operator", "deepops", "secret"}
+_LISTEN_RE = re.compile(r"^(?:\d{1,3}(?:\.\d{1,3}){3}|\[[0-9A-Fa-f:]+\])?:(\d{1,5})$")
+_URL_RE = re.compile(r"^https?://[A-Za-z0-9.\-]+(?::\d{1,5})?(?:/[^\s'\"\\]*)?$")
+_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_LABEL_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
+
+KEYS: dict[str, str] = {
+    "gpufleet_monitoring_scrape_interval": "a Prometheus duration between 1s and 1h, e.g. \"15s\"",
+    "gpufleet_monitoring_evaluation_interval": "a Prometheus duration between 1s and 1h, e.g. \"15s\"",
+    "gpufleet_monitoring_alert_for": "{alert name: duration}, alerts: " + ", ".join(alert_names()),
+    "gpufleet_monitoring_verify_max_age": "a Prometheus duration, e.g. \"8d\"",
+    "gpufleet_monitoring_prometheus_listen": "ADDRESS:PORT, e.g. \"0.0.0.0:9090\"",
+    "gpufleet_monitoring_alertmanager_listen": "ADDRESS:PORT, e.g. \"0.0.0.0:9093\"",
+    "gpufleet_monitoring_receivers": "a list of {name, type: webhook|email|slack, ...}",
+    "gpufleet_monitoring_routes": "a list of {receiver: NAME, matchers: {label: value}}",
+    "gpufleet_monitoring_group_wait": "a Prometheus duration, e.g. \"30s\"",
+    "gpufleet_monitoring_grafana": "true or false",
+    "gpufleet_monitoring_grafana_admin_password": "a password of at least 12 characters that is not a default one",
+    "gpufleet_monitoring_grafana_repo_url": "an apt source line: URL SUITE COMPONENT, e.g. " + DEFAULT_GRAFANA_REPO,
+    "gpufleet_monitoring_grafana_listen": "ADDRESS:PORT, e.g. \"0.0.0.0:3000\"",
+    "gpufleet_monitoring_cluster": "a name: letters, digits, . _ - (the cluster label of the host's targets)",
+    "gpufleet_monitoring_gpu_model": "a catalog key or GPU name (the gpu_model label of the host's targets)",
+}
+
+
+def seconds(duration: str) -> float:
+    """Seconds of a Prometheus duration (``1m30s``)."""
+    return sum(float(n) * _UNIT_S[u] for n, u in re.findall(r"(\d+)(ms|s|m|h|d|w|y)", duration))
+
+
+@dataclass(frozen=True)
+class MonitoringSettings:
+    scrape_interval: str = "15s"
+    evaluation_interval: str = "15s"
+    alert_for: Mapping[str, str] = field(default_factory=dict)
+    verify_max_age: str = "8d"
+    prometheus_listen: str = "0.0.0.0:9090"
+    alertmanager_listen: str = "0.0.0.0:9093"
+    receivers: tuple[dict, ...] = ()
+    routes: tuple[dict, ...] = ()
+    group_wait: str = "30s"
+    grafana: bool = True
+    grafana_admin_password: str | None = None
+    grafana_repo_url: str = DEFAULT_GRAFANA_REPO
+    grafana_listen: str = "0.0.0.0:3000"
+
+
+@dataclass(frozen=True)
+class TargetSettings:
+    cluster: str = "default"
+    gpu_model: str = ""
+
+
+def _port(listen: str) -> int:
+    return int(listen.rsplit(":", 1)[1])
+
+
+class _Errors:
+    def __init__(self, host: str):
+        self.host = host
+        self.errors: list[ConfigError] = []
+
+    def add(self, key: str, value: Any, reason: str, allowed: str | None = None) -> None:
+        self.errors.append(ConfigError(self.host, key, value, allowed or KEYS[key.split("[")[0].split(".")[0]],
+                                       reason))
+
+
+def _duration(err: _Errors, key: str, value: Any, low: float = 0.0, high: float | None = None) -> str | None:
+    if not isinstance(value, str) or not DURATION_RE.match(value):
+        err.add(key, value, "not a Prometheus duration")
+        return None
+    if seconds(value) < low or (high is not None and seconds(value) > high):
+        err.add(key, value, "duration out of range")
+        return None
+    return value
+
+
+def _listen(err: _Errors, key: str, value: Any) -> str | None:
+    m = _LISTEN_RE.match(value) if isinstance(value, str) else None
+    if m is None or not 1 <= int(m.group(1)) <= 65535:
+        err.add(key, value, "not a listen address")
+        return None
+    return value if not value.startswith(":") else "0.0.0.0" + value
+
+
+def _receiver(err: _Errors, index: int, value: Any) -> dict | None:
+    key = f"gpufleet_monitoring_receivers[{index}]"
+    if not isinstance(value, Mapping):
+        err.add(key, value, "not a mapping")
+        return None
+    kind = value.get("type")
+    if kind not in RECEIVER_TYPES:
+        err.add(f"{key}.type", kind, "unknown receiver type",
+                ", ".join(RECEIVER_TYPES) + did_you_mean(kind, RECEIVER_TYPES))
+        return None
+    name = value.get("name")
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        err.add(f"{key}.name", name, "not a receiver name", "letters, digits, . _ - (1..64)")
+        return None
+    allowed = {"name", "type", *RECEIVER_TYPES[kind], *_RECEIVER_OPTIONAL[kind]}
+    ok = True
+    for extra in sorted(set(value) - allowed):
+        err.add(f"{key}.{extra}", value[extra], f"unknown key for a {kind} receiver", ", ".join(sorted(allowed)))
+        ok = False
+    for required in RECEIVER_TYPES[kind]:
+        field_value = value.get(required)
+        if not isinstance(field_value, str) or not field_value or any(c in field_value for c in "\n\r"):
+            err.add(f"{key}.{required}", field_value, f"missing or not a string ({kind} receivers need it)",
+                    ", ".join(RECEIVER_TYPES[kind]))
+            ok = False
+        elif required in ("url", "api_url") and not _URL_RE.match(field_value):
+            err.add(f"{key}.{required}", field_value, "not a URL", "an http:// or https:// URL")
+            ok = False
+    return dict(value) if ok else None
+
+
+def load_monitoring_settings(host: str, data: Mapping[str, Any]) -> tuple[MonitoringSettings | None,
+                                                                         TargetSettings | None, list[ConfigError]]:
+    """(monitoring-host settings, target settings, errors) of one host's data; strict about unknown keys."""
+    err = _Errors(host)
+    ours = {k: v for k, v in data.items() if isinstance(k, str) and k.startswith(PREFIX)}
+    for key in ours:
+        if key not in KEYS:
+            err.add(key, ours[key], "unknown gpufleet monitoring setting", "one of " + ", ".join(KEYS)
+                    + did_you_mean(key, KEYS))
+    values: dict[str, Any] = {}
+    for key in ("scrape_interval", "evaluation_interval"):
+        raw = ours.get(PREFIX + key)
+        if raw is not None:
+            values[key] = _duration(err, PREFIX + key, raw, 1, 3600)
+    for key in ("verify_max_age", "group_wait"):
+        raw = ours.get(PREFIX + key)
+        if raw is not None:
+            values[key] = _duration(err, PREFIX + key, raw)
+    for key in ("prometheus_listen", "alertmanager_listen", "grafana_listen"):
+        raw = ours.get(PREFIX + key)
+        if raw is not None:
+            values[key] = _listen(err, PREFIX + key, raw)
+    raw = ours.get(PREFIX + "alert_for")
+    if raw is not None:
+        if not isinstance(raw, Mapping):
+            err.add(PREFIX + "alert_for", raw, "not a mapping")
+        else:
+            overrides = {}
+            for name, duration in raw.items():
+                if name not in alert_names():
+                    err.add(f"{PREFIX}alert_for[{name!r}]", duration, "unknown alert",
+                            ", ".join(alert_names()) + did_you_mean(name, alert_names()))
+                elif _duration(err, f"{PREFIX}alert_for[{name!r}]", duration) is not None:
+                    overrides[name] = duration
+            values["alert_for"] = overrides
+    raw = ours.get(PREFIX + "receivers")
+    if raw is not None:
+        if not isinstance(raw, (list, tuple)):
+            err.add(PREFIX + "receivers", raw, "not a list")
+        else:
+            receivers = [_receiver(err, i, r) for i, r in enumerate(raw)]
+            names = [r["name"] for r in receivers if r]
+            for name in {n for n in names if names.count(n) > 1}:
+                err.add(PREFIX + "receivers", name, "receiver name used twice", "unique names")
+            values["receivers"] = tuple(r for r in receivers if r)
+    raw = ours.get(PREFIX + "routes")
+    if raw is not None:
+        known = {r["name"] for r in values.get("receivers", ())}
+        routes = []
+        for i, route in enumerate(raw if isinstance(raw, (list, tuple)) else [raw]):
+            key = f"{PREFIX}routes[{i}]"
+            if not isinstance(route, Mapping) or route.get("receiver") not in known:
+                err.add(key, route, "not a route to a defined receiver",
+                        "{receiver: one of " + (", ".join(sorted(known)) or "(no receiver defined)")
+                        + ", matchers: {label: value}}")
+                continue
+            matchers = route.get("matchers") or {}
+            if not isinstance(matchers, Mapping) or not all(isinstance(k, str) and _LABEL_RE.match(k)
+                                                            and isinstance(v, str) for k, v in matchers.items()):
+                err.add(f"{key}.matchers", matchers, "not a label matcher mapping", "{label: value}")
+                continue
+            routes.append({"receiver": route["receiver"], "matchers": dict(matchers)})
+        values["routes"] = tuple(routes)
+    raw = ours.get(PREFIX + "grafana")
+    if raw is not None:
+        if not isinstance(raw, bool):
+            err.add(PREFIX + "grafana", raw, "not a boolean")
+        else:
+            values["grafana"] = raw
+    raw = ours.get(PREFIX + "grafana_admin_password")
+    if raw is not None:
+        if not isinstance(raw, str) or len(raw) < 12 or raw.lower() in DEFAULT_PASSWORDS:
+            err.add(PREFIX + "grafana_admin_password", "***", "too short or a default password")
+        else:
+            values["grafana_admin_password"] = raw
+    raw = ours.get(PREFIX + "grafana_repo_url")
+    if raw is not None:
+        parts = raw.split() if isinstance(raw, str) else []
+        if len(parts) < 2 or not _URL_RE.match(parts[0]):
+            err.add(PREFIX + "grafana_repo_url", raw, "not an apt source line")
+        else:
+            values["grafana_repo_url"] = raw
+    target: dict[str, Any] = {}
+    raw = ours.get(PREFIX + "cluster")
+    if raw is not None:
+        if not isinstance(raw, str) or not _NAME_RE.match(raw):
+            err.add(PREFIX + "cluster", raw, "not a cluster name")
+        else:
+            target["cluster"] = raw
+    raw = ours.get(PREFIX + "gpu_model")
+    if raw is not None:
+        model = _catalog_model(raw)
+        if model is None:
+            err.add(PREFIX + "gpu_model", raw, "unknown GPU model")
+        else:
+            target["gpu_model"] = model.key
+    if err.errors:
+        return None, None, err.errors
+    return MonitoringSettings(**values), TargetSettings(**target), []
+
+
+def check_monitoring_host(host: str, settings: MonitoringSettings, data: Mapping[str, Any]) -> list[ConfigError]:
+    """What only matters on a monitoring host: Grafana's password, port clashes between its services."""
+    err = _Errors(host)
+    if settings.grafana and settings.grafana_admin_password is None:
+        err.add(PREFIX + "grafana_admin_password", None,
+                "Grafana is enabled but has no admin password (gpufleet never deploys Grafana's default admin/admin)",
+                KEYS[PREFIX + "grafana_admin_password"] + f", or {PREFIX}grafana: false")
+    ports: dict[int, str] = {}
+    services = [("prometheus_listen", settings.prometheus_listen),
+                ("alertmanager_listen", settings.alertmanager_listen)]
+    if settings.grafana:
+        services.append(("grafana_listen", settings.grafana_listen))
+    for key, listen in services:
+        port = _port(listen)
+        if port in ports:
+            err.add(PREFIX + key, listen, f"port clash with {PREFIX}{ports[port]}", "a port no other service uses")
+        ports[port] = key
+    return err.errors

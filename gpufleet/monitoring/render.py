@@ -1,0 +1,147 @@
+"""The monitoring host's files, rendered from validated settings and the inventory (pure: no host access).
+
+* :func:`scrape_targets` — file_sd target groups (jobs ``gpu`` and ``node``) of every GPU node whose stage
+  ``exporters`` is on, labelled ``host``, ``group``, ``gpu_model``, ``cluster``.
+* :func:`prometheus_config`, :func:`alertmanager_config`, Grafana's provisioning files.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import yaml
+
+from gpufleet.config import NodeConfig
+
+from .config import MonitoringSettings, TargetSettings, seconds
+
+PROMETHEUS_DIR = "/etc/prometheus"
+FILE_SD_DIR = f"{PROMETHEUS_DIR}/file_sd"
+RULES_DIR = f"{PROMETHEUS_DIR}/rules"
+JOBS = ("gpu", "node")
+DASHBOARDS = ("gpu-fleet-health.json", "training.json")
+GRAFANA_DASHBOARD_DIR = "/var/lib/grafana/dashboards/gpufleet"
+
+
+@dataclass(frozen=True)
+class Target:
+    """One GPU node as the monitoring host sees it."""
+
+    host: str
+    address: str  # how Prometheus reaches it (ssh_hostname, else the inventory name)
+    groups: tuple[str, ...]
+    config: NodeConfig
+    target: TargetSettings
+
+
+def _dump(data: Any) -> str:
+    return "# Managed by gpufleet (deploys/monitoring.py), generated from the inventory.\n" + yaml.safe_dump(
+        data, sort_keys=False, width=1000)
+
+
+def scrape_targets(targets: Sequence[Target]) -> dict[str, list[dict[str, Any]]]:
+    """{job: file_sd target groups}, one group per host, sorted by host."""
+    out: dict[str, list[dict[str, Any]]] = {job: [] for job in JOBS}
+    for t in sorted(targets, key=lambda t: t.host):
+        exporters = t.config.exporters
+        if not t.config.stage_enabled("exporters"):
+            continue
+        labels = {"host": t.host, "group": ",".join(g for g in t.groups if g != "all"),
+                  "gpu_model": t.target.gpu_model, "cluster": t.target.cluster}
+        if exporters.gpu != "none":
+            out["gpu"].append({"targets": [f"{t.address}:{exporters.port(exporters.gpu_listen)}"], "labels": labels})
+        if exporters.node:
+            out["node"].append({"targets": [f"{t.address}:{exporters.port(exporters.node_listen)}"],
+                                "labels": labels})
+    return out
+
+
+def file_sd_text(groups: list[dict[str, Any]]) -> str:
+    return json.dumps(groups, indent=2, sort_keys=True) + "\n"
+
+
+def expected_gpus(targets: Sequence[Target]) -> dict[str, int]:
+    return {t.host: t.config.exporters.gpu_count for t in targets if t.config.exporters.gpu_count}
+
+
+def prometheus_config(settings: MonitoringSettings, alertmanager: str) -> str:
+    # scrape timeout: at most 10 s, never longer than the interval (Prometheus refuses that)
+    timeout = settings.scrape_interval if seconds(settings.scrape_interval) <= 10 else "10s"
+    config = {
+        "global": {"scrape_interval": settings.scrape_interval, "scrape_timeout": timeout,
+                   "evaluation_interval": settings.evaluation_interval},
+        "rule_files": [f"{RULES_DIR}/*.rules.yml"],
+        "alerting": {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]},
+        "scrape_configs": [
+            {"job_name": "prometheus",
+             "static_configs": [{"targets": [f"localhost:{settings.prometheus_listen.rsplit(':', 1)[1]}"]}]},
+            *({"job_name": job, "file_sd_configs": [{"files": [f"{FILE_SD_DIR}/gpufleet-{job}.json"]}]}
+              for job in JOBS),
+        ],
+    }
+    return _dump(config)
+
+
+def _receiver(r: Mapping[str, Any]) -> dict[str, Any]:
+    if r["type"] == "webhook":
+        return {"name": r["name"], "webhook_configs": [{"url": r["url"], "send_resolved": True}]}
+    if r["type"] == "email":
+        return {"name": r["name"], "email_configs": [{"to": r["to"], "from": r["from"], "smarthost": r["smarthost"],
+                                                      "send_resolved": True}]}
+    slack = {"api_url": r["api_url"], "send_resolved": True}
+    if r.get("channel"):
+        slack["channel"] = r["channel"]
+    return {"name": r["name"], "slack_configs": [slack]}
+
+
+def alertmanager_config(settings: MonitoringSettings) -> str:
+    """Routes and receivers from data; NodeDown inhibits that host's GPU alerts."""
+    receivers = [_receiver(r) for r in settings.receivers] or [{"name": "null"}]
+    route: dict[str, Any] = {
+        "receiver": receivers[0]["name"],
+        "group_by": ["alertname", "host"],
+        "group_wait": settings.group_wait,
+        "group_interval": "5m" if seconds(settings.group_wait) >= 30 else settings.group_wait,
+        "repeat_interval": "4h",
+    }
+    if settings.routes:
+        route["routes"] = [{"receiver": r["receiver"],
+                            "matchers": [f'{k}="{v}"' for k, v in sorted(r["matchers"].items())]}
+                           for r in settings.routes]
+    config = {
+        "route": route,
+        "receivers": receivers,
+        "inhibit_rules": [{"source_matchers": ['alertname="NodeDown"'], "target_matchers": ['scope="gpu"'],
+                           "equal": ["host"]}],
+    }
+    return _dump(config)
+
+
+def grafana_datasource(prometheus_url: str) -> str:
+    return _dump({"apiVersion": 1, "datasources": [{
+        "name": "gpufleet-prometheus", "uid": "gpufleet-prometheus", "type": "prometheus", "access": "proxy",
+        "url": prometheus_url, "isDefault": True, "editable": False}]})
+
+
+def grafana_dashboard_provider() -> str:
+    return _dump({"apiVersion": 1, "providers": [{
+        "name": "gpufleet", "folder": "gpufleet", "type": "file", "disableDeletion": True,
+        "allowUiUpdates": False, "options": {"path": GRAFANA_DASHBOARD_DIR}}]})
+
+
+def dashboard(name: str) -> str:
+    return resources.files("gpufleet.monitoring").joinpath("dashboards", name).read_text(encoding="utf-8")
+
+
+def panel_queries(text: str) -> list[tuple[str, str]]:
+    """(panel title, PromQL) of every target of a dashboard JSON."""
+    data = json.loads(text)
+    out = []
+    for panel in data.get("panels", []):
+        for target in panel.get("targets", []):
+            out.append((panel["title"], target["expr"]))
+    return out

@@ -1,0 +1,245 @@
+"""
+Monitoring exporters of a GPU node: node_exporter (the distribution's package, with the textfile collector
+directory verify writes into) and one GPU exporter: NVIDIA's dcgm-exporter (with DCGM) or gpufleet's own
+NVML exporter. Both GPU exporters answer in dcgm-exporter's metric names and labels.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import posixpath
+import shlex
+
+from pyinfra import host
+from pyinfra.api import StringCommand, operation
+from pyinfra.api.command import FileUploadCommand
+from pyinfra.facts.server import LinuxDistribution
+from pyinfra.operations import apt
+
+from gpufleet.exporter import BUNDLE_NAME, bundle
+
+from ._systemd import SETTINGS_DIR, UNIT_DIR, get_state, put_file, refuse, remove_file, render, systemctl
+
+NODE_EXPORTER_PACKAGE = "prometheus-node-exporter"  # Debian / Ubuntu
+NODE_EXPORTER_UNIT = "prometheus-node-exporter.service"
+NODE_EXPORTER_DEFAULTS = "/etc/default/prometheus-node-exporter"
+
+NVML_UNIT = "gpufleet-exporter.service"
+NVML_UNIT_PATH = posixpath.join(UNIT_DIR, NVML_UNIT)
+NVML_BUNDLE_DIR = "/opt/gpufleet/exporter"
+NVML_BUNDLE = posixpath.join(NVML_BUNDLE_DIR, BUNDLE_NAME)
+NVML_SETTINGS = posixpath.join(SETTINGS_DIR, "exporter.json")
+PYTHON = "/usr/bin/python3"
+
+# NVIDIA's package names (CUDA repository, DCGM 4): the host engine and the exporter, versions paired by apt's
+# dependency of the exporter on the core package.
+DCGM_PACKAGES = ("datacenter-gpu-manager-4-core", "datacenter-gpu-manager-exporter")
+DCGM_UNIT = "nvidia-dcgm.service"
+DCGM_EXPORTER_UNIT = "dcgm-exporter.service"
+DCGM_EXPORTER_BINARY = "/usr/bin/dcgm-exporter"
+DCGM_COUNTERS = "/etc/dcgm-exporter/gpufleet-counters.csv"
+DCGM_DROP_IN = f"/etc/systemd/system/{DCGM_EXPORTER_UNIT}.d/gpufleet.conf"
+
+# The counters the alerts and dashboards need (dcgm-exporter's default file comments out ECC, Xid counts,
+# clock events and NVLink errors). (field, type, help); profiling fields only on GPUs that have them.
+HEALTH_COUNTERS = (
+    ("DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature (in C)."),
+    ("DCGM_FI_DEV_MEMORY_TEMP", "gauge", "Memory temperature (in C)."),
+    ("DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W)."),
+    ("DCGM_FI_DEV_POWER_MGMT_LIMIT", "gauge", "Current power limit (in W)."),
+    ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "counter", "Total energy consumption since boot (in mJ)."),
+    ("DCGM_FI_DEV_SM_CLOCK", "gauge", "SM clock frequency (in MHz)."),
+    ("DCGM_FI_DEV_MEM_CLOCK", "gauge", "Memory clock frequency (in MHz)."),
+    ("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %)."),
+    ("DCGM_FI_DEV_MEM_COPY_UTIL", "gauge", "Memory utilization (in %)."),
+    ("DCGM_FI_DEV_FB_FREE", "gauge", "Framebuffer memory free (in MiB)."),
+    ("DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used (in MiB)."),
+    ("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "gauge", "Current clock event reasons (bitmask)."),
+    ("DCGM_FI_DEV_PERSISTENCE_MODE", "gauge", "Persistence mode (1 enabled)."),
+    ("DCGM_FI_DEV_XID_ERRORS", "gauge", "Value of the last XID error encountered."),
+    ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "counter", "Total number of PCIe retries."),
+    ("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "counter", "Total number of single-bit volatile ECC errors."),
+    ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "counter", "Total number of double-bit volatile ECC errors."),
+    ("DCGM_FI_DEV_ECC_SBE_AGG_TOTAL", "counter", "Total number of single-bit persistent ECC errors."),
+    ("DCGM_FI_DEV_ECC_DBE_AGG_TOTAL", "counter", "Total number of double-bit persistent ECC errors."),
+    ("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "counter", "Number of remapped rows for correctable errors"),
+    ("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "counter", "Number of remapped rows for uncorrectable errors"),
+    ("DCGM_FI_DEV_ROW_REMAP_PENDING", "gauge", "Whether remapping of rows is pending"),
+    ("DCGM_FI_DEV_ROW_REMAP_FAILURE", "gauge", "Whether remapping of rows has failed"),
+    ("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", "counter", "Total number of NVLink flow-control CRC errors."),
+    ("DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL", "counter", "Total number of NVLink data CRC errors."),
+    ("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", "counter", "Total number of NVLink retries."),
+    ("DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", "counter", "Total number of NVLink recovery errors."),
+    ("DCGM_FI_DEV_MIG_MODE", "gauge", "MIG mode (1 enabled)."),
+    ("DCGM_FI_DRIVER_VERSION", "label", "Driver Version"),
+)
+PROFILING_COUNTERS = (
+    ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "gauge", "Ratio of time the graphics engine is active."),
+    ("DCGM_FI_PROF_SM_ACTIVE", "gauge", "The ratio of cycles an SM has at least 1 warp assigned."),
+    ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "gauge", "Ratio of cycles the tensor (HMMA) pipe is active."),
+    ("DCGM_FI_PROF_DRAM_ACTIVE", "gauge", "Ratio of cycles the device memory interface is active."),
+)
+
+
+def counters_csv(profiling: bool) -> str:
+    """dcgm-exporter's counters file (``-f``): the health counters, plus profiling ones on datacenter GPUs."""
+    rows = [*HEALTH_COUNTERS, *(PROFILING_COUNTERS if profiling else ())]
+    lines = ["# Managed by gpufleet (stage exporters). DCGM field, Prometheus type, help."]
+    lines += [f"{field}, {kind}, {text}" for field, kind, text in rows]
+    return "\n".join(lines) + "\n"
+
+
+def node_exporter_defaults(textfile_dir: str, listen: str) -> str:
+    args = f"--collector.textfile.directory={textfile_dir} --web.listen-address={listen}"
+    return ("# Managed by gpufleet (stage exporters): read by prometheus-node-exporter.service.\n"
+            f"ARGS={shlex.quote(args)}\n")
+
+
+def nvml_unit_text(listen: str) -> str:
+    return render("systemd/gpufleet-exporter.service.j2", python=PYTHON, bundle=NVML_BUNDLE, listen=listen,
+                  settings_dir=SETTINGS_DIR)
+
+
+def dcgm_drop_in_text(listen: str) -> str:
+    return ("# Managed by gpufleet (stage exporters)\n[Service]\nExecStart=\n"
+            f"ExecStart={DCGM_EXPORTER_BINARY} -f {DCGM_COUNTERS} -a {listen}\n")
+
+
+def _put_bytes(current: dict | None, path: str, data: bytes, mode: str = "644"):
+    if current is None or current.get("sha1") != hashlib.sha1(data).hexdigest():
+        yield StringCommand("mkdir", "-p", shlex.quote(posixpath.dirname(path)))
+        yield FileUploadCommand(io.BytesIO(data), path, remote_temp_filename=host.get_temp_filename(path))
+    if current is None or (current["user"], current["group"], current["mode"]) != ("root", "root", mode):
+        yield StringCommand("chown", "root:root", shlex.quote(path), "&&", "chmod", mode, shlex.quote(path))
+
+
+def _converge_service(status: dict, unit: str, changed: bool):
+    """daemon-reload / enable / start or restart ``unit`` as needed; yields the commands."""
+    if status["need_daemon_reload"] or changed:
+        yield systemctl("daemon-reload")
+    if status["unit_file_state"] != "enabled":
+        yield systemctl("enable", unit)
+    if status["active_state"] != "active":
+        yield systemctl("start", unit)
+    elif changed:
+        yield systemctl("restart", unit)
+
+
+def _stop_and_disable(status: dict, unit: str):
+    if status["active_state"] == "active":
+        yield systemctl("stop", unit)
+    if status["unit_file_state"] == "enabled":
+        yield systemctl("disable", unit)
+
+
+def _require_apt():
+    distro = host.get_fact(LinuxDistribution) or {}
+    family = (distro.get("release_meta") or {}).get("ID_LIKE", "") + " " + (distro.get("name") or "")
+    if not any(word in family.lower() for word in ("debian", "ubuntu")):
+        yield from refuse(f"{host.name}: the exporters stage installs Debian/Ubuntu packages; "
+                          f"{distro.get('name')} is not supported yet (RHEL: node_exporter from EPEL "
+                          "'golang-github-prometheus-node-exporter', DCGM from NVIDIA's CUDA repository)")
+        return False
+    return True
+
+
+@operation()
+def node_exporter(textfile_dir: str, listen: str = "0.0.0.0:9100"):
+    """
+    Install and run the distribution's node_exporter with a textfile collector directory.
+
+    + textfile_dir: ``--collector.textfile.directory`` (verify writes ``gpufleet_verify.prom`` there)
+    + listen: ``--web.listen-address``, ``ADDRESS:PORT``
+
+    Debian/Ubuntu: package ``prometheus-node-exporter``; its arguments go to
+    ``/etc/default/prometheus-node-exporter`` (``ARGS=``, read by the packaged unit), which gpufleet manages
+    whole. The service is enabled, started, and restarted when the arguments changed.
+
+    **Example:**
+
+    .. code:: python
+
+        from gpufleet.operations import exporters
+
+        exporters.node_exporter(
+            name="node_exporter",
+            textfile_dir="/var/lib/prometheus/node-exporter",
+            listen="0.0.0.0:9100",
+        )
+    """
+    if not (yield from _require_apt()):
+        return
+    yield from apt.packages._inner(packages=[NODE_EXPORTER_PACKAGE], update=True, cache_time=7 * 86400,
+                                   no_recommends=True)
+    managed = get_state(paths=(NODE_EXPORTER_DEFAULTS, textfile_dir), units=(NODE_EXPORTER_UNIT,))
+    commands = []
+    if managed["files"][textfile_dir] is None:
+        commands.append(StringCommand("mkdir", "-p", shlex.quote(textfile_dir)))
+    defaults = list(put_file(managed["files"][NODE_EXPORTER_DEFAULTS], NODE_EXPORTER_DEFAULTS,
+                             node_exporter_defaults(textfile_dir, listen)))
+    commands += defaults
+    commands += _converge_service(managed["units"][NODE_EXPORTER_UNIT], NODE_EXPORTER_UNIT, bool(defaults))
+    if not commands:
+        host.noop(f"node_exporter running on {listen}, textfile collector {textfile_dir}")
+    yield from commands
+
+
+@operation()
+def gpu_exporter(kind: str, listen: str = "0.0.0.0:9400", profiling: bool = False,
+                 persistence_managed: bool = True):
+    """
+    Run one GPU exporter on dcgm-exporter's port and names: NVIDIA's (``dcgm``) or gpufleet's (``nvml``).
+
+    + kind: ``dcgm`` (packages from the configured NVIDIA repository), ``nvml`` (gpufleet's exporter) or
+      ``none`` (both stopped and disabled)
+    + listen: ``ADDRESS:PORT`` the exporter listens on
+    + profiling: ``dcgm``: export the ``DCGM_FI_PROF_*`` counters (datacenter GPUs only)
+    + persistence_managed: ``nvml``: export ``gpufleet_gpu_persistence_desired`` as 1 (the persistence stage runs)
+
+    ``nvml``: uploads ``/opt/gpufleet/exporter/gpufleet-gpu-exporter.pyz`` (the exporter with nvidia-ml-py and
+    prometheus-client: no pip, no internet on the node), ``/etc/gpufleet/exporter.json`` and the hardened unit
+    ``gpufleet-exporter.service`` (dynamic unprivileged user, no capabilities, read-only system).
+    ``dcgm``: installs ``datacenter-gpu-manager-4-core`` and ``datacenter-gpu-manager-exporter``, writes the
+    counters file ``/etc/dcgm-exporter/gpufleet-counters.csv`` (the health counters the alerts need switched
+    on) and a drop-in that runs dcgm-exporter with it on ``listen``; ``nvidia-dcgm`` and ``dcgm-exporter`` are
+    enabled and running. The other kind's exporter is stopped and disabled. Restarts only when a file changed.
+
+    **Example:**
+
+    .. code:: python
+
+        from gpufleet.operations import exporters
+
+        exporters.gpu_exporter(name="GPU exporter", kind="nvml", listen="0.0.0.0:9400")
+    """
+    managed = get_state(paths=(NVML_BUNDLE, NVML_SETTINGS, NVML_UNIT_PATH, DCGM_COUNTERS, DCGM_DROP_IN),
+                        units=(NVML_UNIT, DCGM_UNIT, DCGM_EXPORTER_UNIT))
+    files, units = managed["files"], managed["units"]
+    commands = []
+    if kind != "nvml":
+        commands += _stop_and_disable(units[NVML_UNIT], NVML_UNIT)
+        commands += remove_file(files[NVML_UNIT_PATH], NVML_UNIT_PATH)
+    if kind != "dcgm":
+        commands += _stop_and_disable(units[DCGM_EXPORTER_UNIT], DCGM_EXPORTER_UNIT)
+    if kind == "nvml":
+        changed = list(_put_bytes(files[NVML_BUNDLE], NVML_BUNDLE, bundle()))
+        settings = json.dumps({"persistence_managed": persistence_managed}, sort_keys=True) + "\n"
+        changed += put_file(files[NVML_SETTINGS], NVML_SETTINGS, settings)
+        changed += put_file(files[NVML_UNIT_PATH], NVML_UNIT_PATH, nvml_unit_text(listen))
+        commands += changed
+        commands += _converge_service(units[NVML_UNIT], NVML_UNIT, bool(changed))
+    elif kind == "dcgm":
+        if not (yield from _require_apt()):
+            return
+        yield from apt.packages._inner(packages=list(DCGM_PACKAGES), update=True, cache_time=7 * 86400,
+                                       no_recommends=True)
+        changed = list(put_file(files[DCGM_COUNTERS], DCGM_COUNTERS, counters_csv(profiling)))
+        changed += put_file(files[DCGM_DROP_IN], DCGM_DROP_IN, dcgm_drop_in_text(listen))
+        commands += changed
+        commands += _converge_service(units[DCGM_UNIT], DCGM_UNIT, False)
+        commands += _converge_service(units[DCGM_EXPORTER_UNIT], DCGM_EXPORTER_UNIT, bool(changed))
+    if not commands:
+        host.noop(f"GPU exporter {kind} running on {listen}" if kind != "none" else "no GPU exporter running")
+    yield from commands

@@ -1,0 +1,70 @@
+"""Verify's exporter checks: the node's exporters answer and export one series per GPU (``check.exporters.*``).
+
+Expected (from the same NodeConfig the deploy converges, stage ``exporters``): ``{"gpu": bool, "node": bool}``,
+whether the GPU exporter and node_exporter must run. Observed: the probe's ``exporters`` section (the node
+scraped its own exporters on their default ports, see gpufleet/probe/exporters.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from gpufleet.config import NodeConfig
+
+from .model import FAIL, PASS, SKIP
+
+DEFAULT_PORTS = {"gpu": 9400, "node": 9100}
+# exported for every GPU, MIG mode included (utilisation is not: NVML has none for a MIG-enabled GPU)
+REQUIRED_METRICS = ("DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE")
+
+
+def expected_exporters(config: NodeConfig) -> dict[str, bool] | None:
+    """What the exporters stage runs on this node; None when the stage is off (nothing to check)."""
+    if not config.stage_enabled("exporters"):
+        return None
+    settings = config.exporters
+    return {"gpu": settings.gpu != "none", "node": settings.node,
+            "probed": {"gpu": settings.port(settings.gpu_listen) == DEFAULT_PORTS["gpu"]
+                       and settings.gpu_listen.rsplit(":", 1)[0] in ("0.0.0.0", "127.0.0.1", "[::]"),
+                       "node": settings.port(settings.node_listen) == DEFAULT_PORTS["node"]
+                       and settings.node_listen.rsplit(":", 1)[0] in ("0.0.0.0", "127.0.0.1", "[::]")}}
+
+
+def check_exporters(add, probe: Mapping[str, Any], expected: Mapping[str, Any] | None) -> None:
+    """``add(check, verdict, message, remediation, observed=..., expected=...)`` for each expected exporter."""
+    if not expected:
+        return
+    observed = probe.get("exporters")
+    gpus = [g for g in probe.get("gpus") or [] if g.get("status") == "ok"]
+    want_gpus = [str(g.get("index")) for g in gpus]
+    for name in ("gpu", "node"):
+        if not expected.get(name):
+            continue
+        check = f"config.exporter.{name}"
+        if observed is None:
+            add(check, SKIP, "the probe did not scrape the exporters (older probe)", "")
+            continue
+        if not expected["probed"][name]:
+            add(check, SKIP, f"{name} exporter listens on a non-default address; the probe scrapes only "
+                f"127.0.0.1:{DEFAULT_PORTS[name]}", "")
+            continue
+        entry = observed.get(name) or {}
+        if entry.get("status") != "ok":
+            add(check, FAIL, f"{name} exporter does not answer at {entry.get('url')}: {entry.get('error')}",
+                "rerun the gpu_node deploy (stage exporters); systemctl status on the node",
+                observed=entry.get("error"), expected="answering")
+            continue
+        if name == "node":
+            add(check, PASS, f"node_exporter answers at {entry.get('url')}", observed="answering", expected="answering")
+            continue
+        seen_by_metric = entry.get("gpus") or {}
+        wrong = {m: seen_by_metric.get(m, []) for m in REQUIRED_METRICS if seen_by_metric.get(m, []) != want_gpus}
+        if wrong:
+            metric, seen = sorted(wrong.items())[0]
+            add(check, FAIL, f"GPU exporter exports {metric} for GPU(s) {seen or 'none'}, expected one series for "
+                f"each of GPU(s) {want_gpus}", "check the GPU exporter's log on the node (journalctl -u ...)",
+                observed=wrong, expected=want_gpus)
+        else:
+            add(check, PASS, f"GPU exporter exports one series per GPU ({len(want_gpus)}) for "
+                f"{', '.join(REQUIRED_METRICS)}", observed=want_gpus, expected=want_gpus)

@@ -1,0 +1,341 @@
+"""Monitoring end to end on ONE simulated fleet: a GPU-less monitoring host, an HGX H100 on the dcgm path and a
+GeForce RTX 4090 on the nvml path. Both deploys converge, scrape targets come up, faults injected into the
+simulated GPUs raise alerts that reach Alertmanager (checked through its API) and resolve, a second run of both
+deploys changes nothing, and bad input is refused before any host changes.
+
+Judged by the simulator's own state (GPU counts and temperatures of ``hw/gpus.state``), the live Prometheus and
+Alertmanager of the fleet, and the real files on the hosts. Intervals are shortened through the test inventory's
+data (scrape/evaluation every 2 s, ``for`` 4 s on the alerts tested).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+from conftest import BIN, REPO, bring_up, gpufleet, grand_total, ssh
+
+from gpufleet.monitoring import render
+from gpufleet.monitoring.config import seconds
+from gpufleet.sim import hosts
+from gpufleet.sim.gpu import state as simstate
+from gpufleet.sim.paths import cache_dir
+from gpufleet.sim.repo import packages as sim_packages
+
+PROFILES = ["cpu-only", "h100-sxm-8", "rtx4090-1"]
+MON, DCGM_HOST, NVML_HOST = "node01", "node02", "node03"
+SCRAPE = "2s"
+EVALUATION = "2s"
+ALERT_FOR = "4s"
+DEB_CACHE = cache_dir() / "debs-bookworm"  # the .debs the hosts download from Debian, kept between runs
+SIM_PACKAGES = {name for name, *_ in sim_packages()}  # the simulator's repository's own: rebuilt, never cached
+
+MONITORING_DATA = {
+    "gpufleet_stages": [],
+    "gpufleet_monitoring_scrape_interval": SCRAPE,
+    "gpufleet_monitoring_evaluation_interval": EVALUATION,
+    "gpufleet_monitoring_alert_for": {"GpuOverheating": ALERT_FOR, "GpuMissing": ALERT_FOR,
+                                      "GpuExporterDown": ALERT_FOR, "NodeDown": ALERT_FOR},
+    "gpufleet_monitoring_group_wait": "1s",
+    "gpufleet_monitoring_grafana": False,  # Grafana's package cannot be installed here (no Grafana repository)
+    "gpufleet_monitoring_receivers": [{"name": "ops", "type": "webhook", "url": "http://127.0.0.1:9999/alerts"}],
+}
+
+INVENTORY = '''\
+import runpy
+_sim = runpy.run_path({sim!r})
+_hosts = {{name: data for key, group in _sim.items() if key.startswith("sim_") for name, data in group}}
+monitoring = [({mon!r}, {{**_hosts[{mon!r}], **{monitoring}}})]
+gpu_nodes = [({dcgm!r}, {{**_hosts[{dcgm!r}], "gpufleet_exporters_gpu": "dcgm", "gpufleet_monitoring_cluster": "lab",
+                          "gpufleet_monitoring_gpu_model": "h100-sxm", **{dcgm_extra}}}),
+             ({nvml!r}, {{**_hosts[{nvml!r}], "gpufleet_monitoring_cluster": "lab"}})]
+'''
+
+
+def write_inventory(path: Path, sim_inventory: Path, monitoring: dict | None = None, dcgm_extra: dict | None = None):
+    path.write_text(INVENTORY.format(sim=str(sim_inventory), mon=MON, dcgm=DCGM_HOST, nvml=NVML_HOST,
+                                     monitoring=repr(monitoring if monitoring is not None else MONITORING_DATA),
+                                     dcgm_extra=repr(dcgm_extra or {})))
+    return path
+
+
+def run_pyinfra(inventory: Path, deploy: str, check: bool = True) -> subprocess.CompletedProcess:
+    result = subprocess.run([str(BIN / "pyinfra"), "-y", str(inventory), deploy], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, timeout=900, cwd=REPO)
+    if check and result.returncode != 0:
+        raise AssertionError(f"pyinfra {deploy} failed:\n{result.stdout}")
+    return result
+
+
+def _prime_deb_cache(fleet) -> None:
+    if not DEB_CACHE.is_dir():
+        return
+    for h in fleet.hosts:
+        archives = h.dir / "root/var/cache/apt/archives"
+        archives.mkdir(parents=True, exist_ok=True)
+        for deb in DEB_CACHE.glob("*.deb"):
+            shutil.copy(deb, archives / deb.name)
+
+
+def _save_deb_cache(fleet) -> None:
+    DEB_CACHE.mkdir(parents=True, exist_ok=True)
+    for h in fleet.hosts:
+        for deb in (h.dir / "root/var/cache/apt/archives").glob("*.deb"):
+            if not (DEB_CACHE / deb.name).exists() and deb.name.split("_")[0] not in SIM_PACKAGES:
+                shutil.copy(deb, DEB_CACHE / deb.name)
+
+
+@pytest.fixture(scope="module")
+def mon(tmp_path_factory):
+    started = time.monotonic()
+    fleet = bring_up(tmp_path_factory, PROFILES, driver="preinstalled")
+    fleet.test_inventory = write_inventory(fleet.inventory.with_name("monitoring_inventory.py"), fleet.inventory)
+    _prime_deb_cache(fleet)
+    try:
+        fleet.first_gpu_node = run_pyinfra(fleet.test_inventory, "deploys/gpu_node.py")
+        fleet.first_monitoring = run_pyinfra(fleet.test_inventory, "deploys/monitoring.py")
+        _save_deb_cache(fleet)
+        fleet.converged_after_s = time.monotonic() - started
+        yield fleet
+    finally:
+        hosts.down(log=lambda *_: None)
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+
+
+def api(fleet, port: int, path: str, **params) -> dict | list:
+    address = fleet.host(MON).address
+    query = f"?{urllib.parse.urlencode(params)}" if params else ""
+    with urllib.request.urlopen(f"http://{address}:{port}{path}{query}", timeout=10) as response:
+        return json.load(response)
+
+
+def promql(fleet, query: str) -> list[dict]:
+    data = api(fleet, 9090, "/api/v1/query", query=query)
+    assert data["status"] == "success", data
+    return data["data"]["result"]
+
+
+def active_alerts(fleet, name: str) -> list[dict]:
+    return [a for a in api(fleet, 9093, "/api/v2/alerts", active="true", inhibited="true", silenced="true")
+            if a["labels"].get("alertname") == name]
+
+
+def wait_for(what: str, predicate, timeout: float = 90.0, step: float = 0.25):
+    """Poll ``predicate`` until it returns something truthy (the event), or fail naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(step)
+
+
+def sim_state(fleet, name: str) -> dict[str, str]:
+    return simstate.read_state(str(fleet.host(name).dir / "hw/gpus.state"))
+
+
+def targets_up(fleet) -> dict[tuple[str, str], str]:
+    return {(t["labels"]["job"], t["labels"].get("host", "")): t["health"]
+            for t in api(fleet, 9090, "/api/v1/targets")["data"]["activeTargets"]}
+
+
+EXPECTED_TARGETS = {("gpu", DCGM_HOST), ("gpu", NVML_HOST), ("node", DCGM_HOST), ("node", NVML_HOST),
+                    ("prometheus", "")}
+
+
+def wait_all_up(fleet) -> None:
+    wait_for("every scrape target up", lambda: targets_up(fleet) == dict.fromkeys(EXPECTED_TARGETS, "up"))
+
+
+# ------------------------------------------------------------------------------------------------ tests
+
+
+def test_every_target_up_with_inventory_labels(mon):
+    wait_all_up(mon)
+    labels = {t["labels"]["host"]: t["labels"] for t in api(mon, 9090, "/api/v1/targets")["data"]["activeTargets"]
+              if t["labels"]["job"] == "gpu"}
+    assert labels[DCGM_HOST]["cluster"] == "lab" and labels[DCGM_HOST]["gpu_model"] == "h100-sxm"
+    assert labels[DCGM_HOST]["group"] == "gpu_nodes"
+    assert labels[NVML_HOST].get("gpu_model", "") == ""  # Prometheus drops empty labels
+    assert labels[NVML_HOST]["group"] == "gpu_nodes" and labels[NVML_HOST]["cluster"] == "lab"
+
+
+def test_one_series_per_gpu_from_both_exporters(mon):
+    wait_all_up(mon)
+    for metric in ("DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED",
+                   "DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_CLOCKS_EVENT_REASONS"):
+        for host in (DCGM_HOST, NVML_HOST):
+            state = sim_state(mon, host)
+            result = wait_for(f"{metric} of {host}", lambda m=metric, h=host: promql(mon, f'{m}{{host="{h}"}}'))
+            assert sorted(int(r["metric"]["gpu"]) for r in result) == list(range(simstate.gpu_count(state))), metric
+    result = promql(mon, f'DCGM_FI_DEV_GPU_TEMP{{host="{DCGM_HOST}"}}')
+    temps = {r["metric"]["gpu"]: float(r["value"][1]) for r in result}
+    state = sim_state(mon, DCGM_HOST)
+    assert temps == {str(i): float(simstate.gpu(state, i)["temp.gpu"]) for i in range(8)}
+    # both exporters label as dcgm-exporter does
+    for host, model in ((DCGM_HOST, "NVIDIA H100 80GB HBM3"), (NVML_HOST, "NVIDIA GeForce RTX 4090")):
+        metric = promql(mon, f'DCGM_FI_DEV_GPU_TEMP{{host="{host}",gpu="0"}}')[0]["metric"]
+        assert metric["modelName"] == model and metric["UUID"] == simstate.gpu(sim_state(mon, host), 0)["uuid"]
+        assert metric["hostname"] == host and metric["pci_bus_id"] and metric["device"] == "nvidia0"
+
+
+def test_overheat_alert_reaches_alertmanager_and_resolves(mon):
+    wait_all_up(mon)
+    gpufleet("sim", "fault", DCGM_HOST, "overheat", "--gpu", "3")
+    injected = time.monotonic()
+    try:
+        alerts = wait_for("GpuOverheating in Alertmanager", lambda: [
+            a for a in active_alerts(mon, "GpuOverheating") if a["labels"].get("host") == DCGM_HOST])
+        latency = time.monotonic() - injected
+        mon.overheat_latency_s = latency
+        print(f"\nGpuOverheating reached Alertmanager {latency:.1f} s after the fault "
+              f"(for {ALERT_FOR}, scrape/evaluation {SCRAPE})")
+        assert [a["labels"]["gpu"] for a in alerts] == ["3"]
+        assert alerts[0]["annotations"]["summary"].startswith(f"{DCGM_HOST} GPU 3: overheating at ")
+        assert alerts[0]["labels"]["severity"] == "critical"
+        # for + 2 scrape intervals, plus one rule evaluation interval: Prometheus evaluates on its own clock
+        assert latency <= seconds(ALERT_FOR) + 2 * seconds(SCRAPE) + seconds(EVALUATION)
+    finally:
+        gpufleet("sim", "fault", DCGM_HOST, "clear")
+    wait_for("GpuOverheating resolved", lambda: not [
+        a for a in active_alerts(mon, "GpuOverheating") if a["labels"].get("host") == DCGM_HOST])
+
+
+def test_lost_gpu_raises_gpu_missing(mon):
+    wait_all_up(mon)
+    gpufleet("sim", "fault", DCGM_HOST, "lost", "--gpu", "5")
+    try:
+        alerts = wait_for("GpuMissing in Alertmanager", lambda: [
+            a for a in active_alerts(mon, "GpuMissing") if a["labels"].get("host") == DCGM_HOST])
+        assert "expected" in alerts[0]["annotations"]["description"]
+        assert "gpu" not in alerts[0]["labels"]
+        assert sorted(r["metric"]["gpu"] for r in promql(mon, f'DCGM_FI_DEV_GPU_TEMP{{host="{DCGM_HOST}"}}')) == [
+            "0", "1", "2", "3", "4", "6", "7"]
+    finally:
+        gpufleet("sim", "fault", DCGM_HOST, "clear")
+    wait_for("GpuMissing resolved", lambda: not [
+        a for a in active_alerts(mon, "GpuMissing") if a["labels"].get("host") == DCGM_HOST])
+
+
+def test_stopped_exporter_raises_exporter_down(mon):
+    wait_all_up(mon)
+    ssh(mon, NVML_HOST, "systemctl stop gpufleet-exporter.service")
+    try:
+        alerts = wait_for("GpuExporterDown in Alertmanager", lambda: [
+            a for a in active_alerts(mon, "GpuExporterDown") if a["labels"].get("host") == NVML_HOST])
+        assert alerts[0]["annotations"]["summary"] == f"{NVML_HOST}: GPU exporter down"
+    finally:
+        ssh(mon, NVML_HOST, "systemctl start gpufleet-exporter.service")
+    wait_for("GpuExporterDown resolved", lambda: not [
+        a for a in active_alerts(mon, "GpuExporterDown") if a["labels"].get("host") == NVML_HOST])
+
+
+def test_node_down_inhibits_the_gpu_alerts_of_that_host(mon):
+    wait_all_up(mon)
+    ssh(mon, NVML_HOST, "systemctl stop prometheus-node-exporter.service gpufleet-exporter.service")
+    try:
+        wait_for("NodeDown in Alertmanager", lambda: [
+            a for a in active_alerts(mon, "NodeDown") if a["labels"].get("host") == NVML_HOST])
+        suppressed = wait_for("GpuExporterDown inhibited", lambda: [
+            a for a in active_alerts(mon, "GpuExporterDown")
+            if a["labels"].get("host") == NVML_HOST and a["status"]["inhibitedBy"]])
+        assert suppressed[0]["status"]["state"] == "suppressed"
+    finally:
+        ssh(mon, NVML_HOST, "systemctl start prometheus-node-exporter.service gpufleet-exporter.service")
+    wait_for("NodeDown resolved", lambda: not [
+        a for a in active_alerts(mon, "NodeDown") if a["labels"].get("host") == NVML_HOST])
+
+
+def test_every_dashboard_panel_query_returns_data(mon):
+    wait_all_up(mon)
+    rss = promql(mon, 'process_resident_memory_bytes{job="prometheus"}')
+    series = promql(mon, "prometheus_tsdb_head_series")
+    print(f"\nPrometheus of the test fleet: {float(rss[0]['value'][1]) / 2**20:.0f} MiB resident, "
+          f"{series[0]['value'][1]} head series")
+    wait_for("the recording rules", lambda: promql(mon, "gpufleet:gpus_visible"))
+    empty = []
+    for name in render.DASHBOARDS:
+        for title, expr in render.panel_queries(render.dashboard(name)):
+            query = expr.replace("$host", ".*").replace("$cluster", ".*")
+            if not promql(mon, query):
+                empty.append(f"{name}: {title}: {query}")
+    assert empty == []
+
+
+def test_verify_checks_the_exporters_and_its_textfile_reaches_prometheus(mon, tmp_path):
+    wait_all_up(mon)
+    proc = subprocess.run([str(BIN / "gpufleet"), "verify", str(mon.test_inventory), "--limit", "gpu_nodes",
+                           "--out", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    report = json.loads((tmp_path / "report.json").read_text())
+    checks = {(c["host"], c["check"]): c["verdict"] for h in report["hosts"] for c in h["checks"]
+              if c["check"].startswith("config.exporter.")}
+    assert checks == {(h, f"config.exporter.{e}"): "pass" for h in (DCGM_HOST, NVML_HOST) for e in ("gpu", "node")}, (
+        proc.stdout + proc.stderr)
+    # verify's textfile lands in node_exporter's textfile directory: Prometheus sees it with the inventory labels
+    result = wait_for("gpufleet_verify_host_up in Prometheus", lambda: promql(mon, "gpufleet_verify_host_up"))
+    assert sorted((r["metric"]["host"], r["metric"]["hostname"]) for r in result) == [
+        (DCGM_HOST, DCGM_HOST), (NVML_HOST, NVML_HOST)]
+    ssh(mon, NVML_HOST, "systemctl stop gpufleet-exporter.service")
+    try:
+        proc = subprocess.run([str(BIN / "gpufleet"), "verify", str(mon.test_inventory), "--limit", NVML_HOST,
+                               "--out", str(tmp_path / "down")], cwd=REPO, capture_output=True, text=True,
+                              timeout=300)
+        report = json.loads((tmp_path / "down" / "report.json").read_text())
+        verdicts = {c["check"]: c["verdict"] for h in report["hosts"] for c in h["checks"]}
+        assert verdicts["config.exporter.gpu"] == "fail" and proc.returncode == 1
+    finally:
+        ssh(mon, NVML_HOST, "systemctl start gpufleet-exporter.service")
+
+
+def _files(fleet, host: str, paths: tuple[str, ...]) -> dict[str, str]:
+    root = fleet.host(host).dir / "root"
+    return {p: hashlib.sha256((root / p.lstrip("/")).read_bytes()).hexdigest() if (root / p.lstrip("/")).exists()
+            else "" for p in paths}
+
+
+WATCHED = ("/etc/prometheus/prometheus.yml", "/etc/prometheus/alertmanager.yml",
+           "/etc/prometheus/rules/gpufleet-alerts.rules.yml", "/etc/prometheus/file_sd/gpufleet-gpu.json")
+
+
+def test_second_run_of_both_deploys_changes_nothing(mon):
+    wait_all_up(mon)
+    before = _files(mon, MON, WATCHED)
+    for deploy in ("deploys/gpu_node.py", "deploys/monitoring.py"):
+        total = grand_total(run_pyinfra(mon.test_inventory, deploy).stdout)
+        assert total["success"] == "-" and total["error"] == "-", (deploy, total)
+    assert _files(mon, MON, WATCHED) == before
+
+
+@pytest.mark.parametrize(("monitoring", "dcgm_extra", "expected"), [
+    ({**MONITORING_DATA, "gpufleet_monitoring_receivers": [{"name": "pager", "type": "pagerduty", "url": "x"}]},
+     None, f"{MON}: gpufleet_monitoring_receivers[0].type='pagerduty': unknown receiver type"),
+    ({k: v for k, v in MONITORING_DATA.items() if k != "gpufleet_monitoring_grafana"},
+     None, f"{MON}: gpufleet_monitoring_grafana_admin_password=None: Grafana is enabled but has no admin password"),
+    ({**MONITORING_DATA, "gpufleet_monitoring_scrape_interval": "2 seconds"},
+     None, f"{MON}: gpufleet_monitoring_scrape_interval='2 seconds': not a Prometheus duration"),
+    ({**MONITORING_DATA, "gpufleet_monitoring_alertmanager_listen": "0.0.0.0:9090"},
+     None, f"{MON}: gpufleet_monitoring_alertmanager_listen='0.0.0.0:9090': port clash with "
+           "gpufleet_monitoring_prometheus_listen"),
+    (None, {"gpufleet_exporters_node_listen": "0.0.0.0:9400"},
+     f"{DCGM_HOST}: gpufleet_exporters_node_listen='0.0.0.0:9400': port clash"),
+], ids=["unknown-receiver-type", "no-grafana-password", "bad-interval", "port-clash-monitoring",
+        "port-clash-exporters"])
+def test_bad_input_is_refused_before_any_change(mon, tmp_path, monitoring, dcgm_extra, expected):
+    before = {h: _files(mon, h, WATCHED + ("/etc/default/prometheus-node-exporter",)) for h in (MON, DCGM_HOST)}
+    inventory = write_inventory(tmp_path / "bad_inventory.py", mon.inventory, monitoring, dcgm_extra)
+    result = run_pyinfra(inventory, "deploys/monitoring.py", check=False)
+    assert result.returncode != 0
+    assert expected in result.stdout, result.stdout
+    assert "no host was changed" in result.stdout
+    assert {h: _files(mon, h, WATCHED + ("/etc/default/prometheus-node-exporter",)) for h in (MON, DCGM_HOST)} == before

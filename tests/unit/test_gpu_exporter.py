@@ -1,0 +1,199 @@
+"""gpufleet's GPU exporter (gpufleet/exporter) against the simulated NVML, run from its bundle as a node runs it.
+
+Every scenario runs the bundle (``gpufleet-gpu-exporter.pyz``: exporter + pynvml + prometheus-client) with
+the system python in a subprocess, the simulated libnvidia-ml on LD_LIBRARY_PATH and a state from the hardware
+profiles; values are judged against the simulator's state file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpufleet.exporter import bundle, bundle_files, write_bundle
+from gpufleet.sim.gpu import state as simstate
+from gpufleet.sim.gpu.build_nvml import build
+from gpufleet.sim.hardware import build_state
+
+DRIVER = "580.95.05"
+DCGM_LABELS = {"gpu", "UUID", "pci_bus_id", "device", "modelName", "hostname", "DCGM_FI_DRIVER_VERSION"}
+
+
+@pytest.fixture(scope="module")
+def env():
+    root = Path(tempfile.mkdtemp(prefix="gf-exporter-"))
+    build(root / "lib")
+    (root / "driver-version").write_text(DRIVER + "\n")
+    pyz = write_bundle(root)
+    yield root, pyz
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def write_state(root: Path, profile: str, **changes: str) -> Path:
+    state = dict(build_state(profile, "node1"))
+    state.update({"driver.loaded": "1", "driver.version": DRIVER, "driver.cuda_version": "13.0"})
+    for key in [k for k in state if ".client." in k or ".proc." in k]:
+        del state[key]
+    state.update(changes)
+    path = root / "gpus.state"
+    simstate.write_state(str(path), state)
+    return path
+
+
+def node_env(root: Path) -> dict[str, str]:
+    return dict(os.environ, LD_LIBRARY_PATH=str(root / "lib"), GPUFLEET_SIM_STATE=str(root / "gpus.state"),
+                GPUFLEET_SIM_DRIVER_VERSION_FILE=str(root / "driver-version"), PYTHONPATH="")
+
+
+def scrape(root: Path, pyz: Path, settings: Path | None = None) -> dict[str, list]:
+    """{metric: [(labels, value)]} of one collection, the bundle run by the system python (as on a node)."""
+    script = (f"import sys; sys.path.insert(0, {str(pyz)!r})\n"
+              "import pynvml, gpu_exporter\nfrom prometheus_client import generate_latest\n"
+              f"print(generate_latest(gpu_exporter.build_registry({str(settings or root / 'none')!r}, 'node1'))"
+              ".decode())\n")
+    proc = subprocess.run(["/usr/bin/python3", "-c", script], env=node_env(root), capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    out: dict[str, list] = {}
+    for family in text_string_to_metric_families(proc.stdout):
+        for sample in family.samples:
+            out.setdefault(sample.name, []).append((sample.labels, sample.value))
+    return out
+
+
+def by_gpu(samples: list) -> dict[str, float]:
+    return {labels["gpu"]: value for labels, value in samples}
+
+
+def test_bundle_is_reproducible_and_self_contained():
+    assert bundle() == bundle()
+    names = [name for name, _ in bundle_files()]
+    assert {"__main__.py", "gpu_exporter.py", "pynvml.py", "prometheus_client/__init__.py"} <= set(names)
+
+
+def test_one_series_per_gpu_with_dcgm_names_and_labels(env):
+    root, pyz = env
+    path = write_state(root, "h100-sxm-8")
+    state = simstate.read_state(str(path))
+    metrics = scrape(root, pyz)
+    for name in ("DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_POWER_MGMT_LIMIT",
+                 "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_SM_CLOCK",
+                 "DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "DCGM_FI_DEV_PERSISTENCE_MODE", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+                 "DCGM_FI_DEV_ROW_REMAP_PENDING"):
+        assert sorted(by_gpu(metrics[name])) == [str(i) for i in range(8)], name
+    labels = metrics["DCGM_FI_DEV_GPU_TEMP"][0][0]
+    assert set(labels) == DCGM_LABELS
+    g0 = simstate.gpu(state, 0)
+    assert labels == {"gpu": "0", "UUID": g0["uuid"], "pci_bus_id": g0["pci.bus_id"], "device": f"nvidia{g0['minor']}",
+                      "modelName": "NVIDIA H100 80GB HBM3", "hostname": "node1", "DCGM_FI_DRIVER_VERSION": DRIVER}
+    for i in range(8):
+        g = simstate.gpu(state, i)
+        assert by_gpu(metrics["DCGM_FI_DEV_GPU_TEMP"])[str(i)] == float(g["temp.gpu"])
+        assert by_gpu(metrics["DCGM_FI_DEV_POWER_USAGE"])[str(i)] == int(g["power.draw_mw"]) / 1000
+        assert by_gpu(metrics["DCGM_FI_DEV_POWER_MGMT_LIMIT"])[str(i)] == int(g["power.limit_mw"]) / 1000
+        assert by_gpu(metrics["DCGM_FI_DEV_CLOCKS_EVENT_REASONS"])[str(i)] == int(g["clocks.event_reasons"], 16)
+    assert metrics["gpufleet_gpu_exporter_errors"] == [({"hostname": "node1"}, 0.0)]
+    assert "gpufleet_gpu_power_limit_desired_watts" not in metrics  # no power stage settings on this node
+
+
+def test_faults_show_as_the_alerts_expect(env):
+    root, pyz = env
+    write_state(root, "h100-sxm-8", **{"gpu.3.lost": "1", "gpu.1.temp.gpu": "92",
+                                       "gpu.1.clocks.event_reasons": "0x0000000000000048",
+                                       "gpu.2.ecc.volatile.uncorrected": "2", "gpu.2.remap.pending": "1"})
+    metrics = scrape(root, pyz)
+    temps = by_gpu(metrics["DCGM_FI_DEV_GPU_TEMP"])
+    assert sorted(temps) == ["0", "1", "2", "4", "5", "6", "7"]  # the lost GPU exports nothing
+    assert temps["1"] == 92
+    assert by_gpu(metrics["DCGM_FI_DEV_CLOCKS_EVENT_REASONS"])["1"] == 0x48
+    assert by_gpu(metrics["DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"])["2"] == 2
+    assert by_gpu(metrics["DCGM_FI_DEV_ROW_REMAP_PENDING"])["2"] == 1
+    assert metrics["gpufleet_gpu_exporter_errors"] == [({"hostname": "node1"}, 1.0)]
+
+
+def test_geforce_leaves_out_what_it_does_not_support(env):
+    root, pyz = env
+    write_state(root, "rtx4090-1")
+    metrics = scrape(root, pyz)
+    assert list(by_gpu(metrics["DCGM_FI_DEV_GPU_TEMP"])) == ["0"]
+    assert metrics["DCGM_FI_DEV_GPU_TEMP"][0][0]["modelName"] == "NVIDIA GeForce RTX 4090"
+    assert "DCGM_FI_DEV_ROW_REMAP_PENDING" not in metrics
+
+
+def test_desired_state_extras(env, tmp_path):
+    root, pyz = env
+    path = write_state(root, "h100-sxm-8", **{"gpu.0.mig.current": "1", "gpu.0.mig.pending": "1"})
+    state = simstate.read_state(str(path))
+    g0, g1 = simstate.gpu(state, 0), simstate.gpu(state, 1)
+    (tmp_path / "power-limits.conf").write_text(f"# managed\n{g0['uuid']}=500\n{g1['uuid']}=700\n")
+    (tmp_path / "exporter.json").write_text(json.dumps({"persistence_managed": True}))
+    (tmp_path / "mig-layout.json").write_text(json.dumps({"version": 1, "gpus": [
+        {"pci_bus_id": g0["pci.bus_id"], "mig_enabled": True, "create": [19]},
+        {"pci_bus_id": g1["pci.bus_id"].lower(), "mig_enabled": False, "create": []}]}))
+    metrics = scrape(root, pyz, tmp_path)
+    assert by_gpu(metrics["gpufleet_gpu_power_limit_desired_watts"]) == {"0": 500.0, "1": 700.0}
+    assert by_gpu(metrics["gpufleet_gpu_persistence_desired"]) == {str(i): 1.0 for i in range(8)}
+    # GPU 0: MIG on but no GPU instance where the layout wants one 1g profile (id 19): drift; GPU 1: matches
+    assert by_gpu(metrics["gpufleet_gpu_mig_layout_match"]) == {"0": 0.0, "1": 1.0}
+
+
+def test_serves_http_on_the_listen_address(env):
+    root, pyz = env
+    write_state(root, "h100-sxm-8")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(["/usr/bin/python3", str(pyz), "--listen", f"127.0.0.1:{port}",
+                             "--settings-dir", str(root / "none")], env=node_env(root),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert "listening on 127.0.0.1:" in proc.stdout.readline()
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+                break
+            except OSError:
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+        assert body.count("DCGM_FI_DEV_GPU_TEMP{") == 8
+        assert "process_cpu_seconds_total" in body
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=20) == 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(pytest.main([__file__]))
+
+
+def test_mig_layout_match_with_the_instances_of_the_layout(env, tmp_path):
+    root, pyz = env
+    path = write_state(root, "h100-sxm-8", **{"gpu.0.mig.current": "1", "gpu.0.mig.pending": "1",
+                                              "gpu.0.mig.gi.13": "19,6,1", "gpu.0.mig.gi.11": "19,4,1"})
+    g0 = simstate.gpu(simstate.read_state(str(path)), 0)
+    layout = {"version": 1, "gpus": [{"pci_bus_id": g0["pci.bus_id"], "mig_enabled": True, "create": [19, 19]}]}
+    (tmp_path / "mig-layout.json").write_text(json.dumps(layout))
+    assert by_gpu(scrape(root, pyz, tmp_path)["gpufleet_gpu_mig_layout_match"]) == {"0": 1.0}
+    layout["gpus"][0]["create"] = [19, 19, 19]
+    (tmp_path / "mig-layout.json").write_text(json.dumps(layout))
+    assert by_gpu(scrape(root, pyz, tmp_path)["gpufleet_gpu_mig_layout_match"]) == {"0": 0.0}
+
+
+def test_driver_not_loaded_serves_nvml_down_instead_of_exiting(env):
+    root, pyz = env
+    write_state(root, "h100-sxm-8", **{"driver.loaded": "0", "driver.version": ""})
+    metrics = scrape(root, pyz)
+    assert metrics["gpufleet_gpu_exporter_nvml_up"] == [({"hostname": "node1"}, 0.0)]
+    assert "DCGM_FI_DEV_GPU_TEMP" not in metrics

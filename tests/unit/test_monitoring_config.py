@@ -1,0 +1,171 @@
+"""Monitoring settings validation, the rendered Prometheus / Alertmanager / Grafana files (checked with promtool
+and amtool), scrape targets from the inventory, the dashboards' queries and the choice of GPU exporter."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+
+import pytest
+import yaml
+
+from gpufleet.catalog import load_catalog
+from gpufleet.config import load_node_config
+from gpufleet.deploys.gpu_node import choose_gpu_exporter
+from gpufleet.monitoring import render, rules
+from gpufleet.monitoring.config import (
+    MonitoringSettings,
+    TargetSettings,
+    check_monitoring_host,
+    load_monitoring_settings,
+)
+from gpufleet.operations import exporters
+
+OK = {"gpufleet_monitoring_grafana_admin_password": "a-long-enough-secret"}
+
+
+def messages(data, host="mon1"):
+    settings, _target, errors = load_monitoring_settings(host, data)
+    if settings is not None:
+        errors = check_monitoring_host(host, settings, data)
+    return [str(e) for e in errors]
+
+
+def test_defaults_need_a_grafana_password():
+    assert messages({}) == [
+        "mon1: gpufleet_monitoring_grafana_admin_password=None: Grafana is enabled but has no admin password "
+        "(gpufleet never deploys Grafana's default admin/admin); allowed: a password of at least 12 characters "
+        "that is not a default one, or gpufleet_monitoring_grafana: false"]
+    assert messages(OK) == []
+    assert messages({"gpufleet_monitoring_grafana": False}) == []
+
+
+@pytest.mark.parametrize(("data", "expected"), [
+    ({"gpufleet_monitoring_grafana_admin_password": "admin"},
+     "mon1: gpufleet_monitoring_grafana_admin_password='***': too short or a default password"),
+    ({**OK, "gpufleet_monitoring_scrape_interval": "2 seconds"},
+     "mon1: gpufleet_monitoring_scrape_interval='2 seconds': not a Prometheus duration"),
+    ({**OK, "gpufleet_monitoring_scrape_interval": "2h"},
+     "mon1: gpufleet_monitoring_scrape_interval='2h': duration out of range"),
+    ({**OK, "gpufleet_monitoring_receivers": [{"name": "p", "type": "pagerduty"}]},
+     "mon1: gpufleet_monitoring_receivers[0].type='pagerduty': unknown receiver type; allowed: webhook, email, "
+     "slack"),
+    ({**OK, "gpufleet_monitoring_receivers": [{"name": "m", "type": "email", "to": "ops@example.com"}]},
+     "mon1: gpufleet_monitoring_receivers[0].from=None: missing or not a string (email receivers need it)"),
+    ({**OK, "gpufleet_monitoring_receivers": [{"name": "w", "type": "webhook", "url": "ftp://x"}]},
+     "mon1: gpufleet_monitoring_receivers[0].url='ftp://x': not a URL"),
+    ({**OK, "gpufleet_monitoring_routes": [{"receiver": "nobody"}]},
+     "mon1: gpufleet_monitoring_routes[0]={'receiver': 'nobody'}: not a route to a defined receiver"),
+    ({**OK, "gpufleet_monitoring_alert_for": {"GpuOverheat": "1m"}},
+     "mon1: gpufleet_monitoring_alert_for['GpuOverheat']='1m': unknown alert"),
+    ({**OK, "gpufleet_monitoring_grafana_listen": "0.0.0.0:9093"},
+     "mon1: gpufleet_monitoring_grafana_listen='0.0.0.0:9093': port clash with gpufleet_monitoring_alertmanager_"
+     "listen"),
+    ({**OK, "gpufleet_monitoring_scrape_intervall": "15s"},
+     "mon1: gpufleet_monitoring_scrape_intervall='15s': unknown gpufleet monitoring setting"),
+    ({**OK, "gpufleet_monitoring_gpu_model": "h101"}, "mon1: gpufleet_monitoring_gpu_model='h101': unknown GPU model"),
+])
+def test_bad_settings_name_host_key_and_value(data, expected):
+    found = messages(data)
+    assert any(m.startswith(expected) for m in found), found
+
+
+def settings(**values) -> MonitoringSettings:
+    return MonitoringSettings(grafana=False, **values)
+
+
+def node_target(name, data=None, groups=("hgx",)):
+    config = load_node_config(name, data or {})
+    return render.Target(host=name, address=f"10.0.0.{len(name)}", groups=("all", *groups), config=config,
+                         target=TargetSettings(cluster="c1", gpu_model="h100-sxm"))
+
+
+def test_scrape_targets_from_the_inventory():
+    targets = [node_target("gpu-b", {"gpufleet_exporters_gpu_listen": "0.0.0.0:9401"}),
+               node_target("gpu-a", {"gpufleet_exporters_node": False}),
+               node_target("gpu-c", {"gpufleet_stages": ["driver"]})]
+    assert render.scrape_targets(targets) == {
+        "gpu": [{"targets": ["10.0.0.5:9400"], "labels": {"host": "gpu-a", "group": "hgx", "gpu_model": "h100-sxm",
+                                                           "cluster": "c1"}},
+                {"targets": ["10.0.0.5:9401"], "labels": {"host": "gpu-b", "group": "hgx", "gpu_model": "h100-sxm",
+                                                           "cluster": "c1"}}],
+        "node": [{"targets": ["10.0.0.5:9100"], "labels": {"host": "gpu-b", "group": "hgx", "gpu_model": "h100-sxm",
+                                                            "cluster": "c1"}}],
+    }
+    assert render.expected_gpus([node_target("gpu-a", {"gpufleet_exporters_gpu_count": 8}), node_target("x")]) == {
+        "gpu-a": 8}
+
+
+def tool(name):
+    path = shutil.which(name)
+    assert path, f"{name} not found: make deps installs Debian's prometheus and prometheus-alertmanager"
+    return path
+
+
+def test_prometheus_config_passes_promtool(tmp_path):
+    text = render.prometheus_config(settings(scrape_interval="30s", evaluation_interval="20s"), "localhost:9093")
+    data = yaml.safe_load(text)
+    assert data["global"] == {"scrape_interval": "30s", "scrape_timeout": "10s", "evaluation_interval": "20s"}
+    assert [c["job_name"] for c in data["scrape_configs"]] == ["prometheus", "gpu", "node"]
+    path = tmp_path / "prometheus.yml"
+    path.write_text(text.replace(render.PROMETHEUS_DIR, str(tmp_path)))
+    result = subprocess.run([tool("promtool"), "check", "config", str(path)], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_alertmanager_config_passes_amtool_and_inhibits_gpu_alerts_of_a_down_node(tmp_path):
+    s = settings(receivers=(
+        {"name": "hook", "type": "webhook", "url": "http://hooks.example.com/x"},
+        {"name": "mail", "type": "email", "to": "ops@example.com", "from": "am@example.com",
+         "smarthost": "smtp.example.com:25"},
+        {"name": "chat", "type": "slack", "api_url": "https://hooks.slack.com/services/X", "channel": "#gpu"}),
+        routes=({"receiver": "chat", "matchers": {"severity": "critical"}},))
+    text = render.alertmanager_config(s)
+    data = yaml.safe_load(text)
+    assert data["route"]["receiver"] == "hook"
+    assert data["route"]["routes"] == [{"receiver": "chat", "matchers": ['severity="critical"']}]
+    assert data["inhibit_rules"] == [{"source_matchers": ['alertname="NodeDown"'],
+                                      "target_matchers": ['scope="gpu"'], "equal": ["host"]}]
+    path = tmp_path / "alertmanager.yml"
+    path.write_text(text)
+    result = subprocess.run([tool("amtool"), "check-config", str(path)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_grafana_provisioning_files():
+    datasource = yaml.safe_load(render.grafana_datasource("http://localhost:9090"))
+    assert datasource["datasources"][0] | {} == {
+        "name": "gpufleet-prometheus", "uid": "gpufleet-prometheus", "type": "prometheus", "access": "proxy",
+        "url": "http://localhost:9090", "isDefault": True, "editable": False}
+    provider = yaml.safe_load(render.grafana_dashboard_provider())
+    assert provider["providers"][0]["options"]["path"] == render.GRAFANA_DASHBOARD_DIR
+
+
+def test_dashboards_use_the_provisioned_datasource_and_known_metrics():
+    known = {f for f, _t, _h in (*exporters.HEALTH_COUNTERS, *exporters.PROFILING_COUNTERS)}
+    known |= {r["record"] for g in rules.recording_rules()["groups"] for r in g["rules"]} | {"up"}
+    titles = {}
+    for name in render.DASHBOARDS:
+        data = json.loads(render.dashboard(name))
+        titles[name] = data["title"]
+        for panel in data["panels"]:
+            assert panel["datasource"]["uid"] == "gpufleet-prometheus"
+            assert panel["targets"], panel["title"]
+        for _title, expr in render.panel_queries(render.dashboard(name)):
+            names = {tok for tok in re.findall(r"[A-Za-z_:][A-Za-z0-9_:]*(?=\{|\[|\s|\)|$)", expr)
+                     if tok.startswith(("DCGM_", "gpufleet", "host:", "cluster:", "up"))}
+            assert names <= known, (name, expr, names - known)
+    assert titles == {"gpu-fleet-health.json": "GPU fleet health", "training.json": "Training"}
+
+
+def test_auto_gpu_exporter_choice():
+    catalog = load_catalog()
+    h100, rtx = catalog.get("h100-sxm"), catalog.get("rtx4090")
+    assert choose_gpu_exporter("auto", [h100] * 8, dcgm_offered=True) == "dcgm"
+    assert choose_gpu_exporter("auto", [h100] * 8, dcgm_offered=False) == "nvml"
+    assert choose_gpu_exporter("auto", [rtx], dcgm_offered=True) == "nvml"
+    assert choose_gpu_exporter("auto", [], dcgm_offered=True) == "nvml"
+    assert choose_gpu_exporter("dcgm", [rtx], dcgm_offered=False) == "dcgm"
