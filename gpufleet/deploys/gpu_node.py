@@ -32,9 +32,9 @@ GPU_STAGES = ("persistence", "power", "mig", "nccl", "clocks")
 PREFLIGHT_FACTS = (OsInfo, NvidiaPciDevices, SecureBoot, NvidiaPackages, GpuInventory)
 
 
-def driver_stage(config: NodeConfig, facts: preflight.HostFacts) -> None:
+def driver_stage(config: NodeConfig, facts: preflight.HostFacts):
     models = [gpu.model for gpu in preflight.host_gpus(facts)]
-    driver.nvidia_driver(
+    return driver.nvidia_driver(
         name=f"NVIDIA driver {config.driver.branch}",
         branch=config.driver.branch,
         flavour=preflight.choose_kernel_flavour(config.driver.flavour, models),
@@ -91,11 +91,14 @@ def gpu_node() -> None:
     facts, ok = checked_facts(host, inventory, config)
     if not ok:
         return  # the run stops once every host is prepared; nothing is planned for a host that failed
+    driver_changes = False
     if config.stage_enabled("driver"):
-        driver_stage(config, facts)
+        # will_change: a driver that is installed but not loaded gets no deferred step (which pyinfra would count
+        # as a change although nothing changes); the GPU stages are planned now and say why they wait
+        driver_changes = driver_stage(config, facts).will_change
     if not any(config.stage_enabled(stage) for stage in GPU_STAGES):
         return
-    if (facts.gpu_inventory or {}).get("gpus") or not config.stage_enabled("driver"):
+    if (facts.gpu_inventory or {}).get("gpus") or not driver_changes:
         gpu_stages(config, facts.gpu_inventory or {})
     else:
         python.call(name="GPU settings (planned once the driver answers)", function=_gpu_stages_after_driver,
