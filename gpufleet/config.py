@@ -858,6 +858,10 @@ def register_namespace(prefix: str) -> None:
 # deploy, which never imports the verify code, accepts an inventory that sets them.
 register_namespace("gpufleet_verify_")
 
+# SSH bounds (connect timeout, keepalive, dead-peer detection) of every gpufleet run: gpufleet/connection.py
+# validates the gpufleet_ssh_* keys (it is used by the converge and by verify alike).
+register_namespace("gpufleet_ssh_")
+
 
 def _is_ours(key: Any) -> bool:
     if not isinstance(key, str) or not key.startswith(KEY_PREFIX):

@@ -16,14 +16,14 @@ from pyinfra import host, inventory, logger
 from pyinfra.api import deploy
 from pyinfra.operations import python
 
-from gpufleet import preflight
+from gpufleet import connection, preflight
 from gpufleet.config import NodeConfig, resolve_power_limits
 from gpufleet.facts import prefetch
 from gpufleet.facts.nvidia import GpuInventory
 from gpufleet.facts.packages import NvidiaPackages
 from gpufleet.facts.pci import NvidiaPciDevices
 from gpufleet.facts.system import OsInfo, SecureBoot
-from gpufleet.operations import clocks, driver, mig, nccl, persistence, power
+from gpufleet.operations import clocks, driver, lock, mig, nccl, persistence, power
 
 from ._inputs import checked_facts, node_config
 
@@ -87,10 +87,12 @@ def _gpu_stages_after_driver(config: NodeConfig) -> None:
 @deploy("gpufleet: GPU node")
 def gpu_node() -> None:
     prefetch.install(host.state, PREFLIGHT_FACTS)
+    connection.install(host.state)  # a host that stops answering fails within ~30 s; the others go on
     config = node_config(host, inventory)
     facts, ok = checked_facts(host, inventory, config)
     if not ok:
         return  # the run stops once every host is prepared; nothing is planned for a host that failed
+    lock.host_lock(name="gpufleet lock")  # first: a host another gpufleet run is changing is refused untouched
     driver_changes = False
     if config.stage_enabled("driver"):
         # will_change: a driver that is installed but not loaded gets no deferred step (which pyinfra would count

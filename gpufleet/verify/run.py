@@ -56,6 +56,7 @@ from pyinfra.context import ctx_config, ctx_inventory, ctx_state  # noqa: E402
 from pyinfra_cli.inventory import make_inventory  # noqa: E402
 from pyinfra_cli.util import exec_file  # noqa: E402
 
+from gpufleet import connection  # noqa: E402
 from gpufleet.config import (  # noqa: E402
     ConfigError,
     ConfigErrors,
@@ -483,7 +484,7 @@ def verify_host(host: Any, config: NodeConfig, settings: VerifySettings, bundle:
     start = time.monotonic()
     run = HostRun(name=host.name, result=unreachable_host(host.name, "not contacted"))
     try:
-        host.connect(show_errors=False, raise_exceptions=True)
+        connection.connect(host, show_errors=False, raise_exceptions=True)  # bounded: a dying host fails in ~30 s
     except ConnectError as exc:
         run.result = unreachable_host(host.name, str(exc.args[0] if exc.args else exc))
         run.seconds = time.monotonic() - start
