@@ -16,7 +16,7 @@ from pyinfra import host, inventory, logger
 from pyinfra.api import deploy
 from pyinfra.operations import python
 
-from gpufleet import connection, preflight
+from gpufleet import connection, interruption, preflight
 from gpufleet.config import NodeConfig, resolve_power_limits
 from gpufleet.facts import prefetch
 from gpufleet.facts.nvidia import GpuInventory
@@ -88,6 +88,7 @@ def _gpu_stages_after_driver(config: NodeConfig) -> None:
 def gpu_node() -> None:
     prefetch.install(host.state, PREFLIGHT_FACTS)
     connection.install(host.state)  # a host that stops answering fails within ~30 s; the others go on
+    interruption.install(host.state)  # SIGINT/SIGTERM: exit 130/143 naming the hosts mid-change
     config = node_config(host, inventory)
     facts, ok = checked_facts(host, inventory, config)
     if not ok:
