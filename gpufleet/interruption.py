@@ -7,8 +7,7 @@ middle of a MIG mode change looked like a success to a script or CI job — and 
 What: :func:`install` (called by the converge deploy when the first host is prepared, only under the pyinfra
 CLI: a program using pyinfra's API keeps its own signal handling) replaces those handlers. On the first signal
 it prints, to stderr, every host that was executing an operation and the operation's name (the stage; a nested
-operation is shown after its parent), then exits 128 + signal number through ``SystemExit``, so pyinfra still
-disconnects. A second signal exits at once.
+operation is shown after its parent), then exits 128 + signal number at once.
 
 What is left on a host: commands already sent keep running there until they end (SSH gives them no signal);
 the host lock (``gpufleet.operations.lock``) stays held until they have, so a rerun cannot overlap them. Every
@@ -22,6 +21,7 @@ import signal
 import sys
 import weakref
 
+import gevent
 import pyinfra
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -65,20 +65,27 @@ def install(state) -> bool:
     """Register the handlers for ``state``'s run (once); False (nothing done) outside the pyinfra CLI."""
     if not getattr(pyinfra, "is_cli", False) or state in _installed:
         return False
-    _installed[state] = True
     ref = weakref.ref(state)
-    interrupted = []
 
-    def handle(signum, _frame):
-        if interrupted:
-            os._exit(exit_status(signum))  # second signal: no more waiting for disconnects
-        interrupted.append(signum)
+    def handle(signum: int) -> None:
         current = ref()
-        text = report(current, signum) if current is not None else f"gpufleet: interrupted by {signum}"
+        text = report(current, signum) if current is not None else f"gpufleet: interrupted by signal {signum}"
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
         sys.stderr.write(text + "\n")
         sys.stderr.flush()
-        raise SystemExit(exit_status(signum))
+        # Exit now: SystemExit would wait for the commands in flight (the hub keeps their greenlets), which is
+        # what the user interrupted; the kernel closes the SSH connections, the hosts see them end.
+        os._exit(exit_status(signum))
+
+    def tick() -> None:
+        # Python runs a signal handler when the main thread next executes Python code; under gevent, while every
+        # greenlet waits on a remote command, that is only when one of them returns. A ticking greenlet makes it
+        # within a quarter second. (gevent.signal_handler cannot take over SIGINT: pyinfra's CLI has set its own.)
+        while True:
+            gevent.sleep(0.25)
 
     for signum in SIGNALS:
-        signal.signal(signum, handle)
+        signal.signal(signum, lambda signum, _frame: handle(signum))
+    _installed[state] = gevent.spawn(tick)
     return True
