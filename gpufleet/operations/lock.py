@@ -41,17 +41,20 @@ from ._systemd import refuse
 
 HELD = "gpufleet-lock: held"
 BUSY = "gpufleet-lock: busy"
+# A run that has just ended releases its hosts' locks a moment later (its holder sees the connection close): a run
+# started right after it waits that long instead of being refused.
+GRACE_S = 5
 DRAIN_MAX_S = 3600  # a command of a killed run still running after an hour is not waited for any longer
 
 
-def hold_script(info: str, lock_file: str = LOCK_FILE) -> str:
-    """sh: take the lock (or print who holds it and exit 1), hold it until stdin ends and the connection's other
-    processes are gone, then clear the holder and release."""
+def hold_script(info: str, lock_file: str = LOCK_FILE, wait_s: int = GRACE_S) -> str:
+    """sh: take the lock, waiting up to ``wait_s`` seconds (else print who holds it and exit 1), hold it until stdin
+    ends and the connection's other processes are gone, then clear the holder and release."""
     lock_dir, lock_file = shlex.quote(os.path.dirname(lock_file)), shlex.quote(lock_file)
     return f"""set -u
 mkdir -p {lock_dir} || exit 3
 exec 9<>{lock_file}
-if ! flock -n 9; then echo '{BUSY}'; cat {lock_file}; exit 1; fi
+if ! flock -w {int(wait_s)} 9; then echo '{BUSY}'; cat {lock_file}; exit 1; fi
 previous=$(cat {lock_file})
 printf '%s\\nremote_pid=%s\\n' {shlex.quote(info)} "$$" > {lock_file}
 echo '{HELD}'
@@ -125,7 +128,7 @@ def acquire(target, info: str, timeout: float = 30.0) -> Acquired:
     transport = client.get_transport() if client is not None else None
     if transport is not None:
         channel = transport.open_session(timeout=timeout)
-        channel.settimeout(timeout)
+        channel.settimeout(timeout + GRACE_S)
         channel.exec_command(f"sh -c {shlex.quote(script)}")
         reply = _read_reply(channel.makefile("r"))
         channel.settimeout(None)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import subprocess
+import threading
+import time
 
 import pytest
 from pyinfra_harness import run_operation, wrap
@@ -33,19 +35,36 @@ def release(acquired: lock.Acquired, timeout: float = 30) -> None:
 
 
 def test_second_run_is_refused_naming_the_holder_until_the_first_ends(lock_file):
-    first = lock.acquire_local(lock.hold_script(INFO_A, lock_file), NO_SSH)
+    first = lock.acquire_local(lock.hold_script(INFO_A, lock_file, wait_s=0), NO_SSH)
     assert first.held and first.holder == {}
     assert fact(lock_file) == {"held": True, **parse_holder(INFO_A.splitlines()),
                                "remote_pid": str(first.keeper.pid)}
-    second = lock.acquire_local(lock.hold_script(INFO_B, lock_file), NO_SSH)
+    second = lock.acquire_local(lock.hold_script(INFO_B, lock_file, wait_s=0), NO_SSH)
     assert not second.held
     assert describe_holder(second.holder) == ("controller ctl1 pid 111, started 2026-12-03T16:50:01Z, command: "
                                               "pyinfra inv.py deploys/gpu_node.py")
     release(first)
     assert fact(lock_file) == {"held": False}  # released and cleared: not stale
-    third = lock.acquire_local(lock.hold_script(INFO_B, lock_file), NO_SSH)
+    third = lock.acquire_local(lock.hold_script(INFO_B, lock_file, wait_s=0), NO_SSH)
     assert third.held and third.holder == {}
     release(third)
+
+
+def test_a_run_started_as_the_holder_releases_waits_for_it_instead_of_being_refused(lock_file):
+    first = lock.acquire_local(lock.hold_script(INFO_A, lock_file, wait_s=0), NO_SSH)
+    waiting: list[lock.Acquired] = []
+    second = threading.Thread(target=lambda: waiting.append(
+        lock.acquire_local(lock.hold_script(INFO_B, lock_file, wait_s=30), NO_SSH)))
+    second.start()
+    inode = f":{os.stat(lock_file).st_ino}"
+    deadline = time.monotonic() + 30
+    while not any(f[1] == "->" and f[6].endswith(inode) for f in map(str.split, open("/proc/locks"))):
+        assert time.monotonic() < deadline, "the second run never waited on the lock"
+        time.sleep(0.01)  # polling for the event: the second holder blocked in flock
+    release(first)
+    second.join(30)
+    assert waiting and waiting[0].held and waiting[0].holder == {}
+    release(waiting[0])
 
 
 def test_lock_of_a_holder_that_is_gone_is_taken_over_and_named(lock_file):
@@ -54,7 +73,7 @@ def test_lock_of_a_holder_that_is_gone_is_taken_over_and_named(lock_file):
         stale.write(INFO_A + "\nremote_pid=99999\n")
     assert fact(lock_file) == {"held": False, "stale": True, **parse_holder(INFO_A.splitlines()),
                                "remote_pid": "99999"}
-    taken = lock.acquire_local(lock.hold_script(INFO_B, lock_file), NO_SSH)
+    taken = lock.acquire_local(lock.hold_script(INFO_B, lock_file, wait_s=0), NO_SSH)
     assert taken.held
     assert taken.holder == {**parse_holder(INFO_A.splitlines()), "remote_pid": "99999"}
     release(taken)
@@ -63,7 +82,7 @@ def test_lock_of_a_holder_that_is_gone_is_taken_over_and_named(lock_file):
 def test_commands_of_a_killed_run_keep_the_lock_until_they_end(lock_file):
     # the controller is gone (stdin closed) but a command it started on the same SSH connection still runs
     env = {**NO_SSH, "SSH_CONNECTION": f"10.0.0.1 {os.getpid()} 10.0.0.2 22"}
-    held = lock.acquire_local(lock.hold_script(INFO_A, lock_file), env)
+    held = lock.acquire_local(lock.hold_script(INFO_A, lock_file, wait_s=0), env)
     sibling = subprocess.Popen(["sh", "-c", "read line"], stdin=subprocess.PIPE, env=env)
     held.keeper.stdin.close()
     with pytest.raises(subprocess.TimeoutExpired):
