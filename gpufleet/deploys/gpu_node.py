@@ -19,6 +19,7 @@ from pyinfra.operations import python
 from gpufleet import connection, interruption, preflight
 from gpufleet.config import NodeConfig, resolve_power_limits
 from gpufleet.facts import prefetch
+from gpufleet.facts.lock import HostLock
 from gpufleet.facts.nvidia import GpuInventory
 from gpufleet.facts.packages import NvidiaPackages
 from gpufleet.facts.pci import NvidiaPciDevices
@@ -29,7 +30,7 @@ from ._inputs import checked_facts, node_config
 
 GPU_STAGES = ("persistence", "power", "mig", "nccl", "clocks")
 # what preflight.gather_facts reads on every host: prefetched on all hosts when the first one is prepared
-PREFLIGHT_FACTS = (OsInfo, NvidiaPciDevices, SecureBoot, NvidiaPackages, GpuInventory)
+PREFLIGHT_FACTS = (OsInfo, NvidiaPciDevices, SecureBoot, NvidiaPackages, GpuInventory, HostLock)
 
 
 def driver_stage(config: NodeConfig, facts: preflight.HostFacts):
@@ -93,7 +94,8 @@ def gpu_node() -> None:
     facts, ok = checked_facts(host, inventory, config)
     if not ok:
         return  # the run stops once every host is prepared; nothing is planned for a host that failed
-    lock.host_lock(name="gpufleet lock")  # first: a host another gpufleet run is changing is refused untouched
+    # first: a host another gpufleet run is changing is refused untouched
+    lock.host_lock(name="gpufleet lock", seen=host.get_fact(HostLock)["seen"])
     driver_changes = False
     if config.stage_enabled("driver"):
         # will_change: a driver that is installed but not loaded gets no deferred step (which pyinfra would count

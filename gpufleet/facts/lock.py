@@ -14,7 +14,7 @@ from ._sections import join, parse_sections, section
 
 LOCK_DIR = "/run/gpufleet"
 LOCK_FILE = f"{LOCK_DIR}/host.lock"
-HOLDER_KEYS = ("controller", "pid", "started", "command", "remote_pid")
+HOLDER_KEYS = ("controller", "pid", "started", "command", "remote_pid", "generation", "boot_id")
 
 def lock_script(lock_file: str = LOCK_FILE) -> str:
     """sh printing ``held``/``free`` and the lock file's lines; never takes the lock."""
@@ -22,7 +22,8 @@ def lock_script(lock_file: str = LOCK_FILE) -> str:
     return (
         f"if [ -e {path} ]; then ino=$(stat -c %i {path}); "
         "if awk -v ino=\":$ino\" 'substr($6, length($6) - length(ino) + 1) == ino {f = 1} END {exit !f}' "
-        f"/proc/locks; then echo held; else echo free; fi; cat {path}; else echo free; fi"
+        f"/proc/locks; then echo held; else echo free; fi; cat {path}; else echo free; fi; "
+        "echo \"boot_id=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null)\""
     )
 
 
@@ -56,12 +57,13 @@ class HostLock(FactBase):
 
         {"held": True, "controller": "ctl1", "pid": "4242", "started": "2026-12-03T16:50:01Z",
          "command": "pyinfra inventories/sim.py deploys/gpu_node.py", "remote_pid": "812"}
-        {"held": False}     # free (a file naming a holder that is gone: "stale": True and its keys)
+        {"held": False, "seen": ("3f1c…", 7)}  # free; "seen": (boot id, generation: takers since boot)
+        # a file naming a holder that is gone: "held": False, "stale": True and the holder's keys
     """
 
     @staticmethod
     def default():
-        return {"held": False}
+        return {"held": False, "seen": ("", 0)}
 
     def command(self) -> str:
         return join(section("lock", lock_script()))
@@ -69,7 +71,10 @@ class HostLock(FactBase):
     def process(self, output):
         lock = parse_sections(output).get("lock")
         if lock is None or not lock.ok or not lock.lines:
-            return {"held": False}
+            return self.default()
         held = lock.lines[0].strip() == "held"
-        holder = parse_holder(lock.lines[1:])
-        return {"held": held, **({"stale": True} if holder and not held else {}), **holder}
+        found = parse_holder(lock.lines[1:])
+        generation, boot_id = int(found.pop("generation", "0") or 0), found.pop("boot_id", "")
+        holder = {key: value for key, value in found.items() if key in HOLDER_KEYS}
+        stale = bool(holder) and not held
+        return {"held": held, **({"stale": True} if stale else {}), **holder, "seen": (boot_id, generation)}

@@ -47,6 +47,12 @@ GRACE_S = 5
 DRAIN_MAX_S = 3600  # a command of a killed run still running after an hour is not waited for any longer
 
 
+# Every taker of the lock counts up the generation kept in the lock file (it survives the release, not a reboot):
+# a run that finds the generation it read before changing anything knows nobody changed the host in between.
+_NEXT_GENERATION = ('generation=$(printf "%s\\n" "$previous" | sed -n "s/^generation=\\([0-9][0-9]*\\)$/\\1/p"); '
+                    'generation=$(( ${generation:-0} + 1 ))')
+
+
 def hold_script(info: str, lock_file: str = LOCK_FILE, wait_s: int = GRACE_S) -> str:
     """sh: take the lock, waiting up to ``wait_s`` seconds (else print who holds it and exit 1), hold it until stdin
     ends and the connection's other processes are gone, then clear the holder and release."""
@@ -56,9 +62,12 @@ mkdir -p {lock_dir} || exit 3
 exec 9<>{lock_file}
 if ! flock -w {int(wait_s)} 9; then echo '{BUSY}'; cat {lock_file}; exit 1; fi
 previous=$(cat {lock_file})
-printf '%s\\nremote_pid=%s\\n' {shlex.quote(info)} "$$" > {lock_file}
+{_NEXT_GENERATION}
+printf '%s\\nremote_pid=%s\\ngeneration=%s\\n' {shlex.quote(info)} "$$" "$generation" > {lock_file}
 echo '{HELD}'
-[ -n "$previous" ] && printf '%s\\n' "$previous" | sed 's/^/stale /'
+echo "generation=$generation"
+echo "boot_id=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null)"
+printf '%s\\n' "$previous" | grep -v '^generation=' | grep . | sed 's/^/stale /'
 echo '{HELD} end'
 cat >/dev/null
 waited=0
@@ -72,7 +81,7 @@ while [ -n "${{SSH_CONNECTION:-}}" ] && [ "$waited" -lt {DRAIN_MAX_S} ]; do
   [ -z "$others" ] && break
   sleep 1; waited=$((waited + 1))
 done
-: > {lock_file}
+echo "generation=$generation" > {lock_file}
 """
 
 
@@ -97,6 +106,7 @@ def _process_start() -> float:
 class Acquired:
     held: bool
     holder: dict  # the other run's holder (busy) or the stale one taken over ({} if none)
+    seen: tuple[str, int] | None = None  # (boot id, generation) before this run took it; None if not taken
     keeper: object | None = None  # keeps the holding channel/process alive
     error: str | None = None
 
@@ -117,7 +127,9 @@ def _read_reply(lines) -> Acquired:
     if reply == BUSY:
         return Acquired(False, parse_holder(rest))
     stale = [line[len("stale "):] for line in rest if line.startswith("stale ")]
-    return Acquired(True, parse_holder(stale))
+    own = parse_holder([line for line in rest if not line.startswith("stale ")])
+    seen = (own.get("boot_id", ""), int(own.get("generation", "1")) - 1)
+    return Acquired(True, parse_holder(stale), seen=seen)
 
 
 def acquire(target, info: str, timeout: float = 30.0) -> Acquired:
@@ -159,11 +171,13 @@ _keepers: dict[tuple[int, str], object] = {}  # (id(state), host name) -> keeper
 
 
 @operation()
-def host_lock(command: str | None = None):
+def host_lock(command: str | None = None, seen: tuple[str, int] | None = None):
     """
     Take this host's gpufleet lock for the rest of the run; refuse the host if another run holds it.
 
     + command: the command line named in the lock (default: this process's)
+    + seen: ``(boot_id, generation)`` of the lock when this run read the host's facts (``HostLock``); if the lock
+      shows the same when taken, nobody changed the host in between and those reads stay valid
 
     Taken when the run executes (``--dry`` and change detection only read who holds it) and held until the run
     ends (see the module documentation for how). A host locked by another gpufleet run fails with a message naming
@@ -206,15 +220,18 @@ def host_lock(command: str | None = None):
     if result.holder:
         logger.warning(f"{host.print_prefix}took over a stale gpufleet lock ({describe_holder(result.holder)}; "
                        "that run is gone)")
-    prefetch.invalidate(state, target)  # another run may have changed the host since this one read its facts
+    if result.seen != seen:
+        prefetch.invalidate(state, target)  # another run (or a reboot) came between: read the facts again
     host.noop("gpufleet lock taken by this run")
 
 
 def node_lock_command(argv: list[str], what: str, wait_s: int = 600) -> list[str]:
     """``argv`` wrapped to run under the host lock on the node (boot units: ExecStart), naming ``what`` as the
     holder; waits up to ``wait_s`` seconds for a run that holds it."""
-    record = (f'printf "controller=%s\\npid=%s\\nstarted=%s\\ncommand=%s\\n" "$(hostname)" "$$" '
-              f'"$(date -u +%Y-%m-%dT%H:%M:%SZ)" {shlex.quote(what)} > {LOCK_FILE}; "$@"; rc=$?; '
-              f': > {LOCK_FILE}; exit $rc')
-    return ["sh", "-c", f"mkdir -p {LOCK_DIR} && exec flock -w {int(wait_s)} {LOCK_FILE} sh -c "
+    path = shlex.quote(LOCK_FILE)
+    record = (f'previous=$(cat {path}); {_NEXT_GENERATION}; '
+              f'printf "controller=%s\\npid=%s\\nstarted=%s\\ncommand=%s\\ngeneration=%s\\n" "$(hostname)" "$$" '
+              f'"$(date -u +%Y-%m-%dT%H:%M:%SZ)" {shlex.quote(what)} "$generation" > {path}; "$@"; rc=$?; '
+              f'echo "generation=$generation" > {path}; exit $rc')
+    return ["sh", "-c", f"mkdir -p {shlex.quote(LOCK_DIR)} && exec flock -w {int(wait_s)} {path} sh -c "
             f"{shlex.quote(record)} sh \"$@\"", "gpufleet-lock", *argv]

@@ -83,8 +83,9 @@ def gpus(fleet, name: str) -> dict[str, str]:
 
 
 def lock_free(fleet, name: str) -> bool:
-    out = ssh(fleet, name, "if [ -s /run/gpufleet/host.lock ]; then cat /run/gpufleet/host.lock; fi", check=False)
-    return out.returncode == 0 and out.stdout.strip() == ""
+    """Nobody holds the host's lock: its file names no holder (a released lock keeps only its generation)."""
+    out = ssh(fleet, name, "cat /run/gpufleet/host.lock 2>/dev/null; true", check=False)
+    return out.returncode == 0 and "controller=" not in out.stdout
 
 
 def wait_locks_free(fleet, names=(A100, RTX, LOST)) -> None:

@@ -17,6 +17,7 @@ from gpufleet.operations import lock
 INFO_A = "controller=ctl1\npid=111\nstarted=2026-12-03T16:50:01Z\ncommand=pyinfra inv.py deploys/gpu_node.py"
 INFO_B = "controller=ctl2\npid=222\nstarted=2026-12-03T16:51:00Z\ncommand=pyinfra inv.py deploys/gpu_node.py"
 NO_SSH = {k: v for k, v in os.environ.items() if k != "SSH_CONNECTION"}
+BOOT_ID = open("/proc/sys/kernel/random/boot_id").read().strip()
 
 
 @pytest.fixture
@@ -36,18 +37,19 @@ def release(acquired: lock.Acquired, timeout: float = 30) -> None:
 
 def test_second_run_is_refused_naming_the_holder_until_the_first_ends(lock_file):
     first = lock.acquire_local(lock.hold_script(INFO_A, lock_file, wait_s=0), NO_SSH)
-    assert first.held and first.holder == {}
+    assert first.held and first.holder == {} and first.seen == (BOOT_ID, 0)
     assert fact(lock_file) == {"held": True, **parse_holder(INFO_A.splitlines()),
-                               "remote_pid": str(first.keeper.pid)}
+                               "remote_pid": str(first.keeper.pid), "seen": (BOOT_ID, 1)}
     second = lock.acquire_local(lock.hold_script(INFO_B, lock_file, wait_s=0), NO_SSH)
     assert not second.held
     assert describe_holder(second.holder) == ("controller ctl1 pid 111, started 2026-12-03T16:50:01Z, command: "
                                               "pyinfra inv.py deploys/gpu_node.py")
     release(first)
-    assert fact(lock_file) == {"held": False}  # released and cleared: not stale
+    assert fact(lock_file) == {"held": False, "seen": (BOOT_ID, 1)}  # released and cleared: not stale
     third = lock.acquire_local(lock.hold_script(INFO_B, lock_file, wait_s=0), NO_SSH)
-    assert third.held and third.holder == {}
+    assert third.held and third.holder == {} and third.seen == (BOOT_ID, 1)  # one run came after the read
     release(third)
+    assert fact(lock_file)["seen"] == (BOOT_ID, 2)
 
 
 def test_a_run_started_as_the_holder_releases_waits_for_it_instead_of_being_refused(lock_file):
@@ -72,7 +74,7 @@ def test_lock_of_a_holder_that_is_gone_is_taken_over_and_named(lock_file):
     with open(lock_file, "w") as stale:  # a holder killed before it could clear the file; nobody holds flock
         stale.write(INFO_A + "\nremote_pid=99999\n")
     assert fact(lock_file) == {"held": False, "stale": True, **parse_holder(INFO_A.splitlines()),
-                               "remote_pid": "99999"}
+                               "remote_pid": "99999", "seen": (BOOT_ID, 0)}
     taken = lock.acquire_local(lock.hold_script(INFO_B, lock_file, wait_s=0), NO_SSH)
     assert taken.held
     assert taken.holder == {**parse_holder(INFO_A.splitlines()), "remote_pid": "99999"}
@@ -90,7 +92,7 @@ def test_commands_of_a_killed_run_keep_the_lock_until_they_end(lock_file):
     assert fact(lock_file)["held"]
     sibling.communicate(b"done\n", timeout=10)
     held.keeper.wait(10)
-    assert fact(lock_file) == {"held": False}
+    assert fact(lock_file) == {"held": False, "seen": (BOOT_ID, 1)}
 
 
 def test_planning_reads_the_lock_and_changes_nothing():
@@ -111,4 +113,4 @@ def test_node_lock_command_runs_the_command_under_the_lock_naming_itself(lock_fi
     subprocess.run(argv, check=True, timeout=30)
     holder = parse_holder(seen.read_text().splitlines())
     assert holder["command"] == "gpufleet-mig-apply (boot)" and holder["pid"].isdigit()
-    assert fact(lock_file) == {"held": False}
+    assert fact(lock_file) == {"held": False, "seen": (BOOT_ID, 1)}  # counted: a run that read 0 re-reads facts
