@@ -779,6 +779,7 @@ def deploy_verify(state: Any, inventory: Any) -> DeployVerify:
     """The run's :class:`DeployVerify`, created (and every host validated) when the first host is prepared."""
     found = getattr(state, "_gpufleet_deploy_verify", None)
     if found is None:
+        connection.install(state)  # bounded waits: a host dying during the probe fails within ~30 s
         found = DeployVerify(state, inventory)
         state._gpufleet_deploy_verify = found
     return found
