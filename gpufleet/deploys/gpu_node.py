@@ -30,7 +30,7 @@ from ._inputs import checked_facts, node_config
 
 GPU_STAGES = ("persistence", "power", "mig", "nccl", "clocks")
 # what preflight.gather_facts reads on every host: prefetched on all hosts when the first one is prepared
-PREFLIGHT_FACTS = (OsInfo, NvidiaPciDevices, SecureBoot, NvidiaPackages, GpuInventory, HostLock)
+PREFLIGHT_FACTS = (OsInfo, NvidiaPciDevices, SecureBoot, NvidiaPackages, GpuInventory)
 
 
 def driver_stage(config: NodeConfig, facts: preflight.HostFacts):
@@ -87,7 +87,7 @@ def _gpu_stages_after_driver(config: NodeConfig) -> None:
 
 @deploy("gpufleet: GPU node")
 def gpu_node() -> None:
-    prefetch.install(host.state, PREFLIGHT_FACTS)
+    prefetch.install(host.state, (*PREFLIGHT_FACTS, HostLock))  # HostLock: read with them, for the lock's check
     connection.install(host.state)  # a host that stops answering fails within ~30 s; the others go on
     interruption.install(host.state)  # SIGINT/SIGTERM: exit 130/143 naming the hosts mid-change
     config = node_config(host, inventory)
