@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 from pyinfra import host, logger, state
 from pyinfra.api import operation
+from pyinfra.api.exceptions import PyinfraError
 
 from gpufleet.facts import prefetch
 from gpufleet.facts.lock import LOCK_DIR, LOCK_FILE, HostLock, describe_holder, parse_holder
@@ -132,10 +133,10 @@ def _read_reply(lines) -> Acquired:
     return Acquired(True, parse_holder(stale), seen=seen)
 
 
-def acquire(target, info: str, timeout: float = 30.0) -> Acquired:
+def acquire(target, info: str, timeout: float = 30.0, wait_s: int = GRACE_S) -> Acquired:
     """Take ``target``'s lock for as long as this process keeps the returned ``keeper`` (SSH: a channel on the
     host's connection; local connector: a child process)."""
-    script = hold_script(info)
+    script = hold_script(info, wait_s=wait_s)
     client = getattr(target.connector, "client", None)
     transport = client.get_transport() if client is not None else None
     if transport is not None:
@@ -207,7 +208,8 @@ def host_lock(command: str | None = None, seen: tuple[str, int] | None = None):
         return
     target = state.inventory.get_host(host.name)
     try:
-        result = acquire(target, holder_info(command))
+        info = holder_info(command)
+        result = acquire(target, info)
     except Exception as error:  # noqa: BLE001 - a connection that fails now fails this host, not the run
         yield from refuse(f"could not take the gpufleet lock of {host.name}: {type(error).__name__}: {error}")
         return
@@ -217,12 +219,38 @@ def host_lock(command: str | None = None, seen: tuple[str, int] | None = None):
                           else f"{host.name}: {why}")
         return
     _keepers[key] = result.keeper
+    _retake_on_reconnect(target, key, info)
     if result.holder:
         logger.warning(f"{host.print_prefix}took over a stale gpufleet lock ({describe_holder(result.holder)}; "
                        "that run is gone)")
     if result.seen != seen:
         prefetch.invalidate(state, target)  # another run (or a reboot) came between: read the facts again
     host.noop("gpufleet lock taken by this run")
+
+
+class LockLost(PyinfraError):
+    """The host came back from a reboot (or reconnected) locked by another run: this host fails."""
+
+
+def _retake_on_reconnect(target, key: tuple, info: str) -> None:
+    """A reboot within the run (``allow_reboot``) ends the connection and with it the lock: take it again whenever
+    the host is connected anew, before anything else runs there; fail the host if another run has it."""
+    original = target.connect
+    ours = parse_holder(info.splitlines())
+
+    def connect(*args, **kwargs):
+        result = original(*args, **kwargs)
+        if target.connected and key in _keepers:
+            retaken = acquire(target, info, wait_s=0)
+            if retaken.held:
+                _keepers[key] = retaken.keeper
+            elif not (ours.items() <= retaken.holder.items()):  # ours: the old connection still holds it
+                raise LockLost(f"{target.name}: reconnected, and the gpufleet lock is now held by another run "
+                               f"({describe_holder(retaken.holder) if not retaken.error else retaken.error}); "
+                               "nothing more is done on this host")
+        return result
+
+    target.connect = connect
 
 
 def node_lock_command(argv: list[str], what: str, wait_s: int = 600) -> list[str]:

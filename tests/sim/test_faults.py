@@ -308,3 +308,25 @@ def test_repository_without_the_branch_is_refused_before_any_change(fleet):
     assert "offers no nvidia-open-590 of branch 590; allowed: a branch the repository offers (570, 580)" in out, out
     assert "no host was changed" in out, out
     assert before == {name: (fleet.host(name).dir / "hw" / "gpus.state").read_text() for name in (A100, RTX, LOST)}
+
+
+def test_lock_is_taken_again_after_a_reboot_within_the_run(fleet):
+    # the driver is installed but not loaded and reboots are allowed: the driver stage reboots the host, which ends
+    # the connection holding the lock; the rest of the run there must still hold it
+    faults.inject(fleet, RTX, "driver-unloaded")
+    faults.close_gate(fleet.host(RTX), "nvidia-smi", " -pl ")
+    run = start(inventory(fleet, power="55%"), "--data", "gpufleet_allow_reboot=True")
+    try:
+        wait_for(lambda: faults.gate_reached(fleet.host(RTX), "nvidia-smi") or run.poll() is not None,
+                 f"the power stage on {RTX} after its reboot", timeout=300)
+        assert run.poll() is None, run.communicate()[0]
+        holder = ssh(fleet, RTX, "cat /run/gpufleet/host.lock").stdout
+        assert f"pid={run.pid}\n" in holder, holder
+        assert not lock_free(fleet, RTX)
+    finally:
+        faults.open_gate(fleet.host(RTX), "nvidia-smi")
+    out, _ = run.communicate(timeout=300)
+    faults.inject(fleet, RTX, "clear")
+    assert run.returncode == 0, out
+    assert "rebooting: NVIDIA driver 580.95.05 is installed but its kernel module is not loaded" in out, out
+    assert power_at(gpus(fleet, RTX), 55)
