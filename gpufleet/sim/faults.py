@@ -122,7 +122,8 @@ def _gate_paths(host: Host, program: str):
 
 
 def close_gate(host: Host, program: str, match: str, real: str | None = None) -> None:
-    """Stop ``program`` on ``host`` before it runs when its arguments contain ``match``, until :func:`open_gate`."""
+    """Stop ``program`` on ``host`` before it runs when its arguments contain ``match``, until :func:`open_gate`.
+    Only commands of an SSH session (a run) stop: the host's own services (boot units) pass."""
     closed, reached, wrapper = _gate_paths(host, program)
     real = real or f"/usr/bin/{program}"
     inside = f"{HW_MOUNT}/{closed.name}", f"{HW_MOUNT}/{reached.name}"
@@ -130,7 +131,7 @@ def close_gate(host: Host, program: str, match: str, real: str | None = None) ->
     reached.unlink(missing_ok=True)
     wrapper.write_text(
         "#!/bin/sh\n# gpufleet sim gate (test harness): wait here while the gate is closed\n"
-        f"case \" $* \" in *{shlex.quote(match)}*)\n"
+        f"case \"${{SSH_CONNECTION:+ssh}} $* \" in \"ssh \"*{shlex.quote(match)}*)\n"
         f"  touch {inside[1]}\n"
         f"  while [ -e {inside[0]} ]; do sleep 0.1; done;;\n"
         "esac\n"

@@ -69,12 +69,12 @@ def changed_hosts(out: str) -> set[str]:
     return set(re.findall(r"\[(node\d+)\] (?:nested )?Success", out))
 
 
-def wait_for(condition, what: str, timeout: float = 120) -> float:
+def wait_for(condition, what: str, timeout: float = 120, every: float = 0.05) -> float:
     """Wait for an event (polled); return when it happened (time.monotonic())."""
     deadline = time.monotonic() + timeout
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
+        time.sleep(every)
     return time.monotonic()
 
 
@@ -90,7 +90,8 @@ def lock_free(fleet, name: str) -> bool:
 
 def wait_locks_free(fleet, names=(A100, RTX, LOST)) -> None:
     for name in names:
-        wait_for(lambda name=name: lock_free(fleet, name), f"{name}'s lock to be released", timeout=300)
+        # polled over SSH: not faster than sshd accepts new connections from one client
+        wait_for(lambda name=name: lock_free(fleet, name), f"{name}'s lock to be released", timeout=300, every=0.5)
 
 
 def power_at(state: dict[str, str], percent: float) -> bool:
@@ -315,13 +316,15 @@ def test_lock_is_taken_again_after_a_reboot_within_the_run(fleet):
     # the connection holding the lock; the rest of the run there must still hold it
     faults.inject(fleet, RTX, "driver-unloaded")
     faults.close_gate(fleet.host(RTX), "nvidia-smi", " -pl ")
-    run = start(inventory(fleet, power="55%"), "--data", "gpufleet_allow_reboot=True")
+    run = start(inventory(fleet, power="55%"), "-v", "--data", "gpufleet_allow_reboot=True")
     try:
         wait_for(lambda: faults.gate_reached(fleet.host(RTX), "nvidia-smi") or run.poll() is not None,
                  f"the power stage on {RTX} after its reboot", timeout=300)
         assert run.poll() is None, run.communicate()[0]
-        holder = ssh(fleet, RTX, "cat /run/gpufleet/host.lock").stdout
-        assert f"pid={run.pid}\n" in holder, holder
+        holder = ssh(fleet, RTX, "cat /run/gpufleet/host.lock; uptime", check=False)
+        if f"pid={run.pid}\n" not in holder.stdout:
+            run.kill()
+            pytest.fail(f"{holder.stdout}{holder.stderr}\n{run.communicate()[0]}")
         assert not lock_free(fleet, RTX)
     finally:
         faults.open_gate(fleet.host(RTX), "nvidia-smi")
