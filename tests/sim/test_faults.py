@@ -27,6 +27,8 @@ A100, RTX, LOST = "node01", "node02", "node03"  # node03: the second A100
 DEPLOY = REPO / "deploys" / "gpu_node.py"
 MIG_ON = [{"devices": "all", "mig-enabled": True, "mig-devices": {"3g.20gb": 2}}]
 MIG_OFF = [{"devices": "all", "mig-enabled": False}]
+_started: list[subprocess.Popen] = []  # every run a test starts: none may outlive the module (it would keep
+# reconnecting to the addresses the next fleet gets)
 
 
 @pytest.fixture(scope="module")
@@ -34,6 +36,10 @@ def fleet(tmp_path_factory):
     fleet = bring_up(tmp_path_factory, ["a100-40gb-1", "rtx4090-1", "a100-40gb-1"])
     fleet.dir = fleet.inventory.parent
     yield fleet
+    for run in _started:
+        if run.poll() is None:
+            run.kill()
+            run.wait(30)
     for host in fleet.hosts:
         for program in ("apt-get", "nvidia-smi", "python3"):
             faults.open_gate(host, program)
@@ -52,8 +58,10 @@ def inventory(fleet, power: str = "80%", mig=MIG_ON) -> str:
 
 
 def start(inv: str, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen([str(BIN / "pyinfra"), "-y", *extra, inv, str(DEPLOY)], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    run = subprocess.Popen([str(BIN / "pyinfra"), "-y", *extra, inv, str(DEPLOY)], cwd=REPO,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    _started.append(run)
+    return run
 
 
 def converge(inv: str, *extra: str, expect_rc: int | None = 0) -> tuple[int, str]:
@@ -269,6 +277,7 @@ def test_verify_with_a_host_lost_during_the_probe_finishes_for_the_others(fleet,
     faults.close_gate(fleet.host(LOST), "python3", "probe")
     run = subprocess.Popen([str(BIN / "gpufleet"), "verify", inventory(fleet, power="65%"), "--out", str(tmp_path)],
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
+    _started.append(run)
     try:
         wait_for(lambda: faults.gate_reached(fleet.host(LOST), "python3") or run.poll() is not None,
                  f"the probe on {LOST}", timeout=300)
@@ -316,7 +325,7 @@ def test_lock_is_taken_again_after_a_reboot_within_the_run(fleet):
     # the connection holding the lock; the rest of the run there must still hold it
     faults.inject(fleet, RTX, "driver-unloaded")
     faults.close_gate(fleet.host(RTX), "nvidia-smi", " -pl ")
-    run = start(inventory(fleet, power="55%"), "-v", "--data", "gpufleet_allow_reboot=True")
+    run = start(inventory(fleet, power="55%"), "--data", "gpufleet_allow_reboot=True")
     try:
         wait_for(lambda: faults.gate_reached(fleet.host(RTX), "nvidia-smi") or run.poll() is not None,
                  f"the power stage on {RTX} after its reboot", timeout=300)
