@@ -949,6 +949,10 @@ def register_namespace(prefix: str) -> None:
 register_namespace("gpufleet_verify_")
 register_namespace("gpufleet_monitoring_")  # gpufleet/monitoring/config.py validates them (deploys/monitoring.py)
 
+# SSH bounds (connect timeout, keepalive, dead-peer detection) of every gpufleet run: gpufleet/connection.py
+# validates the gpufleet_ssh_* keys (it is used by the converge and by verify alike).
+register_namespace("gpufleet_ssh_")
+
 
 def _is_ours(key: Any) -> bool:
     if not isinstance(key, str) or not key.startswith(KEY_PREFIX):

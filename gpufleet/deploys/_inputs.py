@@ -17,6 +17,7 @@ from pyinfra.api.exceptions import PyinfraError
 
 from gpufleet import preflight
 from gpufleet.config import ConfigErrors, NodeConfig, validate_inventory
+from gpufleet.preflight_repository import check_driver_repository
 
 
 class InputError(PyinfraError):
@@ -46,6 +47,7 @@ def checked_facts(host, inventory, config: NodeConfig) -> tuple[preflight.HostFa
     facts = preflight.gather_facts(host)
     results = _prepared.setdefault(id(inventory), {})
     results[host.name] = preflight.run_preflight(host.name, config, facts)
+    results[host.name].errors.extend(check_driver_repository(host, config, facts))
     for warning in results[host.name].warnings:
         logger.warning(warning)
     activated = {h.name for h in inventory.iter_activated_hosts()}

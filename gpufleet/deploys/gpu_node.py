@@ -17,15 +17,16 @@ from pyinfra import host, inventory, logger
 from pyinfra.api import deploy, operation
 from pyinfra.operations import python
 
-from gpufleet import preflight
+from gpufleet import connection, interruption, preflight
 from gpufleet.config import NodeConfig
 from gpufleet.facts import prefetch
 from gpufleet.facts.exporters import AptCandidate
+from gpufleet.facts.lock import HostLock
 from gpufleet.facts.nvidia import GpuInventory
 from gpufleet.facts.packages import NvidiaPackages
 from gpufleet.facts.pci import NvidiaPciDevices
 from gpufleet.facts.system import OsInfo, SecureBoot
-from gpufleet.operations import clocks, driver, exporters, mig, nccl, persistence, power
+from gpufleet.operations import clocks, driver, exporters, lock, mig, nccl, persistence, power
 from gpufleet.operations._systemd import refuse
 from gpufleet.plan import NodePlan, gpus_from_facts
 
@@ -36,9 +37,9 @@ GPU_STAGES = ("persistence", "power", "mig", "nccl", "clocks")
 PREFLIGHT_FACTS = (OsInfo, NvidiaPciDevices, SecureBoot, NvidiaPackages, GpuInventory)
 
 
-def driver_stage(config: NodeConfig, facts: preflight.HostFacts) -> None:
+def driver_stage(config: NodeConfig, facts: preflight.HostFacts):
     models = [gpu.model for gpu in preflight.host_gpus(facts)]
-    driver.nvidia_driver(
+    return driver.nvidia_driver(
         name=f"NVIDIA driver {config.driver.branch}",
         branch=config.driver.branch,
         flavour=preflight.choose_kernel_flavour(config.driver.flavour, models),
@@ -118,21 +119,24 @@ def _gpu_stages_after_driver(config: NodeConfig) -> None:
 
 @deploy("gpufleet: GPU node")
 def gpu_node() -> None:
-    prefetch.install(host.state, PREFLIGHT_FACTS)
+    prefetch.install(host.state, (*PREFLIGHT_FACTS, HostLock))  # HostLock: read with them, for the lock's check
+    connection.install(host.state)  # a host that stops answering fails within ~30 s; the others go on
+    interruption.install(host.state)  # SIGINT/SIGTERM: exit 130/143 naming the hosts mid-change
     config = node_config(host, inventory)
     facts, ok = checked_facts(host, inventory, config)
     if not ok:
         return  # the run stops once every host is prepared; nothing is planned for a host that failed
+    # first: a host another gpufleet run is changing is refused untouched
+    lock.host_lock(name="gpufleet lock", seen=host.get_fact(HostLock)["seen"])
+    driver_changes = False
     if config.stage_enabled("driver"):
-        driver_stage(config, facts)
+        # will_change: a driver that is installed but not loaded gets no deferred step (which pyinfra would count
+        # as a change although nothing changes); the GPU stages are planned now and say why they wait
+        driver_changes = driver_stage(config, facts).will_change
     found = facts.gpu_inventory or {}
-    # A driver installed but not loaded (or of another version than the one loaded) answers only after a
-    # reboot: unless this run may reboot, planning after the driver stage would find the same, and only report a
-    # change that is none. Plan now (the GPU settings are skipped with a warning).
-    answers_after_reboot = found.get("status") in ("driver_not_loaded", "version_mismatch")
     if not any(config.stage_enabled(stage) for stage in GPU_STAGES):
         pass  # no GPU setting managed on this host
-    elif found.get("gpus") or not config.stage_enabled("driver") or (answers_after_reboot and not config.allow_reboot):
+    elif found.get("gpus") or not driver_changes:
         gpu_stages(config, found)
     else:
         python.call(name="GPU settings (planned once the driver answers)", function=_gpu_stages_after_driver,

@@ -14,7 +14,7 @@ import shlex
 from urllib.parse import urlparse
 
 from pyinfra import host, logger, state
-from pyinfra.api import FactBase, OperationError, OperationValueError, operation
+from pyinfra.api import FactBase, OperationValueError, operation
 from pyinfra.facts.apt import noninteractive_apt
 from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.dnf import DnfEnabledModules
@@ -27,6 +27,7 @@ from gpufleet.facts.packages import PackageHolds
 from gpufleet.facts.systemd import UnitStates, unknown_unit
 
 from . import _packaging as pkg
+from ._systemd import refuse
 
 KEYRING_DIR = "/etc/apt/keyrings"
 KEYRING_NAME = "gpufleet-nvidia"
@@ -183,11 +184,15 @@ def _put(dest: str, content: str):
     return bool(commands)
 
 
+class _HostProblem(Exception):
+    """A host-state problem found while planning: the operation ``refuse()``s the host with its message."""
+
+
 def _resolve_repository(repo_url: str | None, keyring_url: str | None, distro: dict, fam: str):
     if repo_url is None:
         repo_url = pkg.nvidia_repo_url(distro, host.get_fact(Arch))
         if repo_url is None:
-            raise OperationError(
+            raise _HostProblem(
                 f"no NVIDIA repository is known for {distro.get('name')} {distro.get('major')}: set repo_url"
             )
     _check_url("repo_url", repo_url)
@@ -200,7 +205,7 @@ def _resolve_repository(repo_url: str | None, keyring_url: str | None, distro: d
 def _family(distro: dict) -> str:
     fam = pkg.family(distro)
     if fam is None:
-        raise OperationError(
+        raise _HostProblem(
             f"unsupported distribution {distro.get('name')!r}: the NVIDIA driver operations support "
             "Debian/Ubuntu (apt) and RHEL-family 9 (dnf)"
         )
@@ -274,8 +279,12 @@ def nvidia_repository(repo_url: str | None = None, keyring_url: str | None = Non
         )
     """
     distro = host.get_fact(LinuxDistribution)
-    fam = _family(distro)
-    repo_url, keyring_url = _resolve_repository(repo_url, keyring_url, distro, fam)
+    try:
+        fam = _family(distro)
+        repo_url, keyring_url = _resolve_repository(repo_url, keyring_url, distro, fam)
+    except _HostProblem as problem:
+        yield from refuse(str(problem))
+        return
     if fam == pkg.APT:
         if (yield from _apt_repository(repo_url, keyring_url, keyring_sha256)):
             yield "apt-get update"
@@ -371,7 +380,8 @@ def _dnf_headers():
 
 
 def _apt_packages(branch: str, flavour: str, style: str, nvswitch: bool, repo_url: str, lists_updated: bool):
-    """Driver (and fabric manager) of the branch installed and held; returns (driver version, fm changed)."""
+    """Driver (and fabric manager) of the branch installed and held; returns (driver version, fm changed), or
+    None when the host was refused (nothing installable)."""
     driver = pkg.driver_package(branch, flavour, style)
     fabricmanager = pkg.fabricmanager_package(branch)
     installed = host.get_fact(DebPackages)
@@ -406,10 +416,11 @@ def _apt_packages(branch: str, flavour: str, style: str, nvswitch: bool, repo_ur
     if need_driver:
         driver_version = (policy.get(driver) or {}).get("candidate")
         if not driver_version:
-            raise OperationError(
+            yield from refuse(
                 f"{driver}: no installable version of driver branch {branch} in the configured repositories "
                 f"(repository {repo_url}); check that the repository or mirror carries branch {branch}"
             )
+            return None
         specs.append(f"{driver}={driver_version}")
     if need_fm:
         want = pkg.upstream_version(driver_version)
@@ -419,10 +430,11 @@ def _apt_packages(branch: str, flavour: str, style: str, nvswitch: bool, repo_ur
             if entry["priority"] >= 0 and pkg.upstream_version(entry["version"]) == want
         ]
         if not matching:
-            raise OperationError(
+            yield from refuse(
                 f"{fabricmanager}: the configured repositories have no version {want}; the fabric manager "
                 f"must be exactly the driver's version (repository {repo_url})"
             )
+            return None
         specs.append(f"{fabricmanager}={matching[0]}")
     specs += [f"{name}-" for name in obsolete]  # apt-get install's "remove this" suffix: one transaction
     yield noninteractive_apt(f"install --allow-downgrades --allow-change-held-packages {_quote_all(specs)}")
@@ -633,8 +645,12 @@ def nvidia_driver(
         raise OperationValueError(f"packages_style {packages_style!r}: expected one of {', '.join(pkg.STYLES)}")
 
     distro = host.get_fact(LinuxDistribution)
-    fam = _family(distro)
-    repo_url, keyring_url = _resolve_repository(repo_url, keyring_url, distro, fam)
+    try:
+        fam = _family(distro)
+        repo_url, keyring_url = _resolve_repository(repo_url, keyring_url, distro, fam)
+    except _HostProblem as problem:
+        yield from refuse(str(problem))
+        return
 
     if fam == pkg.APT:
         repo_changed = yield from _apt_repository(repo_url, keyring_url, keyring_sha256)
@@ -646,9 +662,10 @@ def nvidia_driver(
         if kernel_headers:
             lists_updated = yield from _apt_headers(lists_updated)
         style = packages_style or pkg.default_style(distro)
-        driver_version, fm_changed = yield from _apt_packages(
-            branch, flavour, style, nvswitch, repo_url, lists_updated=lists_updated
-        )
+        packages = yield from _apt_packages(branch, flavour, style, nvswitch, repo_url, lists_updated=lists_updated)
+        if packages is None:
+            return
+        driver_version, fm_changed = packages
     else:
         yield from _dnf_repository(repo_url, keyring_url)
         yield from _nouveau_blacklist()

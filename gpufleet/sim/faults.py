@@ -7,9 +7,12 @@ the host's network link.
 
 from __future__ import annotations
 
+import shlex
+
 from . import network
 from .gpu import state as gpu_state
 from .hosts import Fleet, Host, SimError, run_on
+from .hosts_paths import HW_MOUNT
 
 THERMAL_BITS = 0x20 | 0x40  # SW thermal slowdown + HW thermal slowdown
 OVERHEAT_C = 92
@@ -102,3 +105,45 @@ def _clear(fleet: Fleet, host: Host, path: str) -> str:
     units = [BUSY_UNIT.format(gpu=i) + ".service" for i in range(count)]
     run_on(host, ["systemctl", "stop", *units], timeout=30)
     return f"{host.name}: faults cleared"
+
+
+# ------------------------------------------------------------------------------------------------ gates
+# A gate makes one program on a host stop, before it runs, when its arguments contain a given text, until the gate
+# is opened: a deterministic point in a run (a driver install, a MIG mode change, a power limit change) at which
+# tests inject a fault or a signal, waiting on `gate_reached` instead of sleeping. The wrapper shadows the program
+# in /usr/local/sbin (first on root's PATH); its markers live in the host's hardware directory, which the
+# controller sees even while the host's network is down.
+GATE_BIN = "usr/local/sbin"
+
+
+def _gate_paths(host: Host, program: str):
+    hw = host.dir / "hw"
+    return hw / f"gate.{program}.closed", hw / f"gate.{program}.reached", host.dir / "root" / GATE_BIN / program
+
+
+def close_gate(host: Host, program: str, match: str, real: str | None = None) -> None:
+    """Stop ``program`` on ``host`` before it runs when its arguments contain ``match``, until :func:`open_gate`.
+    Only commands of an SSH session (a run) stop: the host's own services (boot units) pass."""
+    closed, reached, wrapper = _gate_paths(host, program)
+    real = real or f"/usr/bin/{program}"
+    inside = f"{HW_MOUNT}/{closed.name}", f"{HW_MOUNT}/{reached.name}"
+    closed.touch()
+    reached.unlink(missing_ok=True)
+    wrapper.write_text(
+        "#!/bin/sh\n# gpufleet sim gate (test harness): wait here while the gate is closed\n"
+        f"case \"${{SSH_CONNECTION:+ssh}} $* \" in \"ssh \"*{shlex.quote(match)}*)\n"
+        f"  touch {inside[1]}\n"
+        f"  while [ -e {inside[0]} ]; do sleep 0.1; done;;\n"
+        "esac\n"
+        f"exec {shlex.quote(real)} \"$@\"\n")
+    wrapper.chmod(0o755)
+
+
+def gate_reached(host: Host, program: str) -> bool:
+    return _gate_paths(host, program)[1].exists()
+
+
+def open_gate(host: Host, program: str) -> None:
+    closed, reached, wrapper = _gate_paths(host, program)
+    wrapper.unlink(missing_ok=True)
+    closed.unlink(missing_ok=True)

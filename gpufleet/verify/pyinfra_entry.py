@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpufleet import connection
 from gpufleet.config import ConfigErrors, validate_pyinfra_inventory
 from gpufleet.report import render_prometheus, write_reports
 
@@ -138,6 +139,7 @@ def deploy_verify(state: Any, inventory: Any) -> DeployVerify:
     """The run's :class:`DeployVerify`, created (and every host validated) when the first host is prepared."""
     found = getattr(state, "_gpufleet_deploy_verify", None)
     if found is None:
+        connection.install(state)  # bounded waits: a host dying during the probe fails within ~30 s
         found = DeployVerify(state, inventory)
         state._gpufleet_deploy_verify = found
     return found

@@ -42,6 +42,7 @@ from pyinfra.context import ctx_config, ctx_inventory, ctx_state
 from pyinfra_cli.inventory import make_inventory
 from pyinfra_cli.util import exec_file
 
+from gpufleet import connection
 from gpufleet.config import ConfigErrors, NodeConfig, validate_pyinfra_inventory
 from gpufleet.report import REPORT_FILES, render_prometheus, write_reports
 
@@ -180,7 +181,7 @@ def verify_host(host: Any, config: NodeConfig, settings: VerifySettings, bundle:
     start = time.monotonic()
     run = HostRun(name=host.name, result=unreachable_host(host.name, "not contacted"))
     try:
-        host.connect(show_errors=False, raise_exceptions=True)
+        connection.connect(host, show_errors=False, raise_exceptions=True)  # bounded: a dying host fails in ~30 s
     except ConnectError as exc:
         run.result = unreachable_host(host.name, str(exc.args[0] if exc.args else exc))
         run.seconds = time.monotonic() - start

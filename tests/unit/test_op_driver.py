@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 
 import pytest
-from pyinfra.api import OperationError, OperationValueError
+from pyinfra.api import OperationError, OperationValueError, State
 from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.dnf import DnfEnabledModules
 from pyinfra.facts.files import Directory, File, Sha1File
@@ -364,6 +364,27 @@ def test_fabric_manager_missing_in_the_repository_at_the_drivers_version_fails_c
 def test_branch_missing_from_the_repository_fails_clearly():
     with pytest.raises(OperationError, match=r"nvidia-open-580: no installable version of driver branch 580"):
         run(apt_facts(extra={driver._AptCachePolicy: lambda packages: {}}))
+
+
+def test_branch_missing_while_executing_fails_only_this_host(monkeypatch):
+    # issue 7: an exception at execute time stops every host (-y); the host is refused, the others go on
+    monkeypatch.setattr(State, "is_executing", True)
+    commands, _ = run(apt_facts(extra={driver._AptCachePolicy: lambda packages: {}}))
+    assert commands[-1] == (
+        "echo 'gpufleet: error: nvidia-open-580: no installable version of driver branch 580 in the configured "
+        f"repositories (repository {REPO}); check that the repository or mirror carries branch 580' >&2; exit 1"
+    )
+    assert not any("apt-mark hold" in command or "install --allow" in command for command in commands)
+
+
+def test_unsupported_distribution_while_executing_fails_only_this_host(monkeypatch):
+    monkeypatch.setattr(State, "is_executing", True)
+    commands, _ = run(apt_facts(extra={LinuxDistribution: {"name": "Alpine", "major": 3,
+                                                           "release_meta": {"ID": "alpine"}}}))
+    assert commands == [
+        "echo 'gpufleet: error: unsupported distribution '\"'\"'Alpine'\"'\"': the NVIDIA driver operations support "
+        "Debian/Ubuntu (apt) and RHEL-family 9 (dnf)' >&2; exit 1"
+    ]
 
 
 def test_headers_unavailable_are_reported_not_failed():

@@ -1,0 +1,91 @@
+"""Preflight of the driver repository: before any host is changed, the repository the driver stage would install
+from answers (from the node) and offers the configured branch — and, on NVSwitch systems, the fabric manager of
+exactly the version the driver would get. So ``pyinfra -y`` never installs a driver on one host and then stops
+on another for a repository problem, leaving a driver without its GPU settings.
+
+Asked only where the driver stage has something to install (the branch's driver package, or the fabric
+manager, is missing): a converged node costs no extra round trip. apt systems only; on dnf systems the driver
+operation refuses the host (``refuse()``) if the module stream cannot be installed.
+"""
+
+from __future__ import annotations
+
+import re
+
+from pyinfra.facts.server import Arch, LinuxDistribution
+
+from gpufleet import preflight
+from gpufleet.config import NodeConfig
+from gpufleet.facts.repository import AptRepositoryIndex
+from gpufleet.operations import _packaging as pkg
+
+
+def _version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", pkg.upstream_version(version) or ""))
+
+
+def branch_versions(offered: dict[str, list[str]], package: str, branch: str) -> list[str]:
+    """The versions of ``package`` of driver ``branch`` in the index, highest (apt's candidate) first."""
+    versions = [v for v in offered.get(package, []) if (pkg.upstream_version(v) or "").startswith(f"{branch}.")]
+    return sorted(versions, key=_version_key, reverse=True)
+
+
+def _installed(facts: preflight.HostFacts, name: str) -> str | None:
+    entry = ((facts.packages or {}).get("packages") or {}).get(name) or {}
+    return entry.get("version") if entry.get("installed") else None
+
+
+def check_driver_repository(host, config: NodeConfig, facts: preflight.HostFacts) -> list[preflight.PreflightError]:
+    """The repository errors of this host (``host``: the pyinfra host, whose facts are read when needed)."""
+    if not config.stage_enabled("driver"):
+        return []
+    distro = host.get_fact(LinuxDistribution)
+    if pkg.family(distro) != pkg.APT:
+        return []
+    branch = config.driver.branch
+    models = [gpu.model for gpu in preflight.host_gpus(facts)]
+    flavour = preflight.choose_kernel_flavour(config.driver.flavour, models)
+    driver = pkg.driver_package(branch, flavour, config.driver.packages_style or pkg.default_style(distro))
+    fabricmanager = pkg.fabricmanager_package(branch)
+    nvswitch = bool((facts.pci or {}).get("nvswitch_present"))
+    driver_installed = _installed(facts, driver)
+    fm_installed = _installed(facts, fabricmanager)
+    if driver_installed and (not nvswitch or (
+            fm_installed and pkg.upstream_version(fm_installed) == pkg.upstream_version(driver_installed))):
+        return []  # nothing to install: the repository is not needed by this run
+
+    url = config.driver.repo_url or pkg.nvidia_repo_url(distro, host.get_fact(Arch))
+    if url is None:
+        return []  # no default repository for this OS: the OS check of preflight reports it
+    key = "gpufleet_driver_repo_url" if config.driver.repo_url else "gpufleet_driver_branch"
+    value = url if config.driver.repo_url else branch
+    index = host.get_fact(AptRepositoryIndex, url=url)
+    if index.get("error"):
+        return [preflight.PreflightError(
+            host.name, key, value, "a repository this node can download from (NVIDIA's or a mirror)",
+            f"the driver repository {url} does not answer from the node: {index['error']}")]
+    offered = index.get("packages") or {}
+    errors = []
+    driver_versions = [driver_installed] if driver_installed else branch_versions(offered, driver, branch)
+    if not driver_versions:
+        errors.append(preflight.PreflightError(
+            host.name, "gpufleet_driver_branch", branch,
+            f"a branch the repository offers ({', '.join(_offered_branches(offered, driver, branch)) or 'none'})",
+            f"the driver repository {url} offers no {driver} of branch {branch}"))
+    elif nvswitch and not (fm_installed and pkg.upstream_version(fm_installed)
+                           == pkg.upstream_version(driver_versions[0])):
+        want = pkg.upstream_version(driver_versions[0])
+        if not any(pkg.upstream_version(v) == want for v in offered.get(fabricmanager, [])):
+            errors.append(preflight.PreflightError(
+                host.name, "gpufleet_driver_branch", branch,
+                f"a repository with {fabricmanager} {want} (the fabric manager must be exactly the driver's version)",
+                f"the driver repository {url} offers {driver} {want} but no {fabricmanager} of that version "
+                "(NVSwitch system)"))
+    return errors
+
+
+def _offered_branches(offered: dict[str, list[str]], driver: str, branch: str) -> list[str]:
+    """Branches offered under the same package naming (``nvidia-open-570`` for ``nvidia-open-580``)."""
+    stem = driver.replace(branch, "{}", 1)
+    pattern = re.compile("^" + re.escape(stem).replace(r"\{\}", "([0-9]+)") + "$")
+    return sorted({m.group(1) for name in offered if (m := pattern.match(name)) and offered[name]})

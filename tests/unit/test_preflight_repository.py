@@ -1,0 +1,93 @@
+"""Preflight of the driver repository (issue 7 item 3): the repository answers from the node and offers the branch
+(and the fabric manager of the driver's exact version on NVSwitch systems), asked only when something is to be
+installed."""
+
+from __future__ import annotations
+
+from pyinfra.facts.server import Arch, LinuxDistribution
+from pyinfra_harness import FakeHost, wrap
+from test_preflight import hgx_h100_no_driver, rtx4090_no_driver
+
+from gpufleet.config import load_node_config
+from gpufleet.facts.repository import AptRepositoryIndex, parse_index
+from gpufleet.preflight import HostFacts
+from gpufleet.preflight_repository import branch_versions, check_driver_repository
+
+URL = "http://10.77.23.1:8731/"
+DEBIAN = {"name": "Debian", "major": 12, "release_meta": {"ID": "debian", "VERSION_ID": "12"}}
+# the simulator's repository index as apt-helper fetched it on a simulated host (Package/Version lines)
+SIM_INDEX = """\
+Package: cuda-drivers-570
+Version: 570.172.08-1
+Package: cuda-drivers-580
+Version: 580.95.05-1
+Package: nvidia-fabricmanager-570
+Version: 570.172.08-1
+Package: nvidia-fabricmanager-580
+Version: 580.95.05-1
+Package: nvidia-open-570
+Version: 570.172.08-1
+Package: nvidia-open-580
+Version: 580.95.05-1
+"""
+
+
+def index(text: str = SIM_INDEX, rc: int = 0) -> dict:
+    return AptRepositoryIndex().process(wrap("index", text, rc=rc))
+
+
+def check(facts: HostFacts, repo: dict, **data) -> tuple[list[str], FakeHost]:
+    config = load_node_config("node01", {"gpufleet_driver_repo_url": URL, **data})
+    host = FakeHost("node01", {LinuxDistribution: DEBIAN, Arch: "x86_64",
+                               (AptRepositoryIndex, frozenset({"url": URL}.items())): repo})
+    return [e.message for e in check_driver_repository(host, config, facts)], host
+
+
+def test_index_lines_parse_to_versions_per_package():
+    assert parse_index(SIM_INDEX.splitlines())["nvidia-open-580"] == ["580.95.05-1"]
+    assert branch_versions({"nvidia-open-580": ["580.65.06-1", "580.95.05-1", "570.1-1"]}, "nvidia-open-580",
+                           "580") == ["580.95.05-1", "580.65.06-1"]
+
+
+def test_repository_offering_the_branch_and_fabric_manager_passes():
+    assert check(hgx_h100_no_driver(), index())[0] == []
+
+
+def test_repository_that_does_not_answer_is_an_error_naming_the_url():
+    failed = index("E: Failed to fetch http://10.77.23.1:8731/Packages  Could not connect to 10.77.23.1:8731", rc=100)
+    assert check(rtx4090_no_driver(), failed)[0] == [
+        f"node01: gpufleet_driver_repo_url={URL!r}: the driver repository {URL} does not answer from the node: "
+        "E: Failed to fetch http://10.77.23.1:8731/Packages  Could not connect to 10.77.23.1:8731; allowed: a "
+        "repository this node can download from (NVIDIA's or a mirror)"]
+
+
+def test_branch_not_offered_names_the_branches_that_are():
+    assert check(rtx4090_no_driver(), index(), gpufleet_driver_branch="590")[0] == [
+        f"node01: gpufleet_driver_branch='590': the driver repository {URL} offers no nvidia-open-590 of branch 590; "
+        "allowed: a branch the repository offers (570, 580)"]
+
+
+def test_nvswitch_system_needs_the_fabric_manager_of_the_drivers_version():
+    text = SIM_INDEX.replace("nvidia-fabricmanager-580\nVersion: 580.95.05-1", "nvidia-fabricmanager-580\nVersion: "
+                             "580.65.06-1")
+    assert check(hgx_h100_no_driver(), index(text))[0] == [
+        "node01: gpufleet_driver_branch='580': the driver repository http://10.77.23.1:8731/ offers nvidia-open-580 "
+        "580.95.05 but no nvidia-fabricmanager-580 of that version (NVSwitch system); allowed: a repository with "
+        "nvidia-fabricmanager-580 580.95.05 (the fabric manager must be exactly the driver's version)"]
+    assert check(rtx4090_no_driver(), index(text))[0] == []  # no NVSwitch: no fabric manager
+
+
+def test_installed_driver_needs_no_repository_round_trip():
+    installed = {"manager": "dpkg", "packages": {"nvidia-open-580": {"version": "580.95.05-1", "status": "hi ",
+                                                                     "installed": True, "held": True}},
+                 "held": ["nvidia-open-580"], "error": None}
+    facts = HostFacts(os=rtx4090_no_driver().os, pci=rtx4090_no_driver().pci, packages=installed)
+    errors, host = check(facts, index("E: unreachable", rc=100))
+    assert errors == []
+    assert not any(isinstance(call, tuple) and call[0] is AptRepositoryIndex for call in host.fact_calls)
+
+
+def test_driver_stage_off_reads_nothing():
+    errors, host = check(rtx4090_no_driver(), index("E: unreachable", rc=100),
+                         gpufleet_stages=["persistence", "power"])
+    assert errors == [] and host.fact_calls == []
