@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpufleet import config
+from gpufleet import config, connection
 from gpufleet.monitoring import config as monitoring_config
 from gpufleet.verify import settings as verify_settings
 
@@ -115,6 +115,14 @@ _DOCS: dict[str, tuple[str, str, str, str, str | None]] = {
     "gpufleet_exporters_textfile_dir": ("absolute directory path", "exporters, verify", None,
                                         '"/var/lib/node_exporter/textfile_collector"', None),
     "gpufleet_exporters_gpu_count": ("int 1..64", "exporters, monitoring", None, "8", None),
+    # SSH bounds (gpufleet.connection): the type is its SETTINGS' allowed text (None here)
+    "gpufleet_ssh_connect_timeout": (None, "all, verify", "TCP connect, SSH banner and authentication timeout", "5",
+                                     None),
+    "gpufleet_ssh_keepalive_interval": (None, "all, verify", "SSH keepalive sent after this many idle seconds", "10",
+                                        None),
+    "gpufleet_ssh_dead_after": (None, "all, verify",
+                                "unacknowledged data for this long drops the host (it is reported failed)", "60",
+                                None),
     # monitoring (deploys/monitoring.py): the type is gpufleet.monitoring.config.KEYS' allowed text (None here)
     "gpufleet_monitoring_scrape_interval": (None, "monitoring", "Prometheus scrape interval", '"15s"', None),
     "gpufleet_monitoring_evaluation_interval": (None, "monitoring", "Prometheus rule evaluation interval", '"15s"',
@@ -175,6 +183,9 @@ def table() -> list[Setting]:
     monitoring_defaults = _monitoring_defaults()
     for key in monitoring_config.KEYS:
         validated[key] = (monitoring_config.load_monitoring_settings, monitoring_defaults.get(key))
+    ssh_defaults = {f"{connection.PREFIX}{f.name}": f.default for f in dataclasses.fields(connection.SshBounds)}
+    for key in connection.SETTINGS:
+        validated[key] = (connection.load_bounds, ssh_defaults[key])
     exporter_docs = {key: doc for key, _parser, _default, doc in config.EXPORTER_SETTINGS}
     missing, extra = sorted(set(validated) - set(_DOCS)), sorted(set(_DOCS) - set(validated))
     if missing or extra:
@@ -183,7 +194,9 @@ def table() -> list[Setting]:
     rows = []
     for name, (type_, stage, doc, example, default_text) in _DOCS.items():
         parser, default = validated[name]
-        type_ = type_ if type_ is not None else monitoring_config.KEYS[name].replace("|", "\\|")
+        if type_ is None:
+            type_ = connection.SETTINGS[name][3] if name in connection.SETTINGS else monitoring_config.KEYS[name]
+            type_ = type_.replace("|", "\\|")
         doc = doc if doc is not None else exporter_docs[name]
         rows.append(Setting(name=name, type=type_, stage=stage, doc=doc, example=example, parser=parser,
                             default=default, default_text=default_text))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet import config, settings
+from gpufleet import config, connection, settings
 from gpufleet.monitoring import config as monitoring_config
 from gpufleet.verify import settings as verify_settings
 
@@ -34,7 +34,8 @@ def test_every_validated_key_is_in_the_table_once_with_the_validators_default():
     rows = settings.table()
     names = [s.name for s in rows]
     assert len(names) == len(set(names))
-    assert set(names) == set(config.KNOWN_KEYS) | set(verify_settings.VERIFY_KEYS) | set(monitoring_config.KEYS)
+    assert set(names) == (set(config.KNOWN_KEYS) | set(verify_settings.VERIFY_KEYS) | set(monitoring_config.KEYS)
+                          | set(connection.SETTINGS))
     by_name = {s.name: s for s in rows}
     for key, (parser, default) in config._KEYS.items():
         assert (by_name[key].parser, by_name[key].default) == (parser, default)
@@ -58,6 +59,9 @@ def test_each_example_is_valid(setting):
     value = ast.literal_eval(setting.example)
     if setting.name.startswith(verify_settings.VERIFY_PREFIX):
         found, errors = verify_settings.load_verify_settings("n", {setting.name: value})
+        assert errors == [], errors
+    elif setting.name.startswith(connection.PREFIX):
+        _bounds, errors = connection.load_bounds("n", {setting.name: value})
         assert errors == [], errors
     elif setting.name.startswith(monitoring_config.PREFIX):
         *_found, errors = monitoring_config.load_monitoring_settings("n", {setting.name: value})
