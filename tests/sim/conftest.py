@@ -15,6 +15,11 @@ os.environ.setdefault("GPUFLEET_SIM_DIR", "/tmp/gpufleet-test-sim")
 os.environ.setdefault("GPUFLEET_SIM_NET", "10.77.9")
 
 from gpufleet.sim import hosts  # noqa: E402
+from gpufleet.sim.paths import cache_dir  # noqa: E402
+from gpufleet.sim.repo import packages as sim_packages  # noqa: E402
+
+DEB_CACHE = cache_dir() / "debs-bookworm"  # the .debs the hosts download from Debian (node_exporter...), kept
+SIM_PACKAGES = {name for name, *_ in sim_packages()}  # the simulator's repository's own: rebuilt, never cached
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -37,13 +42,37 @@ def bring_up(tmp_path_factory, profiles: list[str], driver: str | None = None):
     hosts.down(log=lambda *_: None)
     fleet = hosts.up(len(profiles), profiles, driver=driver, inventory=inventory, force=True, log=lambda *_: None)
     fleet.inventory = inventory
+    prime_deb_cache(fleet)
     return fleet
+
+
+def prime_deb_cache(fleet) -> None:
+    """Put the cached Debian .debs into every host's apt archive, so apt installs them without downloading."""
+    if not DEB_CACHE.is_dir():
+        return
+    for h in fleet.hosts:
+        archives = h.dir / "root/var/cache/apt/archives"
+        archives.mkdir(parents=True, exist_ok=True)
+        for deb in DEB_CACHE.glob("*.deb"):
+            shutil.copy(deb, archives / deb.name)
+
+
+def save_deb_cache(fleet) -> None:
+    """Keep the Debian .debs the hosts downloaded (atomically: test modules may run in parallel)."""
+    DEB_CACHE.mkdir(parents=True, exist_ok=True)
+    for h in fleet.hosts:
+        for deb in (h.dir / "root/var/cache/apt/archives").glob("*.deb"):
+            if not (DEB_CACHE / deb.name).exists() and deb.name.split("_")[0] not in SIM_PACKAGES:
+                partial = DEB_CACHE / f".{deb.name}.{os.getpid()}"
+                shutil.copy(deb, partial)
+                os.replace(partial, DEB_CACHE / deb.name)
 
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
     fleet = bring_up(tmp_path_factory, ["h100-sxm-8", "a100-40gb-1"])
     yield fleet
+    save_deb_cache(fleet)
     hosts.down(log=lambda *_: None)
 
 

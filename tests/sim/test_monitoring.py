@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 import subprocess
 import time
 import urllib.parse
@@ -20,22 +19,18 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import BIN, REPO, bring_up, gpufleet, grand_total, ssh
+from conftest import BIN, REPO, bring_up, gpufleet, grand_total, save_deb_cache, ssh
 
 from gpufleet.monitoring import render
 from gpufleet.monitoring.config import seconds
 from gpufleet.sim import hosts
 from gpufleet.sim.gpu import state as simstate
-from gpufleet.sim.paths import cache_dir
-from gpufleet.sim.repo import packages as sim_packages
 
 PROFILES = ["cpu-only", "h100-sxm-8", "rtx4090-1"]
 MON, DCGM_HOST, NVML_HOST = "node01", "node02", "node03"
 SCRAPE = "2s"
 EVALUATION = "2s"
 ALERT_FOR = "4s"
-DEB_CACHE = cache_dir() / "debs-bookworm"  # the .debs the hosts download from Debian, kept between runs
-SIM_PACKAGES = {name for name, *_ in sim_packages()}  # the simulator's repository's own: rebuilt, never cached
 
 MONITORING_DATA = {
     "gpufleet_stages": [],
@@ -74,34 +69,15 @@ def run_pyinfra(inventory: Path, deploy: str, check: bool = True) -> subprocess.
     return result
 
 
-def _prime_deb_cache(fleet) -> None:
-    if not DEB_CACHE.is_dir():
-        return
-    for h in fleet.hosts:
-        archives = h.dir / "root/var/cache/apt/archives"
-        archives.mkdir(parents=True, exist_ok=True)
-        for deb in DEB_CACHE.glob("*.deb"):
-            shutil.copy(deb, archives / deb.name)
-
-
-def _save_deb_cache(fleet) -> None:
-    DEB_CACHE.mkdir(parents=True, exist_ok=True)
-    for h in fleet.hosts:
-        for deb in (h.dir / "root/var/cache/apt/archives").glob("*.deb"):
-            if not (DEB_CACHE / deb.name).exists() and deb.name.split("_")[0] not in SIM_PACKAGES:
-                shutil.copy(deb, DEB_CACHE / deb.name)
-
-
 @pytest.fixture(scope="module")
 def mon(tmp_path_factory):
     started = time.monotonic()
     fleet = bring_up(tmp_path_factory, PROFILES, driver="preinstalled")
     fleet.test_inventory = write_inventory(fleet.inventory.with_name("monitoring_inventory.py"), fleet.inventory)
-    _prime_deb_cache(fleet)
     try:
         fleet.first_gpu_node = run_pyinfra(fleet.test_inventory, "deploys/gpu_node.py")
         fleet.first_monitoring = run_pyinfra(fleet.test_inventory, "deploys/monitoring.py")
-        _save_deb_cache(fleet)
+        save_deb_cache(fleet)
         fleet.converged_after_s = time.monotonic() - started
         yield fleet
     finally:
