@@ -32,9 +32,14 @@ from gpufleet.plan import (
 )
 
 from ._systemd import UNIT_DIR, all_of, fail, get_state, node_script, put_file, refuse, render, systemctl
+from .lock import node_lock_command
 
 LAYOUT_PATH = MIG_LAYOUT
 APPLIER = MIG_APPLIER
+# The boot unit applies the layout under the host lock, so a converge arriving while it runs is refused naming it
+# (and the boot apply waits for a run that holds the lock). A script, not an ExecStart= shell line: the lock's sh
+# program would need systemd's own escaping of $, % and backslashes.
+LOCKED_APPLIER = APPLIER + "-locked"
 UNIT = MIG_UNIT
 UNIT_PATH = posixpath.join(UNIT_DIR, UNIT)
 # Written by the node script: GPUs whose MIG mode could not change now (INDEX<TAB>BUS ID<TAB>REASON lines)
@@ -126,8 +131,15 @@ def layout_text(targets: list[MigTarget], holders: Sequence[str], kept: Sequence
 
 
 def unit_text() -> str:
+    argv = (LOCKED_APPLIER, APPLIER, "apply", LAYOUT_PATH)
     return render("systemd/gpufleet-mig.service.j2", unit=UNIT, layout=LAYOUT_PATH, after=UNIT_AFTER,
-                  before=UNIT_BEFORE, exec_start=" ".join(shlex.quote(a) for a in (APPLIER, "apply", LAYOUT_PATH)))
+                  before=UNIT_BEFORE, exec_start=" ".join(shlex.quote(a) for a in argv))
+
+
+def locked_applier_text() -> str:
+    """``gpufleet-mig-apply-locked COMMAND...``: COMMAND under the host lock, holder ``gpufleet-mig.service``."""
+    program = node_lock_command([], f"{UNIT} (boot)")[2]
+    return f"#!/bin/sh\n# gpufleet: the boot-time MIG apply under the host lock (gpufleet.operations.lock)\n{program}\n"
 
 
 def mode_command(targets: list[MigTarget], holders: Sequence[str]) -> StringCommand:
@@ -257,7 +269,8 @@ def layout(
     if problem:
         yield from refuse(f"mig.layout: {problem}")
         return
-    managed = get_state(paths=(LAYOUT_PATH, APPLIER, UNIT_PATH), read=(LAYOUT_PATH,), units=(UNIT, *holders))
+    managed = get_state(paths=(LAYOUT_PATH, APPLIER, LOCKED_APPLIER, UNIT_PATH), read=(LAYOUT_PATH,),
+                        units=(UNIT, *holders))
     changed = False
     lost = inventory.get("lost_gpus") or []
     # a lost GPU's entry is never pruned: the boot unit applies it when the GPU is back
@@ -270,6 +283,7 @@ def layout(
     files = managed["files"]
     commands = list(put_file(files[LAYOUT_PATH], LAYOUT_PATH, layout_text(plans, holders, kept)))
     commands += put_file(files[APPLIER], APPLIER, node_script("mig_apply.py"), "755")
+    commands += put_file(files[LOCKED_APPLIER], LOCKED_APPLIER, locked_applier_text(), "755")
     unit_commands = list(put_file(files[UNIT_PATH], UNIT_PATH, unit_text()))
     commands += unit_commands
     unit = managed["units"][UNIT]

@@ -79,6 +79,7 @@ def installed(layout: dict, gpus: list[dict]) -> dict:
     return {
         mig.LAYOUT_PATH: layout_file(layout, gpus),
         mig.APPLIER: node_script("mig_apply.py"),
+        mig.LOCKED_APPLIER: mig.locked_applier_text(),
         mig.UNIT_PATH: mig.unit_text(),
     }
 
@@ -107,7 +108,8 @@ class SeqHost(FakeHost):
 
 
 def run(layout: dict, inv, migs=None, files=None, units=None, status=None, executing=True, **kwargs):
-    managed = managed_state(files, units, executables=(mig.APPLIER,), contents={mig.STATUS_PATH: status})
+    managed = managed_state(files, units, executables=(mig.APPLIER, mig.LOCKED_APPLIER),
+                            contents={mig.STATUS_PATH: status})
     facts = {GpuInventory: inv, ManagedState: managed}
     if migs is not None:
         facts[MigState] = migs
@@ -130,6 +132,7 @@ def install_commands(layout: dict, gpus: list[dict]) -> list[str]:
         files = [render(c) for path, text, mode in (
             (mig.LAYOUT_PATH, layout_file(layout, gpus), "644"),
             (mig.APPLIER, node_script("mig_apply.py"), "755"),
+            (mig.LOCKED_APPLIER, mig.locked_applier_text(), "755"),
             (mig.UNIT_PATH, mig.unit_text(), "644"),
         ) for c in put_file(None, path, text, mode)]
     assert f"upload {mig.LAYOUT_PATH}\n{layout_file(layout, gpus)}" in files
@@ -434,7 +437,7 @@ def test_layout_file_is_keyed_by_pci_bus_id_and_skips_gpus_without_mig():
 def test_boot_unit_is_oneshot_after_the_driver_daemons_and_before_power_limits():
     lines = mig.unit_text().splitlines()
     assert "Type=oneshot" in lines and "RemainAfterExit=yes" in lines
-    assert f"ExecStart={mig.APPLIER} apply {mig.LAYOUT_PATH}" in lines
+    assert f"ExecStart={mig.LOCKED_APPLIER} {mig.APPLIER} apply {mig.LAYOUT_PATH}" in lines
     after = next(line for line in lines if line.startswith("After=")).split("=", 1)[1].split()
     before = next(line for line in lines if line.startswith("Before=")).split("=", 1)[1].split()
     assert {"nvidia-persistenced.service", "nvidia-fabricmanager.service"} <= set(after)
@@ -733,3 +736,21 @@ def test_entry_of_a_gpu_gone_without_a_lost_gpu_is_dropped():
     commands, _ = run({0: {"7g.80gb": 1}}, inventory(gpus[0]), migs=mig_state({0: ["7g.80gb"]}),
                       files=installed(layout, gpus), units=ENABLED)
     assert commands == [f"upload {mig.LAYOUT_PATH}\n{layout_file({0: {'7g.80gb': 1}}, gpus)}"]
+
+
+def test_boot_apply_runs_under_the_host_lock_and_names_itself(tmp_path, monkeypatch):
+    """The boot unit's wrapper takes the host lock (flock on the lock file), writes itself as the holder for the
+    command's lifetime, and frees the holder after; a converge arriving meanwhile is refused naming it."""
+    from gpufleet.operations import lock
+
+    lock_file = tmp_path / "run" / "host.lock"
+    monkeypatch.setattr(lock, "LOCK_FILE", str(lock_file))
+    monkeypatch.setattr(lock, "LOCK_DIR", str(lock_file.parent))
+    wrapper = tmp_path / "locked"
+    wrapper.write_text(mig.locked_applier_text())
+    wrapper.chmod(0o755)
+    seen = tmp_path / "seen"
+    subprocess.run([str(wrapper), "sh", "-c", f"cat {lock_file} > {seen}"], check=True, timeout=30)
+    holder = dict(line.split("=", 1) for line in seen.read_text().splitlines())
+    assert holder["command"] == f"{mig.UNIT} (boot)" and holder["pid"].isdigit()
+    assert lock_file.read_text() == "generation=1\n"  # the holder is gone once the apply ends
