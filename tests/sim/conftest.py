@@ -13,6 +13,13 @@ import pytest
 
 os.environ.setdefault("GPUFLEET_SIM_DIR", "/tmp/gpufleet-test-sim")
 os.environ.setdefault("GPUFLEET_SIM_NET", "10.77.9")
+# pytest-xdist (make test runs the end-to-end modules on parallel workers): one fleet per worker, each with its own
+# state directory and /24, so that the workers' fleets never meet
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+if _WORKER.startswith("gw"):
+    _net = os.environ["GPUFLEET_SIM_NET"].split(".")
+    os.environ["GPUFLEET_SIM_DIR"] += f"-{_WORKER}"
+    os.environ["GPUFLEET_SIM_NET"] = ".".join([*_net[:2], str((int(_net[2]) + 100 + int(_WORKER[2:])) % 256)])
 
 from gpufleet.sim import hosts  # noqa: E402
 from gpufleet.sim.paths import cache_dir  # noqa: E402

@@ -259,7 +259,9 @@ def test_verify_checks_the_exporters_and_its_textfile_reaches_prometheus(mon, tm
     assert checks == {(h, f"config.exporter.{e}"): "pass" for h in (DCGM_HOST, NVML_HOST) for e in ("gpu", "node")}, (
         proc.stdout + proc.stderr)
     # verify's textfile lands in node_exporter's textfile directory: Prometheus sees it with the inventory labels
-    result = wait_for("gpufleet_verify_host_up in Prometheus", lambda: promql(mon, "gpufleet_verify_host_up"))
+    # each node's textfile reaches Prometheus at that node's next scrape: wait for both, then judge the labels
+    result = wait_for("gpufleet_verify_host_up of both nodes in Prometheus",
+                      lambda: (found := promql(mon, "gpufleet_verify_host_up")) and len(found) >= 2 and found)
     assert sorted((r["metric"]["host"], r["metric"]["hostname"]) for r in result) == [
         (DCGM_HOST, DCGM_HOST), (NVML_HOST, NVML_HOST)]
     ssh(mon, NVML_HOST, "systemctl stop gpufleet-exporter.service")

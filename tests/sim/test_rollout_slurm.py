@@ -120,6 +120,13 @@ def sinfo(fleet) -> dict[str, tuple[str, str]]:
     return {n: (state.rstrip("*"), "" if reason == "none" else reason) for n, state, reason in rows}
 
 
+def slurm_logs(fleet) -> str:
+    """The end of slurmctld's log and each slurmd's: what an assertion on Slurm's state shows when it fails."""
+    logs = [ssh(fleet, "node01", "tail -n 40 /var/log/slurm/slurmctld.log", check=False).stdout]
+    logs += [ssh(fleet, n, "tail -n 15 /var/log/slurm/slurmd.log", check=False).stdout for n in COMPUTE]
+    return "\n".join(logs)
+
+
 def power_w(fleet, name: str) -> float:
     gpus = gpu_state.read_state(str(fleet.host(name).dir / "hw/gpus.state"))
     return int(gpus["gpu.0.power.limit_mw"]) / 1000
@@ -141,7 +148,7 @@ def test_admin_drained_node_is_changed_but_stays_drained_and_ours_are_resumed(fl
         assert result.returncode == 0, result.stdout + result.stderr
         assert [power_w(fleet, n) for n in COMPUTE] == [300, 300, 300]
         state = sinfo(fleet)
-        assert state["node02"] == ("idle", "") and state["node03"] == ("idle", "")
+        assert state["node02"] == ("idle", "") and state["node03"] == ("idle", ""), (state, slurm_logs(fleet))
         assert state["node04"] == ("drained", "admin: bad DIMM, ticket 42")  # never resumed by the rollout
         rid = json.loads((tmp_path / "out" / "rollout.json").read_text())["rollout_id"]
         log = ssh(fleet, "node01", "cat /var/log/slurm/slurmctld.log").stdout
@@ -194,5 +201,6 @@ def test_rollout_waits_for_a_job_to_finish_then_changes_the_node(fleet, tmp_path
     assert result.returncode == 0, result.stdout + result.stderr
     assert "waiting for jobs on 1 node(s): node02" in result.stderr  # it was draining, not drained, at first
     assert [power_w(fleet, n) for n in COMPUTE] == [330, 330, 330]
-    assert all(sinfo(fleet)[n][0].rstrip("*") == "idle" for n in COMPUTE)
+    states = sinfo(fleet)
+    assert all(states[n][0] == "idle" for n in COMPUTE), (states, slurm_logs(fleet))
     assert ssh(fleet, "node01", "squeue -h -w node02").stdout.strip() == ""  # the job ran to its end
