@@ -1013,18 +1013,24 @@ def load_node_config(host_name: str, data: Mapping) -> NodeConfig:
     return config
 
 
-def validate_inventory(hosts: Iterable[tuple[str, Mapping]]) -> dict[str, NodeConfig]:
-    """Validate every host; raise ONE :class:`ConfigErrors` with the errors of all hosts, else return configs."""
-    configs: dict[str, NodeConfig] = {}
+def validate_hosts(hosts: Iterable[tuple[str, Mapping]], load) -> dict[str, Any]:
+    """Every host's data through ``load(name, data) -> (value or None, errors)``; raise ONE :class:`ConfigErrors`
+    with the errors of all hosts, else return {name: value}."""
+    values: dict[str, Any] = {}
     errors: list[ConfigError] = []
     for name, data in hosts:
-        config, host_errors = _collect(name, data)
+        value, host_errors = load(name, data)
         errors.extend(host_errors)
-        if config is not None:
-            configs[name] = config
+        if value is not None:
+            values[name] = value
     if errors:
         raise ConfigErrors(errors)
-    return configs
+    return values
+
+
+def validate_inventory(hosts: Iterable[tuple[str, Mapping]]) -> dict[str, NodeConfig]:
+    """Validate every host; raise ONE :class:`ConfigErrors` with the errors of all hosts, else return configs."""
+    return validate_hosts(hosts, _collect)
 
 
 def validate_pyinfra_inventory(inventory) -> dict[str, NodeConfig]:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpufleet import config
-from gpufleet.config import ConfigError, ConfigErrors, did_you_mean, register_namespace
+from gpufleet.config import ConfigError, did_you_mean, register_namespace
 
 DEFAULT_TEXTFILE_DIR = config.DEFAULT_TEXTFILE_DIR  # Debian/Ubuntu node_exporter's; gpufleet_exporters_textfile_dir
 DEFAULT_OUT = "gpufleet-verify"
@@ -97,13 +97,4 @@ def load_verify_settings(host_name: str, data: Mapping[str, Any]) -> tuple[Verif
 
 def validate_verify_inventory(hosts: Iterable[tuple[str, Mapping[str, Any]]]) -> dict[str, VerifySettings]:
     """Every host's verify settings; ONE :class:`ConfigErrors` with all hosts' errors."""
-    settings: dict[str, VerifySettings] = {}
-    errors: list[ConfigError] = []
-    for name, data in hosts:
-        found, host_errors = load_verify_settings(name, data)
-        errors.extend(host_errors)
-        if found is not None:
-            settings[name] = found
-    if errors:
-        raise ConfigErrors(errors)
-    return settings
+    return config.validate_hosts(hosts, load_verify_settings)
