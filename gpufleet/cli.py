@@ -20,8 +20,7 @@ main.add_command(sim)
 
 def _patch_for_gevent() -> None:
     """Patch the standard library for gevent before pyinfra (and paramiko, whose transport is a thread) is imported,
-    as pyinfra's own CLI does. Only the commands that run pyinfra's connectors in this process (verify, and rollout's
-    verify gate) call it: an import never patches anything."""
+    as pyinfra's own CLI does. Only ``gpufleet verify`` calls it: an import never patches anything."""
     from gevent import monkey  # noqa: PLC0415
 
     if not monkey.is_module_patched("socket"):
@@ -86,8 +85,9 @@ def rollout(inventory: str, deploy: str, canary: int, waves: str | None, batch: 
     """
     if waves and batch:
         raise click.UsageError("--waves and --batch: give one of them")
-    if verify_gate != "none":
-        _patch_for_gevent()  # the verify gate runs verify in this process
+    # Not patched for gevent: under gevent, Python runs the SIGINT handler only when a greenlet wakes, and the rollout
+    # waits on drain hooks and pyinfra runs that may be silent for minutes; unpatched, the verify gate probes the
+    # wave's hosts one after another (seconds each), and Ctrl-C stops the rollout at once.
     from .rollout import run  # noqa: PLC0415
 
     opts = run.RolloutOptions(inventory=inventory, deploy=deploy, canary=canary, waves=waves or batch or "25%",

@@ -207,7 +207,7 @@ class Controller:
         bench = VERIFY_GATES[self.opts.verify]
         if bench is None or not names:
             return names, None
-        from gpufleet.verify import run as verify_run  # noqa: PLC0415 (only when a gate runs; the CLI patched gevent)
+        from gpufleet.verify import run as verify_run  # noqa: PLC0415 (only when a gate runs)
 
         out = Path(self.opts.out) / f"wave-{wave_index:03d}-verify"
         try:
