@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 
 import click
@@ -85,9 +86,12 @@ def rollout(inventory: str, deploy: str, canary: int, waves: str | None, batch: 
     """
     if waves and batch:
         raise click.UsageError("--waves and --batch: give one of them")
+    # Ctrl-C stops a rollout (state saved, exit 130, --resume goes on) even where the caller started it with SIGINT
+    # ignored, as a shell does for a background job of a script or CI job.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     # Not patched for gevent: under gevent, Python runs the SIGINT handler only when a greenlet wakes, and the rollout
     # waits on drain hooks and pyinfra runs that may be silent for minutes; unpatched, the verify gate probes the
-    # wave's hosts one after another (seconds each), and Ctrl-C stops the rollout at once.
+    # wave's hosts one after another (seconds each).
     from .rollout import run  # noqa: PLC0415
 
     opts = run.RolloutOptions(inventory=inventory, deploy=deploy, canary=canary, waves=waves or batch or "25%",
