@@ -154,6 +154,42 @@ def test_sigint_at_the_driver_install_exits_130_naming_the_host_and_the_rerun_co
     assert changed_hosts(out) == set(), out
 
 
+def test_sigkill_at_the_driver_install_is_repaired_by_the_rerun(fleet):
+    """The controller killed outright while apt installs the driver: the SSH session dies under apt, which then
+    runs (or dies) with nobody reading its output. Whatever it leaves, the rerun converges and the next is a no-op.
+    The driver packages are removed first (holds released, dependants with them); the kernel module stays loaded,
+    as on a real host until its reboot."""
+    wait_locks_free(fleet)
+    driver_packages = installed_nvidia_packages(fleet, A100)
+    assert driver_packages
+    ssh(fleet, A100, "pkgs=$(dpkg-query -W -f='${Package} ${Status}\\n' | "
+                     "awk '$4 == \"installed\" && $1 ~ /^nvidia-/ {print $1}') && test -n \"$pkgs\" && "
+                     "DEBIAN_FRONTEND=noninteractive apt-get purge -y -q --allow-change-held-packages $pkgs",
+        timeout=180)
+    assert not installed_nvidia_packages(fleet, A100)
+    inv = inventory(fleet)
+    rc, out, _ = interrupt_at(fleet, inv, A100, "apt-get", "install", signal.SIGKILL)
+    assert rc == -signal.SIGKILL, out
+    wait_locks_free(fleet)  # the host's side of the killed run (apt, if it survived) ends first
+    print(f"after SIGKILL at the driver install, before the rerun: {installed_nvidia_packages(fleet, A100)} "
+          f"installed; dpkg --audit: {ssh(fleet, A100, 'dpkg --audit').stdout.strip() or 'clean'}")
+    start_s = time.monotonic()
+    converge(inv)
+    print(f"rerun after SIGKILL at the driver install: {time.monotonic() - start_s:.1f} s")
+    assert_converged(fleet, 80, mig_on=True)
+    assert installed_nvidia_packages(fleet, A100) == driver_packages
+    audit = ssh(fleet, A100, "dpkg --audit").stdout
+    assert audit.strip() == "", audit  # no package left half-installed or unconfigured
+    _, out = converge(inv)
+    assert changed_hosts(out) == set(), out
+
+
+def installed_nvidia_packages(fleet, name: str) -> list[str]:
+    listing = ssh(fleet, name, "dpkg-query -W -f='${Package} ${Status}\\n'").stdout
+    return [line.split()[0] for line in listing.splitlines()
+            if line.startswith("nvidia-") and line.endswith(" installed")]
+
+
 def test_sigint_at_a_mig_mode_change(fleet):
     inv = inventory(fleet, mig=MIG_OFF)
     rc, out, seconds = interrupt_at(fleet, inv, A100, "nvidia-smi", " -mig ", signal.SIGINT)
