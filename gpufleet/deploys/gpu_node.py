@@ -119,7 +119,8 @@ def _gpu_stages_after_driver(config: NodeConfig) -> None:
 
 @deploy("gpufleet: GPU node")
 def gpu_node() -> None:
-    prefetch.install(host.state, (*PREFLIGHT_FACTS, HostLock))  # HostLock: read with them, for the lock's check
+    # HostLock first, before the others: the lock's generation check then covers every read made with it
+    prefetch.install(host.state, (HostLock, *PREFLIGHT_FACTS), prefetch.default_cache_dir())
     connection.install(host.state)  # a host that stops answering fails within ~30 s; the others go on
     interruption.install(host.state)  # SIGINT/SIGTERM: exit 130/143 naming the hosts mid-change
     config = node_config(host, inventory)
