@@ -181,7 +181,8 @@ def main() -> int:
              for name, rec in recorded.items()]
     print(f"recorded hosts: {', '.join(shown)}")
     print(f"machine: {os.cpu_count()} CPU(s); pyinfra: one process")
-    reads = round(sum(len(r["learned"]) for r in recorded.values()) / len(recorded))
+    # distinct fact reads per host: the remembered reads (read ahead), else (no read-ahead) the commands answered
+    reads = round(sum(len(r["learned"]) or len(r["responses"]) for r in recorded.values()) / len(recorded))
     print("floor: plain pyinfra, as many operations per host as gpufleet's no-op and together as many fact reads "
           f"({reads}, gpufleet's distinct fact reads per host); ref: as many operations, one fact read each")
     print(f"{'hosts':>6}  {'gpufleet wall':>13}  {'CPU/host':>9}  {'ops/host':>8}  | floor: {'wall':>7}  "

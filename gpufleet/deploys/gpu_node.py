@@ -129,15 +129,14 @@ def gpu_node() -> None:
         return  # the run stops once every host is prepared; nothing is planned for a host that failed
     # first: a host another gpufleet run is changing is refused untouched
     lock.host_lock(name="gpufleet lock", seen=host.get_fact(HostLock)["seen"])
-    driver_changes = False
-    if config.stage_enabled("driver"):
-        # will_change: a driver that is installed but not loaded gets no deferred step (which pyinfra would count
-        # as a change although nothing changes); the GPU stages are planned now and say why they wait
-        driver_changes = driver_stage(config, facts).will_change
+    driver_op = driver_stage(config, facts) if config.stage_enabled("driver") else None
     found = facts.gpu_inventory or {}
     if not any(config.stage_enabled(stage) for stage in GPU_STAGES):
         pass  # no GPU setting managed on this host
-    elif found.get("gpus") or not driver_changes:
+    # will_change (asked only when the GPUs do not answer: with -y it runs the driver operation once more to find
+    # out): a driver that is installed but not loaded gets no deferred step (which pyinfra would count as a change
+    # although nothing changes); the GPU stages are planned now and say why they wait
+    elif found.get("gpus") or driver_op is None or not driver_op.will_change:
         gpu_stages(config, found)
     else:
         python.call(name="GPU settings (planned once the driver answers)", function=_gpu_stages_after_driver,

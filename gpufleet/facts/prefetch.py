@@ -345,7 +345,7 @@ class FactMemo:
             self.executed = self.executed or stage == StateStage.Execute
             for host in self.hosts if not keep else ():
                 self.invalidate(host)
-            if stage == StateStage.Execute:
+            if stage == StateStage.Execute and not keep:  # with -y, what operations read is still valid
                 for host, memo in self.hosts.items():
                     if memo.op_reads:
                         self.prefetch([host], list(memo.op_reads.values()))
