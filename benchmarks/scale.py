@@ -101,7 +101,21 @@ def record(path: Path) -> None:
                         # longest first: @fake matches substrings, first match wins
                         "responses": dict(sorted(answers[name].items(), key=lambda kv: -len(kv[0])))}
                  for name in sorted(answers)}
-    path.write_text(json.dumps(recording, indent=1))
+    path.write_text(json.dumps({"read_ahead": _read_ahead_shape(), "hosts": recording}, indent=1))
+
+
+def _read_ahead_shape() -> str:
+    """The read-ahead command's shape: a recording made with another one would not be answered."""
+    from gpufleet.facts.prefetch import read_ahead_script  # noqa: PLC0415
+
+    return read_ahead_script(["COMMAND"])
+
+
+def _stale(path: Path) -> bool:
+    try:
+        return json.loads(path.read_text()).get("read_ahead") != _read_ahead_shape()
+    except (ValueError, AttributeError):
+        return True
 
 
 def _totals(output: str) -> dict[str, str]:
@@ -116,7 +130,7 @@ def write_inventory(path: Path, recording_path: Path, names: list[str]) -> None:
     """An inventory of fake hosts ``names``, answering round robin as the recorded hosts."""
     path.write_text(
         "import json\n"
-        f"_RECORDED = json.load(open({str(recording_path)!r}))\n"
+        f"_RECORDED = json.load(open({str(recording_path)!r}))['hosts']\n"
         "_SOURCES = sorted(_RECORDED)\n"
         "_FAKE = {'fake_delay': 0, 'fake_delay_jitter': 0}\n"
         f"_NAMES = {names!r}\n"
@@ -176,9 +190,9 @@ def main() -> int:
                         help="processes for the sharded run of the largest fleet (1: none)")
     parser.add_argument("--record", action="store_true", help="record the answers again (needs root)")
     args = parser.parse_args()
-    if args.record or not RECORDING.exists():
+    if args.record or not RECORDING.exists() or _stale(RECORDING):
         record(RECORDING)
-    recorded = json.loads(RECORDING.read_text())
+    recorded = json.loads(RECORDING.read_text())["hosts"]
     sizes = [int(n) for n in args.hosts.split(",")]
     shown = [f"{name} ({rec['profile']}, {len(rec['responses'])} remote commands, {len(rec['learned'])} fact reads)"
              for name, rec in recorded.items()]

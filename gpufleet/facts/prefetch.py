@@ -427,13 +427,17 @@ def _connector_kwargs(kwargs: dict) -> dict:
 def read_ahead_script(commands: Sequence[str], shell: str = "sh") -> str:
     """sh running ``commands`` (each as ``shell -c COMMAND``, stdin empty): the first alone (the lock is read
     before anything else), then the others concurrently; then, in order, for each: a ``BATCH_MARK i rc=N``
-    line, its stdout, a ``BATCH_MARK i stderr`` line and its stderr (``awk 1``: a last line without newline is
-    completed, as pyinfra reads it)."""
+    line, its stdout, a ``BATCH_MARK i stderr`` line and its stderr (awk's ``getline``: a last line without newline
+    is completed, as pyinfra reads it)."""
     run = f'r() {{ {shlex.quote(shell)} -c "$2" >"$d/$1.o" 2>"$d/$1.e" </dev/null; echo $? >"$d/$1.r"; }}'
     lines = ["d=$(mktemp -d) || exit 1", "trap 'rm -rf \"$d\"' EXIT", run, f"r 0 {shlex.quote(commands[0])}"]
     lines += [f"r {index} {shlex.quote(command)} &" for index, command in enumerate(commands[1:], 1)]
-    lines += ["wait", f'i=0; while [ "$i" -lt {len(commands)} ]; do echo "{BATCH_MARK} $i rc=$(cat "$d/$i.r")"; '
-              f'awk 1 "$d/$i.o"; echo "{BATCH_MARK} $i stderr"; awk 1 "$d/$i.e"; i=$((i + 1)); done']
+    # one awk prints every output (a process per command would cost the host more than the commands themselves)
+    show = (f'BEGIN {{ for (i = 0; i < {len(commands)}; i++) {{ rc = ""; f = d "/" i ".r"; getline rc < f; close(f); '
+            f'print "{BATCH_MARK} " i " rc=" rc; f = d "/" i ".o"; while ((getline line < f) > 0) print line; '
+            f'close(f); print "{BATCH_MARK} " i " stderr"; f = d "/" i ".e"; '
+            'while ((getline line < f) > 0) print line; close(f) } }')
+    lines += ["wait", f'awk -v d="$d" {shlex.quote(show)}']
     return "\n".join(lines)
 
 
