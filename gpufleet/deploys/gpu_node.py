@@ -7,8 +7,8 @@ they are planned up front like any operation, so a converged node reports no cha
 plan (:class:`gpufleet.plan.NodePlan`) resolved from the GPUs the driver lists.
 
 Fact reads go through :mod:`gpufleet.facts.prefetch` (installed when the first host is prepared): each distinct
-read costs one SSH round trip until something changes the host, and the preflight facts of every host are read
-concurrently.
+read costs one SSH round trip until something changes the host, and the preflight facts and what the previous run
+read on a host are read ahead in one remote command per host.
 """
 
 from __future__ import annotations

@@ -29,6 +29,13 @@ What, installed by the gpufleet deploy only (:func:`install`, on the hosts of on
   a host, the prefetches running there are awaited and those not started yet are dropped (a GPU reset, say,
   fails while an nvidia-smi query holds the GPU).
 
+* **Read-ahead.** :meth:`FactMemo.read_ahead` (what :func:`install` uses) reads given facts, and every read the
+  deploy made on the same host in its previous run (remembered per host in a cache directory: commands and
+  connector arguments, never outputs; none with a masked value, password or environment), in ONE remote command
+  per host (:func:`read_ahead_script`: the first read alone, the lock's, then the others concurrently). Each
+  output is stored as its own read would have been; one that failed, or that did not come back, is read again
+  when the deploy asks for it. A converged host's no-op run then costs one round trip for all its reads.
+
 **pyinfra internals.** This is the one module of gpufleet that relies on pyinfra's internals: it shadows a
 ``Host``'s I/O methods (``get_fact``, ``run_shell_command``, ``connect``, ``put_file``, ...), calls
 ``pyinfra.api.facts.get_fact``, follows ``State.current_stage`` / ``should_check_for_changes()`` and
