@@ -3,10 +3,15 @@
     .venv/bin/python benchmarks/converge.py            (needs root)
 
 Prints the wall time of the first `pyinfra inventories/sim.py deploys/gpu_node.py -y` run, of the no-op
-second run, and of a pyinfra run reading one trivial fact on the same hosts (the floor: connecting and one
-command); the ratio no-op/floor (target <= 2.0) and the controller's CPU seconds per host for the no-op run
-(target <= 0.3 s), measured as the pyinfra process's user+system time. The no-op and floor runs are repeated
+second run, and of a pyinfra run reading one trivial fact on the same hosts (the floor: starting pyinfra,
+connecting and one command); the ratio no-op/floor (target <= 1.5) and the controller's CPU seconds per host for
+the no-op run, measured as the pyinfra process's user+system time: in all, and beyond the floor run's (what the
+converge adds to starting pyinfra and connecting; target <= 0.1 s per host). The no-op and floor runs are repeated
 (``RUNS``, interleaved) and their medians reported, so that one hiccup of a shared machine does not decide.
+
+The pyinfra processes run with bytecode caching on (``PYTHONDONTWRITEBYTECODE`` removed), as an installed package
+runs, and with a fresh gpufleet cache directory (``GPUFLEET_CACHE_DIR``): the first run remembers which facts each
+host's run reads, the no-op runs read them ahead (gpufleet/facts/prefetch.py).
 
 The simulated hosts run on this machine: their commands compete with the controller for its CPUs. The
 "machine CPU" line says how busy the whole machine was during the median no-op run (all processes, from
@@ -19,6 +24,7 @@ import os
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -31,6 +37,9 @@ REPO = Path(__file__).resolve().parents[1]
 PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
 PROFILES = ["h100-sxm-8", "a100-40gb-1", "rtx4090-1", "h100-sxm-8"]
 RUNS = 3
+RATIO_TARGET = 1.5
+CPU_TARGET_S = 0.1  # per host, beyond the floor run's
+ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
 
 
 def machine_busy() -> float:
@@ -44,7 +53,7 @@ def timed(*args: str) -> tuple[float, float, str]:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.monotonic()
     result = subprocess.run([PYINFRA, "-y", *args], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+                            text=True, env=ENV)
     wall = time.monotonic() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if result.returncode != 0:
@@ -64,6 +73,7 @@ def noop_run(inventory: str, deploy: str) -> tuple[float, float, float]:
 
 
 def main() -> int:
+    ENV["GPUFLEET_CACHE_DIR"] = tempfile.mkdtemp(prefix="gpufleet-bench-cache-")
     fleet = hosts.up(len(PROFILES), PROFILES, force=True, log=lambda *_: None)
     try:
         inventory, deploy = "inventories/sim.py", "deploys/gpu_node.py"
@@ -79,18 +89,20 @@ def main() -> int:
     floor, floor_cpu = sorted(floors)[len(floors) // 2]
     ratio = noop / floor
     cpu_per_host = noop_cpu / count
+    beyond_floor = (noop_cpu - floor_cpu) / count
     print(f"hosts: {count} ({', '.join(PROFILES)})")
     print(f"first run (bare servers -> converged): {first:6.2f} s")
     print(f"second run (no change):                {noop:6.2f} s  (median; runs: "
           f"{', '.join(f'{wall:.2f}' for wall, _, _ in noops)})")
     print(f"floor (one trivial fact):              {floor:6.2f} s  (median; runs: "
           f"{', '.join(f'{wall:.2f}' for wall, _ in floors)})")
-    print(f"no-op / floor:                         {ratio:6.2f}   (target <= 2.0)")
-    print(f"controller CPU per host, no-op run:    {cpu_per_host:6.2f} s (target <= 0.3 s; floor "
-          f"{floor_cpu / count:.2f} s)")
+    print(f"no-op / floor:                         {ratio:6.2f}   (target <= {RATIO_TARGET}; per run: "
+          f"{', '.join(f'{n[0] / f[0]:.2f}' for n, f in zip(noops, floors, strict=True))})")
+    print(f"controller CPU per host, no-op run:    {beyond_floor:6.2f} s beyond the floor run's (target <= "
+          f"{CPU_TARGET_S} s); in all {cpu_per_host:.2f} s (floor run {floor_cpu / count:.2f} s)")
     print(f"machine CPU, median no-op run:         {busy:6.2f} s busy of {noop * (os.cpu_count() or 1):.2f} s "
           f"({os.cpu_count()} CPUs, shared with the simulated hosts)")
-    ok = ratio <= 2.0 and cpu_per_host <= 0.3
+    ok = ratio <= RATIO_TARGET and beyond_floor <= CPU_TARGET_S
     print("targets met" if ok else "TARGETS MISSED")
     return 0 if ok else 1
 

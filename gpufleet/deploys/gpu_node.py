@@ -7,8 +7,8 @@ they are planned up front like any operation, so a converged node reports no cha
 plan (:class:`gpufleet.plan.NodePlan`) resolved from the GPUs the driver lists.
 
 Fact reads go through :mod:`gpufleet.facts.prefetch` (installed when the first host is prepared): each distinct
-read costs one SSH round trip until something changes the host, and the preflight facts of every host are read
-concurrently.
+read costs one SSH round trip until something changes the host, and the preflight facts and what the previous run
+read on a host are read ahead in one remote command per host.
 """
 
 from __future__ import annotations
@@ -119,7 +119,8 @@ def _gpu_stages_after_driver(config: NodeConfig) -> None:
 
 @deploy("gpufleet: GPU node")
 def gpu_node() -> None:
-    prefetch.install(host.state, (*PREFLIGHT_FACTS, HostLock))  # HostLock: read with them, for the lock's check
+    # HostLock first, before the others: the lock's generation check then covers every read made with it
+    prefetch.install(host.state, (HostLock, *PREFLIGHT_FACTS), prefetch.default_cache_dir())
     connection.install(host.state)  # a host that stops answering fails within ~30 s; the others go on
     interruption.install(host.state)  # SIGINT/SIGTERM: exit 130/143 naming the hosts mid-change
     config = node_config(host, inventory)
@@ -128,15 +129,14 @@ def gpu_node() -> None:
         return  # the run stops once every host is prepared; nothing is planned for a host that failed
     # first: a host another gpufleet run is changing is refused untouched
     lock.host_lock(name="gpufleet lock", seen=host.get_fact(HostLock)["seen"])
-    driver_changes = False
-    if config.stage_enabled("driver"):
-        # will_change: a driver that is installed but not loaded gets no deferred step (which pyinfra would count
-        # as a change although nothing changes); the GPU stages are planned now and say why they wait
-        driver_changes = driver_stage(config, facts).will_change
+    driver_op = driver_stage(config, facts) if config.stage_enabled("driver") else None
     found = facts.gpu_inventory or {}
     if not any(config.stage_enabled(stage) for stage in GPU_STAGES):
         pass  # no GPU setting managed on this host
-    elif found.get("gpus") or not driver_changes:
+    # will_change (asked only when the GPUs do not answer: with -y it runs the driver operation once more to find
+    # out): a driver that is installed but not loaded gets no deferred step (which pyinfra would count as a change
+    # although nothing changes); the GPU stages are planned now and say why they wait
+    elif found.get("gpus") or driver_op is None or not driver_op.will_change:
         gpu_stages(config, found)
     else:
         python.call(name="GPU settings (planned once the driver answers)", function=_gpu_stages_after_driver,

@@ -13,16 +13,18 @@ from pyinfra.api import FactBase
 
 from ._sections import join, parse_sections, section
 
-# Package name patterns (dpkg-query / rpm globs) that make up an NVIDIA driver installation.
+# Package name patterns (dpkg-query / rpm globs) that make up an NVIDIA driver installation: every name the driver
+# operation's naming rules (operations/_packaging.py: selectors, fabric manager, release components) can match.
 DEB_PATTERNS = (
     "nvidia-*",
     "libnvidia-*",
     "cuda-drivers*",
+    "libcuda1*",
     "linux-modules-nvidia-*",
     "linux-objects-nvidia-*",
     "linux-signatures-nvidia-*",
-    "xserver-xorg-video-nvidia-*",
-    "firmware-nvidia-*",
+    "xserver-xorg-video-nvidia*",
+    "firmware-nvidia*",
 )
 RPM_PATTERNS = ("nvidia-*", "kmod-nvidia*", "libnvidia-*", "cuda-drivers*", "dnf-plugin-nvidia*")
 

@@ -29,6 +29,13 @@ What, installed by the gpufleet deploy only (:func:`install`, on the hosts of on
   a host, the prefetches running there are awaited and those not started yet are dropped (a GPU reset, say,
   fails while an nvidia-smi query holds the GPU).
 
+* **Read-ahead.** :meth:`FactMemo.read_ahead` (what :func:`install` uses) reads given facts, and every read the
+  deploy made on the same host in its previous run (remembered per host in a cache directory: commands and
+  connector arguments, never outputs; none with a masked value, password or environment), in ONE remote command
+  per host (:func:`read_ahead_script`: the first read alone, the lock's, then the others concurrently). Each
+  output is stored as its own read would have been; one that failed, or that did not come back, is read again
+  when the deploy asks for it. A converged host's no-op run then costs one round trip for all its reads.
+
 **pyinfra internals.** This is the one module of gpufleet that relies on pyinfra's internals: it shadows a
 ``Host``'s I/O methods (``get_fact``, ``run_shell_command``, ``connect``, ``put_file``, ...), calls
 ``pyinfra.api.facts.get_fact``, follows ``State.current_stage`` / ``should_check_for_changes()`` and
@@ -40,14 +47,19 @@ nothing and every fact read is pyinfra's own, plain read: slower, same results.
 
 from __future__ import annotations
 
+import atexit
+import json
 import os
 import re
+import shlex
 import socket
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
+from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import gevent
 from gevent.event import Event
@@ -60,7 +72,7 @@ try:  # an internal: where it moved, supported() says so and the memo stays off
 except ImportError:  # pragma: no cover - depends on the installed pyinfra
     get_fact = None
 from pyinfra.api.state import StateStage
-from pyinfra.connectors.util import CommandOutput
+from pyinfra.connectors.util import CommandOutput, OutputLine
 
 TESTED_PYINFRA = ((3, 10), (4, 0))  # [first, last) pyinfra version the memo is known to work with
 PER_HOST_CHANNELS = 4  # concurrent prefetch commands per host (sshd allows 10 sessions per connection)
@@ -68,6 +80,8 @@ _ACTIVE_STAGES = (StateStage.Prepare, StateStage.Execute)
 _CHANGING_METHODS = ("put_file", "get_file", "rsync", "disconnect")  # besides run_shell_command and connect
 
 FactCall = tuple[type, tuple, dict]  # (fact class, args, kwargs) as given to host.get_fact
+BATCH_MARK = "@@gpufleet-read-ahead"  # separates the outputs of one read-ahead command's reads
+MAX_LEARNED = 96  # reads remembered per host for the next run's read-ahead
 
 
 class _Prefetched(Exception):
@@ -87,12 +101,23 @@ class _Entry:
 
 
 @dataclass(eq=False)
+class _Collected(Exception):
+    """Ends a read-ahead greenlet's ``get_fact`` with the command pyinfra would run for it (nothing is run)."""
+
+    def __init__(self, key: tuple | None = None, text: str = "", kwargs: dict | None = None):
+        super().__init__()
+        self.key, self.text, self.kwargs = key, text, kwargs or {}
+
+
+@dataclass(eq=False)
 class _HostMemo:
     epoch: int = 0  # bumped by anything that may change the host: entries of an older epoch are stale
     entries: dict[tuple, _Entry] = field(default_factory=dict)
     prefetching: set = field(default_factory=set)  # prefetch greenlets running a read on this host
     op_reads: dict[str, FactCall] = field(default_factory=dict)  # reads made by operations while preparing
     channels: BoundedSemaphore = field(default_factory=lambda: BoundedSemaphore(PER_HOST_CHANNELS))
+    # the deploy's reads this run, in order: key -> (command, connector arguments); saved for the next run
+    learned: dict[tuple, tuple[str, dict]] = field(default_factory=dict)
 
 
 class FactMemo:
@@ -105,6 +130,9 @@ class FactMemo:
         self.hosts: dict[Any, _HostMemo] = {}
         self._reading: dict[tuple, int] = {}  # (greenlet, host) -> depth of host.get_fact calls in progress
         self._prefetchers: set = set()  # greenlets running a prefetch
+        self._collecting: set = set()  # read-ahead greenlets asking pyinfra for a fact's command
+        self._originals: dict[Any, Callable] = {}  # host -> its own run_shell_command
+        self.executed = False  # the run reached execution: what it read is worth remembering
         for host in state.inventory:
             self._wrap(host)
 
@@ -117,6 +145,37 @@ class FactMemo:
         started = [gevent.spawn(self._prefetch_host, host, self._memo(host).epoch, calls) for host in hosts]
         self.greenlets += started
         return started
+
+    def read_ahead(self, hosts: Iterable, calls: Sequence[FactCall], cache_dir: Path | None = None
+                   ) -> list[gevent.Greenlet]:
+        """Read ``calls`` and the reads the deploy made on the same host in its last run (remembered in
+        ``cache_dir``, see :meth:`save`) on each of ``hosts`` (active, connected ones) in ONE remote command per
+        host: the first of them alone, the others concurrently on the host (:func:`read_ahead_script`).
+        Outputs are stored like a prefetch's; a read that failed or did not come back is simply read again
+        when the deploy asks for it. Returns the greenlets."""
+        if not self._sync():
+            return []
+        started = []
+        for host in hosts:
+            if host in self.state.active_hosts and host.connected:
+                # claimed before this returns: a deploy that asks for one of these reads right away waits for it
+                claimed = self._claim(host, self._plan_reads(host, calls, cache_dir))
+                started += [gevent.spawn(self._read_ahead_group, host, self._memo(host).epoch, group)
+                            for group in claimed]
+        self.greenlets += started
+        return started
+
+    def save(self, cache_dir: Path) -> None:
+        """Remember each host's reads of this run (command and connector arguments, never their output) for the
+        next run's :meth:`read_ahead`; only when the run reached execution (a run stopped by preflight read
+        less than the next one will)."""
+        if not self.executed:
+            return
+        for host, memo in self.hosts.items():
+            if memo.learned:
+                reads = [{"command": text, "arguments": kwargs}
+                         for text, kwargs in list(memo.learned.values())[:MAX_LEARNED]]
+                _write_json(_learned_path(cache_dir, host), reads)
 
     def invalidate(self, host) -> None:
         """Forget every read of ``host``: from now on its facts are read again."""
@@ -134,6 +193,7 @@ class FactMemo:
             original = getattr(host, name)
             return lambda *args, **kwargs: method(host, original, *args, **kwargs)
 
+        self._originals[host] = host.run_shell_command
         host.get_fact = bind(self._get_fact, "get_fact")
         host.run_shell_command = bind(self._run_shell_command, "run_shell_command")
         host.connect = bind(self._connect, "connect")
@@ -154,6 +214,9 @@ class FactMemo:
 
     def _run_shell_command(self, host, original, *args, **kwargs):
         current = gevent.getcurrent()
+        if current in self._collecting:  # a read-ahead asking for the command only: nothing runs
+            key = _cache_key(args, kwargs)
+            raise _Collected(key, _command_text(args[0]) if key is not None else "", _connector_kwargs(kwargs))
         prefetching = current in self._prefetchers
         if not (prefetching or (current, host) in self._reading):
             return self._change(host, original, *args, **kwargs)  # an operation's command, not a fact read
@@ -162,6 +225,8 @@ class FactMemo:
             if prefetching:
                 raise _Prefetched()
             return original(*args, **kwargs)
+        if not prefetching:
+            self._learn(host, key, args[0], kwargs)
         return self._read(host, key, prefetching, lambda: original(*args, **kwargs))
 
     def _connect(self, host, original, *args, **kwargs):
@@ -182,6 +247,96 @@ class FactMemo:
 
     # -------------------------------------------------------------------------------------- internals
 
+    def _learn(self, host, key: tuple, command, kwargs: dict) -> None:
+        """Note a read of the deploy for the next run, unless it carries a secret (a masked part, a password, an
+        environment) that must not be written to disk."""
+        memo = self._memo(host)
+        if key in memo.learned or len(memo.learned) >= MAX_LEARNED:
+            return
+        arguments = _connector_kwargs(kwargs)
+        if isinstance(command, StringCommand) and command.get_raw_value() != command.get_masked_value():
+            return
+        if any(value for name, value in arguments.items() if "password" in name or name == "_env"):
+            return
+        try:
+            if json.loads(json.dumps(arguments)) != arguments:
+                return
+        except (TypeError, ValueError):
+            return
+        memo.learned[key] = (_command_text(command), arguments)
+
+    def _collect(self, host, call: FactCall) -> _Collected | None:
+        """The command (and connector arguments) pyinfra runs for ``call`` on ``host``, without running it."""
+        cls, args, kwargs = call
+        current = gevent.getcurrent()
+        self._collecting.add(current)
+        try:
+            get_fact(self.state, host, cls, args=args, kwargs=kwargs)
+        except _Collected as collected:
+            return collected if collected.key is not None else None
+        except Exception as error:  # noqa: BLE001 - the deploy's own read meets it again, where it should
+            logger.debug(f"{host.name}: no read-ahead of {cls.__name__}: {error!r}")
+        finally:
+            self._collecting.discard(current)
+        return None
+
+    def _plan_reads(self, host, calls: Sequence[FactCall], cache_dir: Path | None) -> dict[tuple, tuple[str, dict]]:
+        """key -> (command, connector arguments) of ``calls`` and of the reads remembered for ``host``."""
+        reads: dict[tuple, tuple[str, dict]] = {}
+        for call in calls:
+            collected = self._collect(host, call)
+            if collected is not None:
+                reads.setdefault(collected.key, (collected.text, collected.kwargs))
+        for text, kwargs in _load_learned(cache_dir, host) if cache_dir is not None else ():
+            key = _cache_key((text,), kwargs)
+            if key is not None:
+                reads.setdefault(key, (text, kwargs))
+        return reads
+
+    def _claim(self, host, reads: dict[tuple, tuple[str, dict]]) -> list[list[tuple[tuple, str, dict, _Entry]]]:
+        """Entries for the reads not read (nor being read) since the host last changed, grouped by connector
+        arguments (one remote command each)."""
+        memo = self._memo(host)
+        groups: dict[str, list] = {}
+        for key, (text, kwargs) in reads.items():
+            entry = memo.entries.get(key)
+            if entry is None or entry.epoch != memo.epoch:
+                memo.entries[key] = _Entry(memo.epoch)
+                groups.setdefault(key[1], []).append((key, text, kwargs, memo.entries[key]))
+        return list(groups.values())
+
+    def _read_ahead_group(self, host, epoch: int, group: list[tuple[tuple, str, dict, _Entry]]) -> None:
+        memo = self._memo(host)
+        pending = [(key, text, entry) for key, text, _, entry in group]
+        if memo.epoch != epoch:  # the host changed before this started: the deploy reads for itself
+            for key, _, entry in pending:
+                if memo.entries.get(key) is entry:
+                    del memo.entries[key]
+                entry.done.set()
+            return
+        kwargs = group[0][2]
+        current = gevent.getcurrent()
+        self._prefetchers.add(current)
+        memo.prefetching.add(current)
+        results: dict[int, tuple[bool, CommandOutput]] = {}
+        try:
+            script = read_ahead_script([text for _, text, _ in pending], kwargs.get("_shell_executable") or "sh")
+            ok, output = self._originals[host](StringCommand(script), print_output=False, print_input=False,
+                                               **kwargs)
+            results = split_read_ahead(output, len(pending)) if ok else {}
+        except Exception as error:  # noqa: BLE001 - each read is made again by the deploy, which meets the error
+            logger.debug(f"{host.name}: read-ahead failed: {error!r}")
+        finally:
+            self._prefetchers.discard(current)
+            memo.prefetching.discard(current)
+        for index, (key, _, entry) in enumerate(pending):
+            result = results.get(index)
+            if result is not None and result[0] and entry.epoch == memo.epoch:
+                entry.result = result
+            elif memo.entries.get(key) is entry:
+                del memo.entries[key]  # read by the deploy itself, which meets the error where it should
+            entry.done.set()
+
     def _memo(self, host) -> _HostMemo:
         if host not in self.hosts:
             self.hosts[host] = _HostMemo()
@@ -194,9 +349,10 @@ class FactMemo:
             keep = (self.stage, stage) == (StateStage.Prepare, StateStage.Execute) \
                 and not self.state.should_check_for_changes()  # -y: no confirmation in between
             self.stage = stage
+            self.executed = self.executed or stage == StateStage.Execute
             for host in self.hosts if not keep else ():
                 self.invalidate(host)
-            if stage == StateStage.Execute:
+            if stage == StateStage.Execute and not keep:  # with -y, what operations read is still valid
                 for host, memo in self.hosts.items():
                     if memo.op_reads:
                         self.prefetch([host], list(memo.op_reads.values()))
@@ -267,6 +423,94 @@ def _cache_key(args: tuple, kwargs: dict) -> tuple | None:
     return text, repr(sorted((k, v) for k, v in kwargs.items() if k not in ("print_output", "print_input")))
 
 
+def _command_text(command) -> str:
+    return command.get_raw_value() if isinstance(command, StringCommand) else command
+
+
+def _connector_kwargs(kwargs: dict) -> dict:
+    return {k: v for k, v in kwargs.items() if k not in ("print_output", "print_input")}
+
+
+def read_ahead_script(commands: Sequence[str], shell: str = "sh") -> str:
+    """sh running ``commands`` (each as ``shell -c COMMAND``, stdin empty): the first alone (the lock is read
+    before anything else), then the others concurrently; then, in order, for each: a ``BATCH_MARK i rc=N``
+    line, its stdout, a ``BATCH_MARK i stderr`` line and its stderr (awk's ``getline``: a last line without newline
+    is completed, as pyinfra reads it)."""
+    run = f'r() {{ {shlex.quote(shell)} -c "$2" >"$d/$1.o" 2>"$d/$1.e" </dev/null; echo $? >"$d/$1.r"; }}'
+    lines = ["d=$(mktemp -d) || exit 1", "trap 'rm -rf \"$d\"' EXIT", run, f"r 0 {shlex.quote(commands[0])}"]
+    lines += [f"r {index} {shlex.quote(command)} &" for index, command in enumerate(commands[1:], 1)]
+    # one awk prints every output (a process per command would cost the host more than the commands themselves)
+    show = (f'BEGIN {{ for (i = 0; i < {len(commands)}; i++) {{ rc = ""; f = d "/" i ".r"; getline rc < f; close(f); '
+            f'print "{BATCH_MARK} " i " rc=" rc; f = d "/" i ".o"; while ((getline line < f) > 0) print line; '
+            f'close(f); print "{BATCH_MARK} " i " stderr"; f = d "/" i ".e"; '
+            'while ((getline line < f) > 0) print line; close(f) } }')
+    lines += ["wait", f'awk -v d="$d" {shlex.quote(show)}']
+    return "\n".join(lines)
+
+
+def split_read_ahead(output: CommandOutput, count: int) -> dict[int, tuple[bool, CommandOutput]]:
+    """{index: (exit status 0, output)} of :func:`read_ahead_script`'s ``count`` commands; {} if the output
+    does not have that shape (nothing is kept then)."""
+    results: dict[int, tuple[bool, CommandOutput]] = {}
+    index, rc, stream, lines = -1, None, "stdout", []
+
+    def close():
+        if index >= 0:
+            results[index] = (rc == 0, CommandOutput(lines))
+
+    for line in output.stdout_lines:
+        if line.startswith(f"{BATCH_MARK} "):
+            head = line[len(BATCH_MARK) + 1:].split(" ", 1)
+            if len(head) == 2 and head[1] == "stderr" and head[0] == str(index):
+                stream = "stderr"
+                continue
+            if len(head) == 2 and head[0] == str(index + 1) and head[1].startswith("rc="):
+                close()
+                index, stream, lines = index + 1, "stdout", []
+                rc = int(head[1][3:]) if head[1][3:].isdigit() else None
+                continue
+            return {}
+        if index < 0:
+            return {}
+        lines.append(OutputLine(stream, line))
+    close()
+    return results if len(results) == count else {}
+
+
+def default_cache_dir() -> Path:
+    """Where gpufleet remembers each host's reads between runs: ``$GPUFLEET_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/gpufleet``, else ``~/.cache/gpufleet``."""
+    if os.environ.get("GPUFLEET_CACHE_DIR"):
+        return Path(os.environ["GPUFLEET_CACHE_DIR"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gpufleet"
+
+
+def _learned_path(cache_dir: Path, host) -> Path:
+    """Per inventory name and SSH address (two fleets may both have a ``node01``)."""
+    address = host.data.get("ssh_hostname") if hasattr(host, "data") else None
+    name = f"{host.name}@{address}" if isinstance(address, str) and address != host.name else host.name
+    return cache_dir / "reads" / f"{quote(name, safe='')}.json"
+
+
+def _load_learned(cache_dir: Path, host) -> list[tuple[str, dict]]:
+    try:
+        reads = json.loads(_learned_path(cache_dir, host).read_text())
+        return [(read["command"], dict(read["arguments"])) for read in reads[:MAX_LEARNED]
+                if isinstance(read.get("command"), str)]
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return []  # none yet, or unreadable: this run reads as it goes and writes a new one
+
+
+def _write_json(path: Path, data) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f".{path.name}.{os.getpid()}")
+        partial.write_text(json.dumps(data, indent=1))
+        partial.replace(path)  # atomic: concurrent runs never read half a file
+    except OSError as error:
+        logger.debug(f"gpufleet: could not remember the reads in {path}: {error}")
+
+
 def _copy(result: tuple[bool, CommandOutput]) -> tuple[bool, CommandOutput]:
     return result[0], CommandOutput(list(result[1].combined_lines))
 
@@ -308,9 +552,12 @@ def supported(version: str | None = None) -> str | None:
     return f"pyinfra {version} lacks {', '.join(missing)}" if missing else None
 
 
-def install(state, facts: Sequence[type] = ()) -> FactMemo | None:
+def install(state, facts: Sequence[type] = (), cache_dir: Path | None = None) -> FactMemo | None:
     """Install the memo on ``state``'s hosts (once per state; pass the real ``State``, e.g. ``host.state``);
-    the first call also sets TCP_NODELAY and prefetches ``facts`` (no arguments) on every active host.
+    the first call also sets TCP_NODELAY and reads ahead ``facts`` (no arguments, in this order) on every active
+    host, in one remote command per host (:meth:`FactMemo.read_ahead`). With ``cache_dir``
+    (:func:`default_cache_dir`) that command also reads what the deploy read on the same host in its last run,
+    and this run's reads are remembered there when the process exits.
 
     Returns None, and installs nothing, where :func:`supported` says no: fact reads are then pyinfra's own."""
     memo = _memos.get(state)
@@ -325,7 +572,9 @@ def install(state, facts: Sequence[type] = ()) -> FactMemo | None:
         for host in state.inventory:
             if host.connected:
                 set_nodelay(host)
-        memo.prefetch(state.inventory.get_active_hosts(), [(cls, (), {}) for cls in facts])
+        memo.read_ahead(state.inventory.get_active_hosts(), [(cls, (), {}) for cls in facts], cache_dir)
+        if cache_dir is not None:
+            atexit.register(memo.save, cache_dir)
     return memo
 
 

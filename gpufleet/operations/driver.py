@@ -16,14 +16,13 @@ from urllib.parse import urlparse
 from pyinfra import host, logger, state
 from pyinfra.api import FactBase, OperationValueError, operation
 from pyinfra.facts.apt import noninteractive_apt
-from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.dnf import DnfEnabledModules
 from pyinfra.facts.rpm import RpmPackages
 from pyinfra.facts.server import Arch, KernelVersion, LinuxDistribution, RebootRequired, Which
 from pyinfra.operations import files, server
 
 from gpufleet.facts.nvidia import GpuInventory
-from gpufleet.facts.packages import PackageHolds
+from gpufleet.facts.packages import NvidiaPackages, PackageHolds
 from gpufleet.facts.systemd import UnitStates, unknown_unit
 
 from . import _packaging as pkg
@@ -384,7 +383,7 @@ def _apt_packages(branch: str, flavour: str, style: str, nvswitch: bool, repo_ur
     None when the host was refused (nothing installable)."""
     driver = pkg.driver_package(branch, flavour, style)
     fabricmanager = pkg.fabricmanager_package(branch)
-    installed = host.get_fact(DebPackages)
+    installed, holds = _apt_installed()
     driver_version = _one(installed.get(driver))
     fm_version = _one(installed.get(fabricmanager)) if nvswitch else None
     obsolete = sorted(
@@ -400,7 +399,6 @@ def _apt_packages(branch: str, flavour: str, style: str, nvswitch: bool, repo_ur
     wanted = [driver] + ([fabricmanager] if nvswitch else [])
 
     if not (need_driver or need_fm or obsolete):
-        holds = host.get_fact(PackageHolds)
         unheld = [name for name in _hold_list(wanted, installed, driver_version) if name not in holds]
         if unheld:
             yield f"apt-mark hold {_quote_all(unheld)}"
@@ -444,9 +442,18 @@ def _apt_packages(branch: str, flavour: str, style: str, nvswitch: bool, repo_ur
         flag = f"echo '*** System restart required ***' > {REBOOT_REQUIRED}"
         yield f"{flag} && echo {shlex.quote(driver)} >> {REBOOT_REQUIRED}.pkgs"
     # Read after the install (lazily, like the policy above): the release's packages the metapackage pulled in.
-    installed = host.get_fact(DebPackages)
+    installed, _ = _apt_installed()
     yield f"apt-mark hold {_quote_all(_hold_list(wanted, installed, driver_version))}"
     return driver_version, need_fm
+
+
+def _apt_installed() -> tuple[dict[str, set[str]], set[str]]:
+    """``({name: {version}}, held names)`` of the installed NVIDIA packages: one narrow read (``NvidiaPackages``,
+    which preflight reads too) instead of every package of the host (``dpkg -l``) and ``apt-mark showhold``."""
+    found = host.get_fact(NvidiaPackages)
+    installed = {name: {entry["version"]} for name, entry in found["packages"].items()
+                 if entry["installed"] and entry["version"]}
+    return installed, set(found["held"])
 
 
 def _hold_list(wanted: list[str], installed: dict, driver_version: str | None) -> list[str]:

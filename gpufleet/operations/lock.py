@@ -207,6 +207,10 @@ def host_lock(command: str | None = None, seen: tuple[str, int] | None = None):
         host.noop("gpufleet lock held by this run")
         return
     target = state.inventory.get_host(host.name)
+    if type(target.connector).__name__ == "FakeConnector":
+        # pyinfra's @fake hosts (demos, benchmarks/scale.py) run nothing: there is nothing to lock
+        host.noop("no gpufleet lock on a @fake host: nothing runs there")
+        return
     try:
         info = holder_info(command)
         result = acquire(target, info)

@@ -220,3 +220,19 @@ def test_secure_boot_without_mokutil():
     assert (bios["state"], bios["source"]) == ("unsupported", "firmware")
     unknown = sb(None)
     assert (unknown["state"], unknown["source"], unknown["mokutil"]) == ("unknown", None, False)
+
+
+def test_package_patterns_cover_every_name_the_driver_operation_decides_on():
+    """The driver operation reads only NvidiaPackages: each name its naming rules act on must be listed by it."""
+    from fnmatch import fnmatch
+
+    from gpufleet.facts.packages import DEB_PATTERNS
+    from gpufleet.operations import _packaging as pkg
+
+    names = ["nvidia-open-580", "cuda-drivers-580", "cuda-drivers", "nvidia-driver-580-server-open",
+             "nvidia-headless-580-server", "nvidia-fabricmanager-580", "libnvidia-compute-580", "libcuda1",
+             "xserver-xorg-video-nvidia", "xserver-xorg-video-nvidia-580", "firmware-nvidia-gsp",
+             "nvidia-kernel-common-580"]
+    for name in names:
+        assert pkg.is_apt_driver_selector(name) or pkg.is_apt_fabricmanager(name) or pkg.is_apt_driver_component(name)
+        assert any(fnmatch(name, pattern) for pattern in DEB_PATTERNS), name

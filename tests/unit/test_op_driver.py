@@ -7,7 +7,6 @@ import hashlib
 
 import pytest
 from pyinfra.api import OperationError, OperationValueError, State
-from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.dnf import DnfEnabledModules
 from pyinfra.facts.files import Directory, File, Sha1File
 from pyinfra.facts.rpm import RpmPackages
@@ -15,7 +14,7 @@ from pyinfra.facts.server import Arch, KernelVersion, LinuxDistribution, RebootR
 from pyinfra_harness import run_operation, wrap
 
 from gpufleet.facts.nvidia import GpuInventory
-from gpufleet.facts.packages import PackageHolds
+from gpufleet.facts.packages import NvidiaPackages, PackageHolds
 from gpufleet.facts.systemd import UnitStates
 from gpufleet.operations import _packaging, driver
 
@@ -103,6 +102,14 @@ def host_facts(facts: dict, extra: dict | None) -> dict:
     }
 
 
+def nvidia_packages(installed: dict | None = None, holds=()) -> dict:
+    """The ``NvidiaPackages`` fact of a dpkg host: ``installed`` maps names to {version}, ``holds`` are held."""
+    packages = {name: {"version": version, "status": "hi " if name in holds else "ii ", "installed": True,
+                       "held": name in holds}
+                for name, versions in (installed or {}).items() for version in versions}
+    return {"manager": "dpkg", "packages": packages, "held": sorted(n for n in packages if n in holds), "error": None}
+
+
 def apt_facts(managed: dict[str, str] | None = None, installed=None, holds=(), extra: dict | None = None):
     """Facts of an apt host: ``managed`` maps each gpufleet-managed file that exists to its content."""
     managed = managed or {}
@@ -119,8 +126,7 @@ def apt_facts(managed: dict[str, str] | None = None, installed=None, holds=(), e
         Which: lambda command: {"curl": "/usr/bin/curl", "update-initramfs": "/usr/sbin/update-initramfs"}.get(command),
         KernelVersion: KERNEL,
         driver._AptCachePolicy: policy,
-        DebPackages: dict(installed or {}),
-        PackageHolds: set(holds),
+        NvidiaPackages: nvidia_packages(installed, holds),
     }, extra)
 
 
@@ -220,7 +226,8 @@ def test_converged_host_is_noop():
 
 
 def test_converged_host_missing_a_hold_gets_only_the_hold():
-    commands, _ = run(converged(extra={PackageHolds: {"nvidia-open-580"}}))
+    installed = {"nvidia-open-580": {"580.95.05-1"}, "nvidia-fabricmanager-580": {"580.95.05-1"}}
+    commands, _ = run(converged(extra={NvidiaPackages: nvidia_packages(installed, holds={"nvidia-open-580"})}))
     assert commands == ["apt-mark hold nvidia-fabricmanager-580"]
 
 
@@ -235,7 +242,8 @@ def test_the_whole_driver_release_is_held_not_container_tools_or_other_versions(
         "nvidia-container-toolkit": {"1.17.8-1"},
         "bash": {"5.2.15-2+b7"},
     }
-    commands, _ = run(converged(extra={DebPackages: installed}))
+    holds = {"nvidia-open-580", "nvidia-fabricmanager-580"}
+    commands, _ = run(converged(extra={NvidiaPackages: nvidia_packages(installed, holds)}))
     assert commands == ["apt-mark hold libnvidia-compute-580 nvidia-kernel-common-580"]
 
 
@@ -338,7 +346,9 @@ def test_without_nvswitch_no_fabric_manager_and_no_unit():
 
 def test_fabric_manager_of_another_version_is_replaced_by_the_drivers_version_and_restarted():
     facts = converged(
-        extra={DebPackages: {"nvidia-open-580": {"580.95.05-1"}, "nvidia-fabricmanager-580": {"580.65.06-1"}}}
+        extra={NvidiaPackages: nvidia_packages(
+            {"nvidia-open-580": {"580.95.05-1"}, "nvidia-fabricmanager-580": {"580.65.06-1"}},
+            holds={"nvidia-open-580", "nvidia-fabricmanager-580"})}
     )
     commands, _ = run(facts)
     assert commands == [

@@ -7,7 +7,10 @@ No test sleeps to order events: a command named in the connector's ``gates`` ann
 
 from __future__ import annotations
 
+import re
+import shlex
 import socket
+import subprocess
 from collections import defaultdict
 
 import gevent
@@ -44,6 +47,8 @@ class FakeConnector(BaseConnector):
     def run_shell_command(self, command, print_output=False, print_input=False, **arguments):
         text = command.get_raw_value() if isinstance(command, StringCommand) else str(command)
         self.log.append(text)
+        if text.startswith("d=$(mktemp -d)"):  # a read-ahead (its script is run by a real sh in another test)
+            return True, CommandOutput([OutputLine("stdout", line) for line in self.read_ahead(text)])
         if text.startswith("write ") and self.in_flight:
             self.overlaps += 1
         self.in_flight += 1
@@ -61,6 +66,22 @@ class FakeConnector(BaseConnector):
             return True, CommandOutput([])
         lines = {"read value": [str(self.value)], "read name": [self.host.name], "read bad": ["x"]}.get(text, [])
         return text not in self.fail, CommandOutput([OutputLine("stdout", line) for line in lines])
+
+    def read_ahead(self, script: str) -> list[str]:
+        """What prefetch.read_ahead_script prints, each command answered as if run alone."""
+        commands = [shlex.split(line)[2] for line in script.splitlines() if re.match(r"^r \d+ ", line)]
+        out = []
+        for index, command in enumerate(commands):
+            ok, output = self.answer(command)
+            out += [f"{prefetch.BATCH_MARK} {index} rc={0 if ok else 1}", *output.stdout_lines,
+                    f"{prefetch.BATCH_MARK} {index} stderr", *output.stderr_lines]
+        return out
+
+    def answer(self, text: str):
+        lines = {"read value": [str(self.value)], "read name": [self.host.name], "read bad": ["x"]}.get(text, [])
+        stderr = ["no such thing"] if text in self.fail else []
+        return text not in self.fail, CommandOutput([OutputLine("stdout", line) for line in lines]
+                                                    + [OutputLine("stderr", line) for line in stderr])
 
     def put_file(self, *args, **kwargs):
         self.value = -1
@@ -417,3 +438,95 @@ def test_the_memo_can_be_switched_off(state, monkeypatch):
 
 def test_the_installed_pyinfra_is_supported():
     assert prefetch.supported() is None
+
+
+# ------------------------------------------------------------------------------------------------ read-ahead
+
+
+def test_the_read_ahead_script_gives_each_command_its_own_output_and_status():
+    commands = ["printf 'a\\nb'", "echo out; echo err >&2", "exit 3", "cat; echo stdin-empty", "echo '@@x'"]
+    script = prefetch.read_ahead_script(commands)
+    run = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=30, check=True)
+    output = CommandOutput([OutputLine("stdout", line) for line in run.stdout.splitlines()])
+    results = prefetch.split_read_ahead(output, len(commands))
+    assert [(ok, out.stdout_lines, out.stderr_lines) for ok, out in (results[i] for i in range(5))] == [
+        (True, ["a", "b"], []),
+        (True, ["out"], ["err"]),
+        (False, [], []),
+        (True, ["stdin-empty"], []),
+        (True, ["@@x"], []),
+    ]
+    assert prefetch.split_read_ahead(output, 6) == {}  # not the expected shape: nothing is kept
+    assert prefetch.split_read_ahead(CommandOutput([OutputLine("stdout", "stray")]), 1) == {}
+
+
+def test_read_ahead_is_one_command_per_host_and_serves_the_deploys_reads(state):
+    memo = prefetch.install(state)
+    gevent.joinall(memo.read_ahead(hosts(state), [(Value, (), {}), (Name, (), {})]), raise_error=True)
+    for host in hosts(state):
+        assert host.get_fact(Value) == 0 and host.get_fact(Name) == host.name
+        assert len(log(host)) == 1 and log(host)[0].startswith("d=$(mktemp -d)")
+        write(host, 5)
+        assert host.get_fact(Value) == 5  # a change: read again
+        assert log(host)[-1] == "read value"
+
+
+def test_a_read_that_failed_in_the_read_ahead_is_made_again_by_the_deploy(state):
+    h1, _, _ = hosts(state)
+    h1.connector.fail.add("read value")
+    memo = prefetch.install(state)
+    gevent.joinall(memo.read_ahead([h1], [(Name, (), {}), (Value, (), {})]), raise_error=True)
+    assert h1.get_fact(Name) == "h1"
+    assert h1 not in state.failed_hosts
+    assert h1.get_fact(Value) is None  # fails where the deploy reads it, as without the read-ahead
+    assert h1 in state.failed_hosts
+    assert log(h1)[1:] == ["read value"]
+
+
+def test_the_reads_of_a_run_are_read_ahead_by_the_next_run_on_the_same_host(state, tmp_path):
+    h1, h2, _ = hosts(state)
+    state.check_for_changes = False
+    memo = prefetch.install(state, [Value], cache_dir=tmp_path)
+    gevent.joinall(memo.greenlets, raise_error=True)
+    state.set_stage(StateStage.Execute)
+    h1.get_fact(Word, "x")
+    h1.get_fact(Word, "y")
+    memo.save(tmp_path)
+
+    inventory = Inventory((["h1", "h2"], {}))
+    for host in inventory:
+        host.connector_cls = FakeConnector
+    state2 = State(inventory, Config())
+    for host in state2.inventory:
+        host.connected = True
+        state2.activate_host(host)
+    state2.set_stage(StateStage.Prepare)
+    memo2 = prefetch.FactMemo(state2)
+    gevent.joinall(memo2.read_ahead(list(state2.inventory), [(Value, (), {})], tmp_path), raise_error=True)
+    new_h1, new_h2 = state2.inventory.get_host("h1"), state2.inventory.get_host("h2")
+    assert [new_h1.get_fact(Value), new_h1.get_fact(Word, "x"), new_h1.get_fact(Word, "y")] == [0, None, None]
+    assert len(log(new_h1)) == 1 and "read x" in log(new_h1)[0] and "read y" in log(new_h1)[0]
+    assert "read x" not in log(new_h2)[0]  # remembered per host
+    assert all("read value" in line for line in (log(new_h1)[0], log(new_h2)[0]))
+
+
+def test_a_run_stopped_before_execution_remembers_nothing(state, tmp_path):
+    h1, _, _ = hosts(state)
+    memo = prefetch.install(state, cache_dir=tmp_path)
+    h1.get_fact(Word, "x")
+    memo.save(tmp_path)
+    assert not (tmp_path / "reads").exists()
+
+
+def test_reads_with_secrets_are_not_remembered(state, tmp_path):
+    h1, _, _ = hosts(state)
+    state.check_for_changes = False
+    memo = prefetch.install(state, cache_dir=tmp_path)
+    state.set_stage(StateStage.Execute)
+    h1.get_fact(Word, "x", _sudo=True, _sudo_password="hunter2")
+    h1.get_fact(Word, "y", _env={"TOKEN": "s3cret"})
+    h1.get_fact(Word, "z")
+    memo.save(tmp_path)
+    saved = (tmp_path / "reads" / "h1.json").read_text()
+    assert "read z" in saved and "read x" not in saved and "read y" not in saved
+    assert "hunter2" not in saved and "s3cret" not in saved
