@@ -197,3 +197,71 @@ def test_driver_not_loaded_serves_nvml_down_instead_of_exiting(env):
     metrics = scrape(root, pyz)
     assert metrics["gpufleet_gpu_exporter_nvml_up"] == [({"hostname": "node1"}, 0.0)]
     assert "DCGM_FI_DEV_GPU_TEMP" not in metrics
+
+
+def _serve(root: Path, pyz: Path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(["/usr/bin/python3", str(pyz), "--listen", f"127.0.0.1:{port}",
+                             "--settings-dir", str(root / "none")], env=node_env(root),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return proc, f"http://127.0.0.1:{port}/metrics"
+
+
+def _wait_metrics(url: str, predicate, timeout: float = 30.0) -> dict[str, list]:
+    """Scrape until ``predicate(metrics)`` holds (the event waited on), or fail."""
+    deadline = time.monotonic() + timeout
+    metrics: dict[str, list] = {}
+    while time.monotonic() < deadline:
+        try:
+            text = urllib.request.urlopen(url, timeout=10).read().decode()
+        except OSError:
+            time.sleep(0.1)
+            continue
+        metrics = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                metrics.setdefault(sample.name, []).append((sample.labels, sample.value))
+        if predicate(metrics):
+            return metrics
+        time.sleep(0.1)
+    raise AssertionError(f"timed out; last scrape: { {k: v for k, v in metrics.items() if 'xid' in k.lower()} }")
+
+
+def test_xid_events_become_the_last_xid_and_a_counter(env):
+    root, pyz = env
+    path = write_state(root, "rtx4090-1")
+    proc, url = _serve(root, pyz)
+    try:
+        _wait_metrics(url, lambda m: by_gpu(m.get("gpufleet_gpu_exporter_xid_events_supported", [])) == {"0": 1.0})
+        assert by_gpu(scrape_once(url)["DCGM_FI_DEV_XID_ERRORS"]) == {"0": 0.0}
+        for code in (13, 79):
+            with simstate.locked(str(path)) as gpus:
+                gpus["gpu.0.xid.log"] = ",".join(filter(None, [gpus.get("gpu.0.xid.log", ""), str(code)]))
+        metrics = _wait_metrics(url, lambda m: by_gpu(m.get("DCGM_FI_DEV_XID_ERRORS", [])) == {"0": 79.0})
+        counts = {s[0]["xid"]: s[1] for s in metrics["gpufleet_gpu_xid_errors_total"]}
+        assert counts == {"13": 1.0, "79": 1.0}
+        assert DCGM_LABELS <= set(metrics["DCGM_FI_DEV_XID_ERRORS"][0][0])
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=20) == 0
+
+
+def test_no_xid_events_exports_no_xid_says_so_and_keeps_serving(env):
+    root, pyz = env
+    write_state(root, "rtx4090-1", **{"gpu.0.events.supported": "0"})
+    proc, url = _serve(root, pyz)
+    try:
+        metrics = _wait_metrics(
+            url, lambda m: by_gpu(m.get("gpufleet_gpu_exporter_xid_events_supported", [])) == {"0": 0.0})
+        assert "DCGM_FI_DEV_XID_ERRORS" not in metrics and "DCGM_FI_DEV_GPU_TEMP" in metrics
+    finally:
+        proc.terminate()
+        output = proc.communicate(timeout=20)[0]
+    assert proc.returncode == 0
+    assert "NVML has no Xid events here (NOT_SUPPORTED): DCGM_FI_DEV_XID_ERRORS is not exported" in output
+
+
+def scrape_once(url: str) -> dict[str, list]:
+    return _wait_metrics(url, lambda m: True)
