@@ -108,8 +108,32 @@ def exporters_stage(config: NodeConfig, facts: preflight.HostFacts) -> None:
         driver.nvidia_repository(name="NVIDIA repository (DCGM)", repo_url=config.driver.repo_url,
                                  keyring_url=config.driver.repo_keyring_url)
     exporters.gpu_exporter(name="GPU exporter", kind=kind, listen=settings.gpu_listen,
-                           profiling=bool(models) and all(m is not None and m.datacenter for m in models),
-                           persistence_managed=config.stage_enabled("persistence"))
+                           profiling=bool(models) and all(m is not None and m.datacenter for m in models))
+    if settings.node and kind != "none":
+        publish_desired_state(config, facts)
+
+
+def desired_gpu_settings(config: NodeConfig, gpus: list) -> list[dict]:
+    """What the node plan decides per GPU, for the desired-state alerts (``exporters.desired_state``)."""
+    plan = NodePlan.resolve(config, gpus)
+    limits = plan.power.limits if plan.power is not None else {}
+    layout = plan.mig.layout if plan.mig is not None else {}
+    persistence = config.stage_enabled("persistence")
+    return [{"index": g.index, "uuid": g.uuid, "pci_bus_id": g.pci_bus_id,
+             "power_limit_w": limits.get(g.uuid), "persistence": persistence,
+             "mig_enabled": (layout[g.index] is not None) if g.index in layout else None}
+            for g in gpus if g.uuid]
+
+
+def publish_desired_state(config: NodeConfig, facts: preflight.HostFacts) -> None:
+    # GPUs as the driver lists them at preflight; on a host whose driver this run installs there are none yet:
+    # the next run publishes them
+    found = facts.gpu_inventory or {}
+    gpus = gpus_from_facts(found) if found.get("gpus") else []
+    if gpus:
+        exporters.desired_state(name="desired GPU settings (Prometheus textfile)",
+                                textfile_dir=config.exporters.textfile_dir,
+                                gpus=desired_gpu_settings(config, gpus))
 
 
 def _gpu_stages_after_driver(config: NodeConfig) -> None:

@@ -11,11 +11,10 @@ dcgm-exporter's (``gpu``, ``UUID``, ``pci_bus_id``, ``device``, ``modelName``, `
 support (NVML ``NOT_SUPPORTED``) is left out for that GPU, as dcgm-exporter does; a GPU NVML cannot reach
 (fallen off the bus) exports nothing but ``gpufleet_gpu_exporter_errors``.
 
-gpufleet extras (DCGM knows nothing of the desired state): ``gpufleet_gpu_power_limit_desired_watts`` (from
-``SETTINGS_DIR/power-limits.conf``, ``UUID=WATTS`` lines written by gpufleet's power stage),
-``gpufleet_gpu_persistence_desired`` (1 when ``SETTINGS_DIR/exporter.json`` says persistence is managed),
-``gpufleet_gpu_mig_layout_match`` (0/1: MIG mode and GPU-instance profiles vs ``SETTINGS_DIR/mig-layout.json``,
-GPUs by PCI bus id, only for GPUs in the layout).
+gpufleet extra (DCGM has no such field): ``gpufleet_gpu_mig_layout_match`` (0/1: MIG mode and GPU-instance profiles
+vs ``SETTINGS_DIR/mig-layout.json``, the MIG stage's file, GPUs by PCI bus id, only for GPUs in the layout). The
+desired power limit, persistence and MIG mode are not exported here: the exporters stage publishes them from the
+node plan as a node_exporter textfile, for both exporters.
 
 Xids: a background thread (:class:`XidWatcher`) registers every GPU for NVML's Xid critical-error events and waits
 on them; ``DCGM_FI_DEV_XID_ERRORS`` is the last Xid of each GPU since the exporter started (0 before any), as
@@ -69,8 +68,6 @@ _HELP = {
     "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": "Total number of PCIe retries.",
     "DCGM_FI_DEV_MIG_MODE": "MIG mode (1 enabled).",
     "DCGM_FI_DEV_XID_ERRORS": "Value of the last XID error encountered.",
-    "gpufleet_gpu_power_limit_desired_watts": "Power limit gpufleet's power stage sets on this GPU (in W).",
-    "gpufleet_gpu_persistence_desired": "1 when gpufleet manages persistence mode (it should be on).",
     "gpufleet_gpu_mig_layout_match": "1 when MIG mode and GPU instances are the layout gpufleet applied, else 0.",
 }
 
@@ -88,24 +85,6 @@ def _nvml_optional(call, *args):
 
 def _text(value) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def read_power_limits(path: str) -> dict[str, float]:
-    """{uuid: watts} of the power stage's ``UUID=WATTS`` file; {} when there is none."""
-    limits = {}
-    try:
-        with open(path, encoding="utf-8") as fh:
-            lines = fh.read().splitlines()
-    except OSError:
-        return limits
-    for line in lines:
-        uuid, sep, value = line.strip().partition("=")
-        if sep and uuid and not uuid.startswith("#"):
-            try:
-                limits[uuid] = float(value)
-            except ValueError:
-                continue
-    return limits
 
 
 def read_json(path: str) -> dict:
@@ -258,13 +237,10 @@ class GpuCollector:
         self.initialized = False
         self.init_error: str | None = None
 
-    def _settings(self):
-        exporter = read_json(os.path.join(self.settings_dir, "exporter.json"))
-        power = read_power_limits(os.path.join(self.settings_dir, "power-limits.conf"))
+    def _mig_layout(self):
         layout = read_json(os.path.join(self.settings_dir, "mig-layout.json"))
-        mig = {norm_bus(g["pci_bus_id"]): g for g in layout.get("gpus") or []
-               if isinstance(g, dict) and isinstance(g.get("pci_bus_id"), str)}
-        return exporter, power, mig
+        return {norm_bus(g["pci_bus_id"]): g for g in layout.get("gpus") or []
+                if isinstance(g, dict) and isinstance(g.get("pci_bus_id"), str)}
 
     def _nvml_ready(self) -> bool:
         """NVML initialised (retried at every scrape: the driver may load after the exporter started)."""
@@ -316,18 +292,18 @@ class GpuCollector:
         yield total
 
     def _read(self):
-        exporter, power, mig = self._settings()
+        mig = self._mig_layout()
         samples: dict[str, list] = {}
         errors = 0
         driver = _text(pynvml.nvmlSystemGetDriverVersion())
         for index in range(pynvml.nvmlDeviceGetCount()):
             try:
-                self._read_gpu(index, driver, exporter, power, mig, samples)
+                self._read_gpu(index, driver, mig, samples)
             except pynvml.NVMLError:
                 errors += 1
         return samples, errors
 
-    def _read_gpu(self, index, driver, exporter, power, mig, samples):
+    def _read_gpu(self, index, driver, mig, samples):
         h = pynvml.nvmlDeviceGetHandleByIndex(index)
         uuid = _text(pynvml.nvmlDeviceGetUUID(h))
         bus = _text(pynvml.nvmlDeviceGetPciInfo(h).busId)
@@ -375,10 +351,6 @@ class GpuCollector:
             last, _, supported = self.xids.snapshot()
             if supported.get(uuid):
                 values["DCGM_FI_DEV_XID_ERRORS"] = last.get(uuid, 0)
-        if uuid in power:
-            values["gpufleet_gpu_power_limit_desired_watts"] = power[uuid]
-        if exporter.get("persistence_managed") is not None:
-            values["gpufleet_gpu_persistence_desired"] = 1 if exporter["persistence_managed"] else 0
         wanted = mig.get(norm_bus(bus))
         if wanted is not None:
             values["gpufleet_gpu_mig_layout_match"] = self._mig_match(h, wanted, current_mig)

@@ -3,11 +3,15 @@ kernel log line as verify parses it."""
 
 from __future__ import annotations
 
-from test_sim_nvml import libdir, make_state, sim  # noqa: F401 - pytest fixtures
+import test_sim_nvml as base
 
 from gpufleet.sim import faults
 from gpufleet.sim.gpu import state as simstate
 from gpufleet.verify.xid import parse_xid_lines
+
+libdir = base.libdir  # the fixtures of the simulated NVML's own tests: the library built once per session
+sim = base.sim
+make_state = base.make_state
 
 _WAIT = '''
 nvmlInit()
