@@ -131,19 +131,23 @@ def test_geforce_leaves_out_what_it_does_not_support(env):
     assert "DCGM_FI_DEV_ROW_REMAP_PENDING" not in metrics
 
 
-def test_desired_state_extras(env, tmp_path):
+def test_mig_layout_match_extra_and_no_desired_values(env, tmp_path):
+    """The desired values come from the node plan's textfile (node_exporter), not from the exporter: it exports
+    only the MIG layout match it computes from the MIG stage's file, and the current values (DCGM names)."""
     root, pyz = env
     path = write_state(root, "h100-sxm-8", **{"gpu.0.mig.current": "1", "gpu.0.mig.pending": "1"})
     state = simstate.read_state(str(path))
     g0, g1 = simstate.gpu(state, 0), simstate.gpu(state, 1)
     (tmp_path / "power-limits.conf").write_text(f"# managed\n{g0['uuid']}=500\n{g1['uuid']}=700\n")
-    (tmp_path / "exporter.json").write_text(json.dumps({"persistence_managed": True}))
     (tmp_path / "mig-layout.json").write_text(json.dumps({"version": 1, "gpus": [
         {"pci_bus_id": g0["pci.bus_id"], "mig_enabled": True, "create": [19]},
         {"pci_bus_id": g1["pci.bus_id"].lower(), "mig_enabled": False, "create": []}]}))
     metrics = scrape(root, pyz, tmp_path)
-    assert by_gpu(metrics["gpufleet_gpu_power_limit_desired_watts"]) == {"0": 500.0, "1": 700.0}
-    assert by_gpu(metrics["gpufleet_gpu_persistence_desired"]) == {str(i): 1.0 for i in range(8)}
+    assert not [name for name in metrics if name.endswith("_desired") or "_desired_" in name]
+    assert by_gpu(metrics["DCGM_FI_DEV_MIG_MODE"])["0"] == 1.0 and by_gpu(metrics["DCGM_FI_DEV_MIG_MODE"])["1"] == 0
+    assert by_gpu(metrics["DCGM_FI_DEV_PERSISTENCE_MODE"]) == {
+        str(i): float(simstate.gpu(state, i)["persistence"]) for i in range(8)}
+    assert by_gpu(metrics["DCGM_FI_DEV_POWER_MGMT_LIMIT"])["1"] == int(g1["power.limit_mw"]) / 1000
     # GPU 0: MIG on but no GPU instance where the layout wants one 1g profile (id 19): drift; GPU 1: matches
     assert by_gpu(metrics["gpufleet_gpu_mig_layout_match"]) == {"0": 0.0, "1": 1.0}
 
