@@ -91,8 +91,8 @@ def choose_gpu_exporter(setting: str, models: list, dcgm_offered: bool) -> str:
     return "dcgm" if datacenter and dcgm_offered else "nvml"
 
 
-def exporters_stage(config: NodeConfig, facts: preflight.HostFacts) -> None:
-    """node_exporter and the GPU exporter (stage ``exporters``)."""
+def exporters_stage(config: NodeConfig, facts: preflight.HostFacts, driver_changes: bool = False) -> None:
+    """node_exporter and the GPU exporter (stage ``exporters``), and the desired GPU settings for the alerts."""
     settings = config.exporters
     if settings.node:
         exporters.node_exporter(name="node_exporter", textfile_dir=settings.textfile_dir,
@@ -110,7 +110,7 @@ def exporters_stage(config: NodeConfig, facts: preflight.HostFacts) -> None:
     exporters.gpu_exporter(name="GPU exporter", kind=kind, listen=settings.gpu_listen,
                            profiling=bool(models) and all(m is not None and m.datacenter for m in models))
     if settings.node and kind != "none":
-        publish_desired_state(config, facts)
+        publish_desired_state(config, facts, driver_changes)
 
 
 def desired_gpu_settings(config: NodeConfig, gpus: list) -> list[dict]:
@@ -166,4 +166,4 @@ def gpu_node() -> None:
         python.call(name="GPU settings (planned once the driver answers)", function=_gpu_stages_after_driver,
                     config=config)
     if config.stage_enabled("exporters"):
-        exporters_stage(config, facts)
+        exporters_stage(config, facts, driver_changes)

@@ -3084,7 +3084,7 @@ EXPORT nvmlReturn_t nvmlComputeInstanceGetInfo(nvmlComputeInstance_t computeInst
 #define NVML_EVENT_XID 0x8ull
 #define NVML_EVENT_CLOCK 0x10ull
 #define EVENT_SET_MAGIC 0x45565453u /* "EVTS" */
-#define EVENT_POLL_NS 20000000L
+#define EVENT_POLL_NS 50000000L
 
 typedef struct {
     unsigned int magic;
@@ -3228,10 +3228,20 @@ EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *dat
     if (!s || !data)
         return NVML_ERROR_INVALID_ARGUMENT;
     struct timespec start, now, pause = {0, EVENT_POLL_NS};
+    struct stat seen_stat = {0}, st;
+    int first = 1;
     clock_gettime(CLOCK_MONOTONIC, &start);
     for (;;) {
-        if (next_xid(s, data))
-            return NVML_SUCCESS;
+        /* the state file is read again only when it changed (a waiting exporter costs a stat per poll) */
+        int changed = stat(state_path(), &st) == 0 &&
+                      (first || st.st_mtim.tv_sec != seen_stat.st_mtim.tv_sec ||
+                       st.st_mtim.tv_nsec != seen_stat.st_mtim.tv_nsec || st.st_size != seen_stat.st_size);
+        if (changed) {
+            seen_stat = st;
+            first = 0;
+            if (next_xid(s, data))
+                return NVML_SUCCESS;
+        }
         clock_gettime(CLOCK_MONOTONIC, &now);
         long long elapsed_ms = (now.tv_sec - start.tv_sec) * 1000LL + (now.tv_nsec - start.tv_nsec) / 1000000LL;
         if (elapsed_ms >= (long long)timeoutms)
@@ -3239,4 +3249,3 @@ EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *dat
         nanosleep(&pause, NULL);
     }
 }
-
