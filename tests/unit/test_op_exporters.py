@@ -291,3 +291,32 @@ def test_desired_state_new_power_limit_rewrites_the_textfile():
     commands, _ = run_operation(exporters.desired_state, facts=facts, textfile_dir=TEXTFILE_DIR, gpus=changed)
     assert commands == [f"upload {DESIRED_PATH}\n{exporters.desired_textfile(changed)}"]
     assert 'gpu="1",UUID="GPU-b",pci_bus_id="00000000:2A:00.0"} 300' in commands[0]
+
+
+# ------------------------------------------------------------------------------------------------ from the plan
+
+
+def test_desired_gpu_settings_are_the_node_plans():
+    from gpufleet.config import load_node_config
+    from gpufleet.deploys.gpu_node import desired_gpu_settings
+    from gpufleet.plan import gpus_from_facts
+
+    uuids = ("GPU-76aef7ff-372d-2432-b4b4-beca4d8d3400", "GPU-c7a0294c-c2c2-5476-438c-fb468eaa223b",
+             "GPU-00000000-0000-0000-0000-0000000000cc")
+    gpus = gpus_from_facts({"gpus": [
+        {"index": i, "uuid": u, "name": "NVIDIA H100 80GB HBM3", "power_default_w": 700.0,
+         "pci_device_id": "0x233010DE", "pci_bus_id": f"00000000:{0x18 + i:02X}:00.0"} for i, u in enumerate(uuids)]})
+    config = load_node_config("n", {"gpufleet_power_limit": "80%", "gpufleet_mig": [
+        {"devices": [0], "mig-enabled": True, "mig-devices": {"1g.10gb": 7}},
+        {"devices": [1], "mig-enabled": False}]})
+    assert desired_gpu_settings(config, gpus) == [
+        {"index": 0, "uuid": uuids[0], "pci_bus_id": "00000000:18:00.0", "power_limit_w": 560.0, "persistence": True,
+         "mig_enabled": True},
+        {"index": 1, "uuid": uuids[1], "pci_bus_id": "00000000:19:00.0", "power_limit_w": 560.0, "persistence": True,
+         "mig_enabled": False},
+        {"index": 2, "uuid": uuids[2], "pci_bus_id": "00000000:1A:00.0", "power_limit_w": 560.0, "persistence": True,
+         "mig_enabled": None},
+    ]
+    unmanaged = load_node_config("n", {"gpufleet_stages": ["driver", "exporters"]})
+    assert [(g["power_limit_w"], g["persistence"], g["mig_enabled"]) for g in desired_gpu_settings(unmanaged, gpus)] \
+        == [(None, False, None)] * 3
