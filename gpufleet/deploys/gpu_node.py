@@ -125,15 +125,29 @@ def desired_gpu_settings(config: NodeConfig, gpus: list) -> list[dict]:
             for g in gpus if g.uuid]
 
 
-def publish_desired_state(config: NodeConfig, facts: preflight.HostFacts) -> None:
-    # GPUs as the driver lists them at preflight; on a host whose driver this run installs there are none yet:
-    # the next run publishes them
+def publish_desired_state(config: NodeConfig, facts: preflight.HostFacts, driver_changes: bool) -> None:
+    """The desired GPU settings of the GPUs the driver lists: planned now, or, on a host whose driver this run
+    installs, at execution time once the driver answers (as the GPU stages are)."""
     found = facts.gpu_inventory or {}
-    gpus = gpus_from_facts(found) if found.get("gpus") else []
+    if found.get("gpus"):
+        _desired_state(config, found)
+    elif driver_changes:
+        python.call(name="desired GPU settings (published once the driver answers)",
+                    function=_desired_state_after_driver, config=config)
+
+
+def _desired_state(config: NodeConfig, inventory_fact: dict) -> None:
+    gpus = gpus_from_facts(inventory_fact) if inventory_fact.get("gpus") else []
     if gpus:
         exporters.desired_state(name="desired GPU settings (Prometheus textfile)",
                                 textfile_dir=config.exporters.textfile_dir,
-                                gpus=desired_gpu_settings(config, gpus))
+                                gpus=desired_gpu_settings(config, gpus),
+                                lost=list(inventory_fact.get("lost_gpus") or []))
+
+
+def _desired_state_after_driver(config: NodeConfig) -> None:
+    prefetch.invalidate(host.state, host)
+    _desired_state(config, host.get_fact(GpuInventory))
 
 
 def _gpu_stages_after_driver(config: NodeConfig) -> None:

@@ -220,13 +220,14 @@ def node_exporter(textfile_dir: str, listen: str = "0.0.0.0:9100"):
 
 
 @operation()
-def desired_state(textfile_dir: str, gpus: list[dict]):
+def desired_state(textfile_dir: str, gpus: list[dict], lost: list[str] | tuple = ()):
     """
     Publish gpufleet's desired GPU settings to Prometheus as a node_exporter textfile.
 
     + textfile_dir: node_exporter's textfile collector directory
     + gpus: one dict per GPU: ``index``, ``uuid``, ``pci_bus_id`` and the desired ``power_limit_w``,
       ``persistence`` (bool) and ``mig_enabled`` (bool), each ``None`` where gpufleet does not manage it
+    + lost: PCI addresses of GPUs the driver reports lost: an existing file is kept as it is until they are back
 
     Writes ``TEXTFILE_DIR/gpufleet_desired.prom`` (``gpufleet_gpu_power_limit_desired_watts``,
     ``gpufleet_gpu_persistence_desired``, ``gpufleet_gpu_mig_mode_desired``): the alert rules compare them with
@@ -247,6 +248,9 @@ def desired_state(textfile_dir: str, gpus: list[dict]):
     """
     path = posixpath.join(textfile_dir, DESIRED_TEXTFILE)
     managed = get_state(paths=(path,), units=())
+    if lost and managed["files"][path] is not None:
+        host.noop(f"desired GPU settings in {path} kept while GPU(s) {', '.join(lost)} are lost")
+        return
     commands = list(put_file(managed["files"][path], path, desired_textfile(gpus)))
     if not commands:
         host.noop(f"desired GPU settings of {len(gpus)} GPU(s) published in {path}")

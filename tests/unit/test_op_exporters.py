@@ -320,3 +320,11 @@ def test_desired_gpu_settings_are_the_node_plans():
     unmanaged = load_node_config("n", {"gpufleet_stages": ["driver", "exporters"]})
     assert [(g["power_limit_w"], g["persistence"], g["mig_enabled"]) for g in desired_gpu_settings(unmanaged, gpus)] \
         == [(None, False, None)] * 3
+
+
+def test_desired_state_is_kept_while_a_gpu_is_lost():
+    facts = {ManagedState: managed_state(files={DESIRED_PATH: exporters.desired_textfile(GPUS)})}
+    commands, noops = run_operation(exporters.desired_state, facts=facts, textfile_dir=TEXTFILE_DIR, gpus=GPUS[:1],
+                                    lost=["0000:2A:00.0"])
+    assert commands == []
+    assert noops == [f"desired GPU settings in {DESIRED_PATH} kept while GPU(s) 0000:2A:00.0 are lost"]
