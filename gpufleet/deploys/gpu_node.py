@@ -91,8 +91,8 @@ def choose_gpu_exporter(setting: str, models: list, dcgm_offered: bool) -> str:
     return "dcgm" if datacenter and dcgm_offered else "nvml"
 
 
-def exporters_stage(config: NodeConfig, facts: preflight.HostFacts) -> None:
-    """node_exporter and the GPU exporter (stage ``exporters``)."""
+def exporters_stage(config: NodeConfig, facts: preflight.HostFacts, driver_changes: bool = False) -> None:
+    """node_exporter and the GPU exporter (stage ``exporters``), and the desired GPU settings for the alerts."""
     settings = config.exporters
     if settings.node:
         exporters.node_exporter(name="node_exporter", textfile_dir=settings.textfile_dir,
@@ -108,8 +108,46 @@ def exporters_stage(config: NodeConfig, facts: preflight.HostFacts) -> None:
         driver.nvidia_repository(name="NVIDIA repository (DCGM)", repo_url=config.driver.repo_url,
                                  keyring_url=config.driver.repo_keyring_url)
     exporters.gpu_exporter(name="GPU exporter", kind=kind, listen=settings.gpu_listen,
-                           profiling=bool(models) and all(m is not None and m.datacenter for m in models),
-                           persistence_managed=config.stage_enabled("persistence"))
+                           profiling=bool(models) and all(m is not None and m.datacenter for m in models))
+    if settings.node and kind != "none":
+        publish_desired_state(config, facts, driver_changes)
+
+
+def desired_gpu_settings(config: NodeConfig, gpus: list) -> list[dict]:
+    """What the node plan decides per GPU, for the desired-state alerts (``exporters.desired_state``)."""
+    plan = NodePlan.resolve(config, gpus)
+    limits = plan.power.limits if plan.power is not None else {}
+    layout = plan.mig.layout if plan.mig is not None else {}
+    persistence = config.stage_enabled("persistence")
+    return [{"index": g.index, "uuid": g.uuid, "pci_bus_id": g.pci_bus_id,
+             "power_limit_w": limits.get(g.uuid), "persistence": persistence,
+             "mig_enabled": (layout[g.index] is not None) if g.index in layout else None}
+            for g in gpus if g.uuid]
+
+
+def publish_desired_state(config: NodeConfig, facts: preflight.HostFacts, driver_changes: bool) -> None:
+    """The desired GPU settings of the GPUs the driver lists: planned now, or, on a host whose driver this run
+    installs, at execution time once the driver answers (as the GPU stages are)."""
+    found = facts.gpu_inventory or {}
+    if found.get("gpus"):
+        _desired_state(config, found)
+    elif driver_changes:
+        python.call(name="desired GPU settings (published once the driver answers)",
+                    function=_desired_state_after_driver, config=config)
+
+
+def _desired_state(config: NodeConfig, inventory_fact: dict) -> None:
+    gpus = gpus_from_facts(inventory_fact) if inventory_fact.get("gpus") else []
+    if gpus:
+        exporters.desired_state(name="desired GPU settings (Prometheus textfile)",
+                                textfile_dir=config.exporters.textfile_dir,
+                                gpus=desired_gpu_settings(config, gpus),
+                                lost=list(inventory_fact.get("lost_gpus") or []))
+
+
+def _desired_state_after_driver(config: NodeConfig) -> None:
+    prefetch.invalidate(host.state, host)
+    _desired_state(config, host.get_fact(GpuInventory))
 
 
 def _gpu_stages_after_driver(config: NodeConfig) -> None:
@@ -142,4 +180,4 @@ def gpu_node() -> None:
         python.call(name="GPU settings (planned once the driver answers)", function=_gpu_stages_after_driver,
                     config=config)
     if config.stage_enabled("exporters"):
-        exporters_stage(config, facts)
+        exporters_stage(config, facts, driver_changes)

@@ -11,11 +11,16 @@ dcgm-exporter's (``gpu``, ``UUID``, ``pci_bus_id``, ``device``, ``modelName``, `
 support (NVML ``NOT_SUPPORTED``) is left out for that GPU, as dcgm-exporter does; a GPU NVML cannot reach
 (fallen off the bus) exports nothing but ``gpufleet_gpu_exporter_errors``.
 
-gpufleet extras (DCGM knows nothing of the desired state): ``gpufleet_gpu_power_limit_desired_watts`` (from
-``SETTINGS_DIR/power-limits.conf``, ``UUID=WATTS`` lines written by gpufleet's power stage),
-``gpufleet_gpu_persistence_desired`` (1 when ``SETTINGS_DIR/exporter.json`` says persistence is managed),
-``gpufleet_gpu_mig_layout_match`` (0/1: MIG mode and GPU-instance profiles vs ``SETTINGS_DIR/mig-layout.json``,
-GPUs by PCI bus id, only for GPUs in the layout).
+gpufleet extra (DCGM has no such field): ``gpufleet_gpu_mig_layout_match`` (0/1: MIG mode and GPU-instance profiles
+vs ``SETTINGS_DIR/mig-layout.json``, the MIG stage's file, GPUs by PCI bus id, only for GPUs in the layout). The
+desired power limit, persistence and MIG mode are not exported here: the exporters stage publishes them from the
+node plan as a node_exporter textfile, for both exporters.
+
+Xids: a background thread (:class:`XidWatcher`) registers every GPU for NVML's Xid critical-error events and waits
+on them; ``DCGM_FI_DEV_XID_ERRORS`` is the last Xid of each GPU since the exporter started (0 before any), as
+DCGM's field, and ``gpufleet_gpu_xid_errors_total{xid=CODE}`` counts them. Where NVML has no events (WSL, some
+platforms: ``NOT_SUPPORTED``) no Xid series is exported for that GPU, ``gpufleet_gpu_exporter_xid_events_supported``
+is 0 and the log says so once.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from collections import Counter
 
 import pynvml
 from prometheus_client import CollectorRegistry, start_http_server
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.process_collector import ProcessCollector
 
 SETTINGS_DIR = "/etc/gpufleet"
@@ -62,8 +67,7 @@ _HELP = {
     "DCGM_FI_DEV_ROW_REMAP_FAILURE": "Whether remapping of rows has failed",
     "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": "Total number of PCIe retries.",
     "DCGM_FI_DEV_MIG_MODE": "MIG mode (1 enabled).",
-    "gpufleet_gpu_power_limit_desired_watts": "Power limit gpufleet's power stage sets on this GPU (in W).",
-    "gpufleet_gpu_persistence_desired": "1 when gpufleet manages persistence mode (it should be on).",
+    "DCGM_FI_DEV_XID_ERRORS": "Value of the last XID error encountered.",
     "gpufleet_gpu_mig_layout_match": "1 when MIG mode and GPU instances are the layout gpufleet applied, else 0.",
 }
 
@@ -81,24 +85,6 @@ def _nvml_optional(call, *args):
 
 def _text(value) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def read_power_limits(path: str) -> dict[str, float]:
-    """{uuid: watts} of the power stage's ``UUID=WATTS`` file; {} when there is none."""
-    limits = {}
-    try:
-        with open(path, encoding="utf-8") as fh:
-            lines = fh.read().splitlines()
-    except OSError:
-        return limits
-    for line in lines:
-        uuid, sep, value = line.strip().partition("=")
-        if sep and uuid and not uuid.startswith("#"):
-            try:
-                limits[uuid] = float(value)
-            except ValueError:
-                continue
-    return limits
 
 
 def read_json(path: str) -> dict:
@@ -132,23 +118,129 @@ def gpu_instance_profiles(handle) -> Counter:
     return found
 
 
+class XidWatcher:
+    """NVML Xid events of every GPU, in a background thread: last Xid and count per GPU UUID."""
+
+    WAIT_MS = 1000
+    RETRY_S = 5.0
+
+    def __init__(self, log=None):
+        self.lock = threading.Lock()
+        self.last: dict[str, int] = {}  # UUID -> last Xid (0: registered, none yet)
+        self.counts: Counter = Counter()  # (UUID, xid) -> events
+        self.supported: dict[str, bool] = {}  # UUID -> Xid events registered
+        self.stop = threading.Event()
+        self.log = log or (lambda text: print(f"gpufleet-gpu-exporter: {text}", file=sys.stderr, flush=True))
+        self._told: set[str] = set()
+        self.thread = threading.Thread(target=self.run, name="xid-events", daemon=True)
+
+    def start(self) -> XidWatcher:
+        self.thread.start()
+        return self
+
+    def snapshot(self):
+        with self.lock:
+            return dict(self.last), Counter(self.counts), dict(self.supported)
+
+    def _say_once(self, text: str) -> None:
+        if text not in self._told:
+            self._told.add(text)
+            self.log(text)
+
+    def _register(self):
+        """A new event set with every GPU that supports Xid events; {index: UUID} of those."""
+        event_set = pynvml.nvmlEventSetCreate()
+        registered = {}
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            try:
+                handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+                uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
+            except pynvml.NVMLError:
+                continue  # lost GPU: the collector reports it
+            supported = _nvml_optional(pynvml.nvmlDeviceGetSupportedEventTypes, handle)
+            ok = bool(supported and supported & pynvml.nvmlEventTypeXidCriticalError)
+            if ok:
+                try:
+                    pynvml.nvmlDeviceRegisterEvents(handle, pynvml.nvmlEventTypeXidCriticalError, event_set)
+                except pynvml.NVMLError as error:
+                    ok = False
+                    self._say_once(f"GPU {index} ({uuid}): Xid events cannot be registered ({error})")
+            if not ok:
+                self._say_once(f"GPU {index} ({uuid}): NVML has no Xid events here (NOT_SUPPORTED): "
+                               "DCGM_FI_DEV_XID_ERRORS is not exported for it")
+            with self.lock:
+                self.supported[uuid] = ok
+                if ok:
+                    self.last.setdefault(uuid, 0)
+            if ok:
+                registered[index] = uuid
+        return event_set, registered
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            event_set = None
+            try:
+                pynvml.nvmlInit()  # reference-counted: the collector's init is separate
+            except pynvml.NVMLError as error:
+                self._say_once(f"Xid events: NVML unavailable ({error}); retrying")
+                self.stop.wait(self.RETRY_S)
+                continue
+            try:
+                event_set, registered = self._register()
+                if not registered:
+                    self.stop.wait(self.RETRY_S * 12)  # nothing to wait on; look again (a GPU may come back)
+                    continue
+                self._wait(event_set, registered)
+            except pynvml.NVMLError as error:
+                self._say_once(f"Xid events: {error}; registering again")
+                self.stop.wait(self.RETRY_S)
+            finally:
+                if event_set is not None:
+                    try:
+                        pynvml.nvmlEventSetFree(event_set)
+                    except pynvml.NVMLError:
+                        pass
+                try:
+                    pynvml.nvmlShutdown()
+                except pynvml.NVMLError:
+                    pass
+
+    def _wait(self, event_set, registered: dict[int, str]) -> None:
+        while not self.stop.is_set():
+            try:
+                data = pynvml.nvmlEventSetWait_v2(event_set, self.WAIT_MS)
+            except pynvml.NVMLError as error:
+                if error.value == pynvml.NVML_ERROR_TIMEOUT:
+                    continue
+                raise
+            if not data.eventType & pynvml.nvmlEventTypeXidCriticalError:
+                continue
+            uuid = registered.get(pynvml.nvmlDeviceGetIndex(data.device))
+            if uuid is None:
+                continue
+            code = int(data.eventData)
+            with self.lock:
+                self.last[uuid] = code
+                self.counts[(uuid, code)] += 1
+            self.log(f"GPU {uuid}: Xid {code}")
+
+
 class GpuCollector:
     """One NVML read of every GPU per scrape."""
 
-    def __init__(self, settings_dir: str = SETTINGS_DIR, hostname: str | None = None):
+    def __init__(self, settings_dir: str = SETTINGS_DIR, hostname: str | None = None,
+                 xids: XidWatcher | None = None):
+        self.xids = xids
         self.settings_dir = settings_dir
         self.hostname = hostname or socket.gethostname()
         self.lock = threading.Lock()  # NVML handles are shared by concurrent scrapes
         self.initialized = False
         self.init_error: str | None = None
 
-    def _settings(self):
-        exporter = read_json(os.path.join(self.settings_dir, "exporter.json"))
-        power = read_power_limits(os.path.join(self.settings_dir, "power-limits.conf"))
+    def _mig_layout(self):
         layout = read_json(os.path.join(self.settings_dir, "mig-layout.json"))
-        mig = {norm_bus(g["pci_bus_id"]): g for g in layout.get("gpus") or []
-               if isinstance(g, dict) and isinstance(g.get("pci_bus_id"), str)}
-        return exporter, power, mig
+        return {norm_bus(g["pci_bus_id"]): g for g in layout.get("gpus") or []
+                if isinstance(g, dict) and isinstance(g.get("pci_bus_id"), str)}
 
     def _nvml_ready(self) -> bool:
         """NVML initialised (retried at every scrape: the driver may load after the exporter started)."""
@@ -164,6 +256,7 @@ class GpuCollector:
         with self.lock:
             ready = self._nvml_ready()
             samples, errors = self._read() if ready else ({}, 0)
+        yield from self._xid_families(samples)
         up = GaugeMetricFamily("gpufleet_gpu_exporter_nvml_up", "1 when NVML answers (the driver is loaded).",
                                labels=("hostname",))
         up.add_metric((self.hostname,), 1 if ready else 0)
@@ -178,19 +271,39 @@ class GpuCollector:
         errors_family.add_metric((self.hostname,), errors)
         yield errors_family
 
+    def _xid_families(self, samples):
+        """The Xid counter and the events-supported flag, labelled like the GPU's other series."""
+        if self.xids is None:
+            return
+        _, counts, supported = self.xids.snapshot()
+        labels_of = {labels[1]: labels for labels, _ in samples.get("DCGM_FI_DEV_GPU_TEMP", [])}
+        flag = GaugeMetricFamily("gpufleet_gpu_exporter_xid_events_supported",
+                                 "1 when NVML delivers Xid events for this GPU (else no Xid series for it).",
+                                 labels=LABELS)
+        total = CounterMetricFamily("gpufleet_gpu_xid_errors", "Xid errors of this GPU since the exporter started.",
+                                    labels=(*LABELS, "xid"))
+        for uuid, labels in labels_of.items():
+            if uuid in supported:
+                flag.add_metric(labels, 1 if supported[uuid] else 0)
+        for (uuid, code), count in sorted(counts.items()):
+            if uuid in labels_of:
+                total.add_metric((*labels_of[uuid], str(code)), count)
+        yield flag
+        yield total
+
     def _read(self):
-        exporter, power, mig = self._settings()
+        mig = self._mig_layout()
         samples: dict[str, list] = {}
         errors = 0
         driver = _text(pynvml.nvmlSystemGetDriverVersion())
         for index in range(pynvml.nvmlDeviceGetCount()):
             try:
-                self._read_gpu(index, driver, exporter, power, mig, samples)
+                self._read_gpu(index, driver, mig, samples)
             except pynvml.NVMLError:
                 errors += 1
         return samples, errors
 
-    def _read_gpu(self, index, driver, exporter, power, mig, samples):
+    def _read_gpu(self, index, driver, mig, samples):
         h = pynvml.nvmlDeviceGetHandleByIndex(index)
         uuid = _text(pynvml.nvmlDeviceGetUUID(h))
         bus = _text(pynvml.nvmlDeviceGetPciInfo(h).busId)
@@ -234,10 +347,10 @@ class GpuCollector:
         mig_mode = _nvml_optional(pynvml.nvmlDeviceGetMigMode, h)
         current_mig = None if mig_mode is None else mig_mode[0]
         values["DCGM_FI_DEV_MIG_MODE"] = current_mig
-        if uuid in power:
-            values["gpufleet_gpu_power_limit_desired_watts"] = power[uuid]
-        if exporter.get("persistence_managed") is not None:
-            values["gpufleet_gpu_persistence_desired"] = 1 if exporter["persistence_managed"] else 0
+        if self.xids is not None:
+            last, _, supported = self.xids.snapshot()
+            if supported.get(uuid):
+                values["DCGM_FI_DEV_XID_ERRORS"] = last.get(uuid, 0)
         wanted = mig.get(norm_bus(bus))
         if wanted is not None:
             values["gpufleet_gpu_mig_layout_match"] = self._mig_match(h, wanted, current_mig)
@@ -262,9 +375,10 @@ def parse_listen(text: str) -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
-def build_registry(settings_dir: str = SETTINGS_DIR, hostname: str | None = None) -> CollectorRegistry:
+def build_registry(settings_dir: str = SETTINGS_DIR, hostname: str | None = None,
+                   xids: XidWatcher | None = None) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(GpuCollector(settings_dir, hostname))
+    registry.register(GpuCollector(settings_dir, hostname, xids))
     registry.register(ProcessCollector(registry=None))
     return registry
 
@@ -274,7 +388,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--listen", type=parse_listen, default=("0.0.0.0", 9400), help="ADDRESS:PORT")
     parser.add_argument("--settings-dir", default=SETTINGS_DIR)
     args = parser.parse_args(argv)
-    registry = build_registry(args.settings_dir)
+    xids = XidWatcher().start()
+    registry = build_registry(args.settings_dir, xids=xids)
     address, port = args.listen
     start_http_server(port, addr=address, registry=registry)
     print(f"gpufleet-gpu-exporter: listening on {address}:{port}", flush=True)
@@ -282,6 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     stop.wait()
+    xids.stop.set()
     return 0
 
 

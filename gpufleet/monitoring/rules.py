@@ -23,6 +23,7 @@ from typing import Any
 import yaml
 
 from gpufleet.catalog import load_catalog
+from gpufleet.plan import POWER_TOLERANCE_W
 from gpufleet.report.regression import DEFAULT_DROP_PCT
 from gpufleet.verify.checks import _temperature_limits
 from gpufleet.verify.thresholds import Thresholds, default_thresholds
@@ -101,6 +102,7 @@ def recording_rules(thresholds: Thresholds | None = None, verify_max_age_s: int 
             *temps,
             _constant("gpufleet:verify_max_age_seconds", verify_max_age_s),
             _constant("gpufleet:bench_regression_drop_ratio", DEFAULT_DROP_PCT / 100),
+            _constant("gpufleet:power_limit_tolerance_watts", POWER_TOLERANCE_W),
         ]},
         {"name": "gpufleet-recording", "rules": [
             {"record": "gpufleet:gpu_xid_critical", "expr": xid_expr},

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 import posixpath
 import shlex
 
@@ -30,7 +29,8 @@ NVML_UNIT = "gpufleet-exporter.service"
 NVML_UNIT_PATH = posixpath.join(UNIT_DIR, NVML_UNIT)
 NVML_BUNDLE_DIR = "/opt/gpufleet/exporter"
 NVML_BUNDLE = posixpath.join(NVML_BUNDLE_DIR, BUNDLE_NAME)
-NVML_SETTINGS = posixpath.join(SETTINGS_DIR, "exporter.json")
+NVML_SETTINGS = posixpath.join(SETTINGS_DIR, "exporter.json")  # written by earlier versions: removed
+DESIRED_TEXTFILE = "gpufleet_desired.prom"
 PYTHON = "/usr/bin/python3"
 
 # NVIDIA's package names (CUDA repository, DCGM 4): the host engine and the exporter, versions paired by apt's
@@ -88,6 +88,39 @@ def counters_csv(profiling: bool) -> str:
     rows = [*HEALTH_COUNTERS, *(PROFILING_COUNTERS if profiling else ())]
     lines = ["# Managed by gpufleet (stage exporters). DCGM field, Prometheus type, help."]
     lines += [f"{field}, {kind}, {text}" for field, kind, text in rows]
+    return "\n".join(lines) + "\n"
+
+
+def _label(value) -> str:
+    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+DESIRED_METRICS = (
+    ("power_limit_w", "gpufleet_gpu_power_limit_desired_watts",
+     "Power limit gpufleet's power stage sets on this GPU (in W), from the node plan."),
+    ("persistence", "gpufleet_gpu_persistence_desired",
+     "1 when gpufleet's persistence stage keeps persistence mode on for this GPU, else 0."),
+    ("mig_enabled", "gpufleet_gpu_mig_mode_desired",
+     "MIG mode gpufleet's MIG stage sets on this GPU (1 enabled), from the node plan."),
+)
+
+
+def desired_textfile(gpus: list[dict]) -> str:
+    """node_exporter textfile of gpufleet's desired GPU settings: one series per GPU and setting the plan
+    decides (``None``: not managed, no series), labelled ``gpu``, ``UUID``, ``pci_bus_id`` like the GPU
+    exporters' current values (``DCGM_FI_DEV_POWER_MGMT_LIMIT``, ``_PERSISTENCE_MODE``, ``_MIG_MODE``), which
+    the alert rules compare them with ``on(host, UUID)``."""
+    lines = ["# Managed by gpufleet (stage exporters): desired GPU settings from the node plan."]
+    for key, name, help_text in DESIRED_METRICS:
+        rows = [g for g in sorted(gpus, key=lambda g: g["index"]) if g.get(key) is not None]
+        if not rows:
+            continue
+        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
+        for g in rows:
+            value = g[key]
+            value = int(value) if isinstance(value, bool) else value
+            lines.append(f'{name}{{gpu="{g["index"]}",UUID="{_label(g["uuid"])}",'
+                         f'pci_bus_id="{_label(g["pci_bus_id"])}"}} {value:g}')
     return "\n".join(lines) + "\n"
 
 
@@ -187,8 +220,45 @@ def node_exporter(textfile_dir: str, listen: str = "0.0.0.0:9100"):
 
 
 @operation()
-def gpu_exporter(kind: str, listen: str = "0.0.0.0:9400", profiling: bool = False,
-                 persistence_managed: bool = True):
+def desired_state(textfile_dir: str, gpus: list[dict], lost: list[str] | tuple = ()):
+    """
+    Publish gpufleet's desired GPU settings to Prometheus as a node_exporter textfile.
+
+    + textfile_dir: node_exporter's textfile collector directory
+    + gpus: one dict per GPU: ``index``, ``uuid``, ``pci_bus_id`` and the desired ``power_limit_w``,
+      ``persistence`` (bool) and ``mig_enabled`` (bool), each ``None`` where gpufleet does not manage it
+    + lost: PCI addresses of GPUs the driver reports lost: an existing file is kept as it is until they are back
+
+    Writes ``TEXTFILE_DIR/gpufleet_desired.prom`` (``gpufleet_gpu_power_limit_desired_watts``,
+    ``gpufleet_gpu_persistence_desired``, ``gpufleet_gpu_mig_mode_desired``): the alert rules compare them with
+    the current values either GPU exporter exports, so the desired-state alerts work on the dcgm and nvml paths.
+
+    **Example:**
+
+    .. code:: python
+
+        from gpufleet.operations import exporters
+
+        exporters.desired_state(
+            name="desired GPU settings for Prometheus",
+            textfile_dir="/var/lib/prometheus/node-exporter",
+            gpus=[{"index": 0, "uuid": "GPU-…", "pci_bus_id": "00000000:18:00.0",
+                   "power_limit_w": 500.0, "persistence": True, "mig_enabled": None}],
+        )
+    """
+    path = posixpath.join(textfile_dir, DESIRED_TEXTFILE)
+    managed = get_state(paths=(path,), units=())
+    if lost and managed["files"][path] is not None:
+        host.noop(f"desired GPU settings in {path} kept while GPU(s) {', '.join(lost)} are lost")
+        return
+    commands = list(put_file(managed["files"][path], path, desired_textfile(gpus)))
+    if not commands:
+        host.noop(f"desired GPU settings of {len(gpus)} GPU(s) published in {path}")
+    yield from commands
+
+
+@operation()
+def gpu_exporter(kind: str, listen: str = "0.0.0.0:9400", profiling: bool = False):
     """
     Run one GPU exporter on dcgm-exporter's port and names: NVIDIA's (``dcgm``) or gpufleet's (``nvml``).
 
@@ -196,10 +266,9 @@ def gpu_exporter(kind: str, listen: str = "0.0.0.0:9400", profiling: bool = Fals
       ``none`` (both stopped and disabled)
     + listen: ``ADDRESS:PORT`` the exporter listens on
     + profiling: ``dcgm``: export the ``DCGM_FI_PROF_*`` counters (datacenter GPUs only)
-    + persistence_managed: ``nvml``: export ``gpufleet_gpu_persistence_desired`` as 1 (the persistence stage runs)
 
     ``nvml``: uploads ``/opt/gpufleet/exporter/gpufleet-gpu-exporter.pyz`` (the exporter with nvidia-ml-py and
-    prometheus-client: no pip, no internet on the node), ``/etc/gpufleet/exporter.json`` and the hardened unit
+    prometheus-client: no pip, no internet on the node) and the hardened unit
     ``gpufleet-exporter.service`` (dynamic unprivileged user, no capabilities, read-only system).
     ``dcgm``: installs ``datacenter-gpu-manager-4-core`` and ``datacenter-gpu-manager-exporter``, writes the
     counters file ``/etc/dcgm-exporter/gpufleet-counters.csv`` (the health counters the alerts need switched
@@ -218,6 +287,7 @@ def gpu_exporter(kind: str, listen: str = "0.0.0.0:9400", profiling: bool = Fals
                         units=(NVML_UNIT, DCGM_UNIT, DCGM_EXPORTER_UNIT))
     files, units = managed["files"], managed["units"]
     commands = []
+    commands += remove_file(files[NVML_SETTINGS], NVML_SETTINGS)  # the desired values moved to a textfile
     if kind != "nvml":
         commands += _stop_and_disable(units[NVML_UNIT], NVML_UNIT)
         commands += remove_file(files[NVML_UNIT_PATH], NVML_UNIT_PATH)
@@ -225,8 +295,6 @@ def gpu_exporter(kind: str, listen: str = "0.0.0.0:9400", profiling: bool = Fals
         commands += _stop_and_disable(units[DCGM_EXPORTER_UNIT], DCGM_EXPORTER_UNIT)
     if kind == "nvml":
         changed = list(_put_bytes(files[NVML_BUNDLE], NVML_BUNDLE, bundle()))
-        settings = json.dumps({"persistence_managed": persistence_managed}, sort_keys=True) + "\n"
-        changed += put_file(files[NVML_SETTINGS], NVML_SETTINGS, settings)
         changed += put_file(files[NVML_UNIT_PATH], NVML_UNIT_PATH, nvml_unit_text(listen))
         commands += changed
         commands += _converge_service(units[NVML_UNIT], NVML_UNIT, bool(changed))

@@ -107,9 +107,10 @@ def ssh(host, command):
 @click.argument("host")
 @click.argument("kind", type=click.Choice(faults.KINDS))
 @click.option("--gpu", type=int, default=0, show_default=True)
-def fault(host, kind, gpu):
+@click.option("--code", type=int, default=faults.DEFAULT_XID, show_default=True, help="the Xid of `xid`")
+def fault(host, kind, gpu, code):
     """Inject a fault into HOST (or clear its faults)."""
     try:
-        click.echo(faults.inject(_fleet(), host, kind, gpu))
+        click.echo(faults.inject(_fleet(), host, kind, gpu, code))
     except SimError as error:
         _fail(str(error))

@@ -2,12 +2,14 @@
 
 Hardware faults change the host's GPU state file (original values are kept under ``fault.*`` keys so
 ``clear`` restores them); ``busy`` starts a process holding the GPU inside the host; ``host-down`` cuts
-the host's network link.
+the host's network link; ``xid`` appends an Xid code to the GPU's Xid log (``gpu.N.xid.log``: NVML's Xid events,
+DCGM's last Xid) and its ``NVRM: Xid`` line to the host's kernel log.
 """
 
 from __future__ import annotations
 
 import shlex
+import time
 
 from . import network
 from .gpu import state as gpu_state
@@ -17,7 +19,13 @@ from .hosts_paths import HW_MOUNT
 THERMAL_BITS = 0x20 | 0x40  # SW thermal slowdown + HW thermal slowdown
 OVERHEAT_C = 92
 BUSY_UNIT = "gpufleet-sim-busy-{gpu}"
-KINDS = ("overheat", "ecc", "lost", "busy", "driver-unloaded", "host-down", "clear")
+KINDS = ("overheat", "ecc", "lost", "xid", "busy", "driver-unloaded", "host-down", "clear")
+DEFAULT_XID = 79  # GPU has fallen off the bus
+XID_LOG_MAX = 64  # codes kept per GPU in `gpu.N.xid.log` (the driver's event queue is bounded too)
+# The simulated kernel's messages: Xid lines as the driver prints them, in the host's hardware directory; a
+# `journalctl` wrapper (first on root's PATH) prints them for `journalctl -k`, where verify's probe reads Xids.
+KMSG = "kmsg"
+JOURNALCTL_WRAPPER = "usr/local/bin/journalctl"
 
 
 def _remember(gpus: dict[str, str], key: str) -> None:
@@ -50,15 +58,38 @@ def _ecc(gpus: dict[str, str], g: str, host: str, gpu: int) -> None:
         gpus[g + "remap.uncorrectable"] = str(int(gpus.get(g + "remap.uncorrectable") or 0) + 1)
 
 
+def _xid(gpus: dict[str, str], g: str, code: int) -> str:
+    """Append ``code`` to the GPU's Xid log (NVML delivers it as an Xid event, DCGM exports it as the last Xid);
+    return the kernel log line the driver prints for it."""
+    log = [c for c in gpus.get(g + "xid.log", "").split(",") if c]
+    gpus[g + "xid.log"] = ",".join([*log, str(code)][-XID_LOG_MAX:])
+    domain, bus, device = gpus.get(g + "pci.bus_id", "00000000:00:00.0").split(".")[0].split(":")
+    return (f"NVRM: Xid (PCI:{int(domain, 16):04x}:{bus.lower()}:{device.lower()}): {code}, pid='<unknown>', "
+            "name=<unknown>, injected by gpufleet sim fault")
+
+
+def _write_kernel_log(host: Host, line: str) -> None:
+    with open(host.dir / "hw" / KMSG, "a", encoding="utf-8") as fh:
+        fh.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S%z')} {host.name} kernel: {line}\n")
+    wrapper = host.dir / "root" / JOURNALCTL_WRAPPER
+    wrapper.parent.mkdir(parents=True, exist_ok=True)
+    wrapper.write_text(
+        "#!/bin/sh\n# gpufleet sim: the simulated kernel's messages (injected Xids) for `journalctl -k`\n"
+        f"case \" $* \" in *\" -k \"*|*\" --dmesg \"*) cat {HW_MOUNT}/{KMSG} 2>/dev/null;; esac\n"
+        "exec /usr/bin/journalctl \"$@\"\n")
+    wrapper.chmod(0o755)
+
+
 def _restore(gpus: dict[str, str]) -> None:
     for key in [k for k in gpus if k.startswith("fault.orig.")]:
         gpus[key[len("fault.orig."):]] = gpus.pop(key)
     for index in range(gpu_state.gpu_count(gpus)):
         gpus[f"gpu.{index}.lost"] = "0"
+        gpus.pop(f"gpu.{index}.xid.log", None)
 
 
-def inject(fleet: Fleet, host_name: str, kind: str, gpu: int = 0) -> str:
-    """Apply a fault; return a one-line description of what was done."""
+def inject(fleet: Fleet, host_name: str, kind: str, gpu: int = 0, code: int = DEFAULT_XID) -> str:
+    """Apply a fault; return a one-line description of what was done. ``code``: the Xid of ``xid``."""
     if kind not in KINDS:
         raise SimError(f"unknown fault {kind!r}; allowed: {', '.join(KINDS)}")
     host = fleet.host(host_name)
@@ -79,6 +110,10 @@ def inject(fleet: Fleet, host_name: str, kind: str, gpu: int = 0) -> str:
             _ecc(gpus, g, host.name, gpu)
         elif kind == "lost":
             gpus[g + "lost"] = "1"
+        elif kind == "xid":
+            if not 0 < code < 1000:
+                raise SimError(f"{host.name}: --code {code}: an Xid is a number from 1 to 999")
+            kernel_line = _xid(gpus, g, code)
         elif kind == "driver-unloaded":
             _remember(gpus, "driver.version")
             _remember(gpus, "driver.loaded")
@@ -86,6 +121,9 @@ def inject(fleet: Fleet, host_name: str, kind: str, gpu: int = 0) -> str:
             gpus["driver.version"] = ""
     if kind == "busy":
         _start_busy(host, gpu)
+    if kind == "xid":
+        _write_kernel_log(host, kernel_line)
+        return f"{host.name}: Xid {code} on GPU {gpu}"
     return f"{host.name}: {kind} on GPU {gpu}" if kind != "driver-unloaded" else f"{host.name}: driver unloaded"
 
 
@@ -102,6 +140,8 @@ def _clear(fleet: Fleet, host: Host, path: str) -> str:
     with gpu_state.locked(path) as gpus:
         _restore(gpus)
         count = gpu_state.gpu_count(gpus)
+    (host.dir / "hw" / KMSG).unlink(missing_ok=True)
+    (host.dir / "root" / JOURNALCTL_WRAPPER).unlink(missing_ok=True)
     units = [BUSY_UNIT.format(gpu=i) + ".service" for i in range(count)]
     run_on(host, ["systemctl", "stop", *units], timeout=30)
     return f"{host.name}: faults cleared"

@@ -32,12 +32,15 @@ SCRAPE = "2s"
 EVALUATION = "2s"
 ALERT_FOR = "4s"
 
+POWER_W = 600  # the DCGM host's desired power limit (H100 SXM: default 700 W): the desired-state textfile has it
+
 MONITORING_DATA = {
     "gpufleet_stages": [],
     "gpufleet_monitoring_scrape_interval": SCRAPE,
     "gpufleet_monitoring_evaluation_interval": EVALUATION,
     "gpufleet_monitoring_alert_for": {"GpuOverheating": ALERT_FOR, "GpuMissing": ALERT_FOR,
-                                      "GpuExporterDown": ALERT_FOR, "NodeDown": ALERT_FOR},
+                                      "GpuExporterDown": ALERT_FOR, "NodeDown": ALERT_FOR,
+                                      "GpuPowerLimitDrift": ALERT_FOR},
     "gpufleet_monitoring_group_wait": "1s",
     "gpufleet_monitoring_grafana": False,  # Grafana's package cannot be installed here (no Grafana repository)
     "gpufleet_monitoring_receivers": [{"name": "ops", "type": "webhook", "url": "http://127.0.0.1:9999/alerts"}],
@@ -49,13 +52,14 @@ _sim = runpy.run_path({sim!r})
 _hosts = {{name: data for key, group in _sim.items() if key.startswith("sim_") for name, data in group}}
 monitoring = [({mon!r}, {{**_hosts[{mon!r}], **{monitoring}}})]
 gpu_nodes = [({dcgm!r}, {{**_hosts[{dcgm!r}], "gpufleet_exporters_gpu": "dcgm", "gpufleet_monitoring_cluster": "lab",
-                          "gpufleet_monitoring_gpu_model": "h100-sxm", **{dcgm_extra}}}),
+                          "gpufleet_monitoring_gpu_model": "h100-sxm", "gpufleet_power_limit": {power},
+                          **{dcgm_extra}}}),
              ({nvml!r}, {{**_hosts[{nvml!r}], "gpufleet_monitoring_cluster": "lab"}})]
 '''
 
 
 def write_inventory(path: Path, sim_inventory: Path, monitoring: dict | None = None, dcgm_extra: dict | None = None):
-    path.write_text(INVENTORY.format(sim=str(sim_inventory), mon=MON, dcgm=DCGM_HOST, nvml=NVML_HOST,
+    path.write_text(INVENTORY.format(sim=str(sim_inventory), mon=MON, dcgm=DCGM_HOST, nvml=NVML_HOST, power=POWER_W,
                                      monitoring=repr(monitoring if monitoring is not None else MONITORING_DATA),
                                      dcgm_extra=repr(dcgm_extra or {})))
     return path
@@ -188,6 +192,58 @@ def test_overheat_alert_reaches_alertmanager_and_resolves(mon):
         a for a in active_alerts(mon, "GpuOverheating") if a["labels"].get("host") == DCGM_HOST])
 
 
+def _firing(fleet, name: str, host: str) -> list[dict]:
+    return [a for a in active_alerts(fleet, name) if a["labels"].get("host") == host]
+
+
+def test_xid_raises_the_critical_xid_alert_on_both_exporter_paths(mon):
+    """An Xid reaches Alertmanager through DCGM's last-Xid field and through gpufleet's exporter's NVML events;
+    the driver's kernel line is where verify reads it. A critical Xid stays until the GPU is reset: the fault's
+    clear plays the repair and, on the nvml host, the exporter's restart that a GPU reset implies (every NVML
+    client must stop), which forgets the Xid it saw."""
+    wait_all_up(mon)
+    wait_for("the NVML exporter registered for Xid events", lambda: promql(
+        mon, f'gpufleet_gpu_exporter_xid_events_supported{{host="{NVML_HOST}"}} == 1'))
+    state = sim_state(mon, DCGM_HOST)
+    for host, gpu in ((DCGM_HOST, "2"), (NVML_HOST, "0")):
+        gpufleet("sim", "fault", host, "xid", "--gpu", gpu, "--code", "79")
+    try:
+        for host, gpu in ((DCGM_HOST, "2"), (NVML_HOST, "0")):
+            alerts = wait_for(f"GpuXidCritical of {host} in Alertmanager",
+                              lambda h=host: _firing(mon, "GpuXidCritical", h))
+            assert [a["labels"]["gpu"] for a in alerts] == [gpu], host
+            assert alerts[0]["annotations"]["summary"] == f"{host} GPU {gpu}: critical Xid 79"
+        assert promql(mon, f'gpufleet_gpu_xid_errors_total{{host="{NVML_HOST}",xid="79"}}')[0]["value"][1] == "1"
+        bus = simstate.gpu(state, 2)["pci.bus_id"]
+        # where verify's probe reads Xids (journalctl -k over SSH): the same GPU's line
+        kernel_log = ssh(mon, DCGM_HOST, "journalctl -k -b --no-pager -q").stdout
+        assert f"NVRM: Xid (PCI:{bus[4:14].lower()}): 79, " in kernel_log
+    finally:
+        for host in (DCGM_HOST, NVML_HOST):
+            gpufleet("sim", "fault", host, "clear")
+        ssh(mon, NVML_HOST, "systemctl restart gpufleet-exporter.service")
+    for host in (DCGM_HOST, NVML_HOST):
+        wait_for(f"GpuXidCritical of {host} resolved", lambda h=host: not _firing(mon, "GpuXidCritical", h))
+
+
+def test_power_limit_drift_on_the_dcgm_path_alerts_until_restored(mon):
+    """The desired limit comes from the node plan (node_exporter's textfile), the current one from DCGM."""
+    wait_all_up(mon)
+    desired = wait_for("the desired power limits in Prometheus", lambda: promql(
+        mon, f'gpufleet_gpu_power_limit_desired_watts{{host="{DCGM_HOST}"}}'))
+    assert sorted((r["metric"]["gpu"], r["value"][1]) for r in desired) == [(str(i), str(POWER_W)) for i in range(8)]
+    assert promql(mon, "ALERTS{alertname=\"GpuPowerLimitDrift\"}") == []
+    ssh(mon, DCGM_HOST, "nvidia-smi -i 1 -pl 500")
+    try:
+        assert simstate.gpu(sim_state(mon, DCGM_HOST), 1)["power.limit_mw"] == "500000"
+        alerts = wait_for("GpuPowerLimitDrift in Alertmanager", lambda: _firing(mon, "GpuPowerLimitDrift", DCGM_HOST))
+        assert [a["labels"]["gpu"] for a in alerts] == ["1"]
+        assert alerts[0]["annotations"]["description"].endswith(f"by {POWER_W - 500} W.")
+    finally:
+        ssh(mon, DCGM_HOST, f"nvidia-smi -i 1 -pl {POWER_W}")
+    wait_for("GpuPowerLimitDrift resolved", lambda: not _firing(mon, "GpuPowerLimitDrift", DCGM_HOST))
+
+
 def test_lost_gpu_raises_gpu_missing(mon):
     wait_all_up(mon)
     gpufleet("sim", "fault", DCGM_HOST, "lost", "--gpu", "5")
@@ -283,6 +339,7 @@ def _files(fleet, host: str, paths: tuple[str, ...]) -> dict[str, str]:
 
 
 WATCHED = ("/etc/prometheus/prometheus.yml", "/etc/prometheus/alertmanager.yml",
+           "/var/lib/prometheus/node-exporter/gpufleet_desired.prom",
            "/etc/prometheus/rules/gpufleet-alerts.rules.yml", "/etc/prometheus/file_sd/gpufleet-gpu.json")
 
 

@@ -131,19 +131,23 @@ def test_geforce_leaves_out_what_it_does_not_support(env):
     assert "DCGM_FI_DEV_ROW_REMAP_PENDING" not in metrics
 
 
-def test_desired_state_extras(env, tmp_path):
+def test_mig_layout_match_extra_and_no_desired_values(env, tmp_path):
+    """The desired values come from the node plan's textfile (node_exporter), not from the exporter: it exports
+    only the MIG layout match it computes from the MIG stage's file, and the current values (DCGM names)."""
     root, pyz = env
     path = write_state(root, "h100-sxm-8", **{"gpu.0.mig.current": "1", "gpu.0.mig.pending": "1"})
     state = simstate.read_state(str(path))
     g0, g1 = simstate.gpu(state, 0), simstate.gpu(state, 1)
     (tmp_path / "power-limits.conf").write_text(f"# managed\n{g0['uuid']}=500\n{g1['uuid']}=700\n")
-    (tmp_path / "exporter.json").write_text(json.dumps({"persistence_managed": True}))
     (tmp_path / "mig-layout.json").write_text(json.dumps({"version": 1, "gpus": [
         {"pci_bus_id": g0["pci.bus_id"], "mig_enabled": True, "create": [19]},
         {"pci_bus_id": g1["pci.bus_id"].lower(), "mig_enabled": False, "create": []}]}))
     metrics = scrape(root, pyz, tmp_path)
-    assert by_gpu(metrics["gpufleet_gpu_power_limit_desired_watts"]) == {"0": 500.0, "1": 700.0}
-    assert by_gpu(metrics["gpufleet_gpu_persistence_desired"]) == {str(i): 1.0 for i in range(8)}
+    assert not [name for name in metrics if name.endswith("_desired") or "_desired_" in name]
+    assert by_gpu(metrics["DCGM_FI_DEV_MIG_MODE"])["0"] == 1.0 and by_gpu(metrics["DCGM_FI_DEV_MIG_MODE"])["1"] == 0
+    assert by_gpu(metrics["DCGM_FI_DEV_PERSISTENCE_MODE"]) == {
+        str(i): float(simstate.gpu(state, i)["persistence"]) for i in range(8)}
+    assert by_gpu(metrics["DCGM_FI_DEV_POWER_MGMT_LIMIT"])["1"] == int(g1["power.limit_mw"]) / 1000
     # GPU 0: MIG on but no GPU instance where the layout wants one 1g profile (id 19): drift; GPU 1: matches
     assert by_gpu(metrics["gpufleet_gpu_mig_layout_match"]) == {"0": 0.0, "1": 1.0}
 
@@ -197,3 +201,71 @@ def test_driver_not_loaded_serves_nvml_down_instead_of_exiting(env):
     metrics = scrape(root, pyz)
     assert metrics["gpufleet_gpu_exporter_nvml_up"] == [({"hostname": "node1"}, 0.0)]
     assert "DCGM_FI_DEV_GPU_TEMP" not in metrics
+
+
+def _serve(root: Path, pyz: Path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(["/usr/bin/python3", str(pyz), "--listen", f"127.0.0.1:{port}",
+                             "--settings-dir", str(root / "none")], env=node_env(root),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return proc, f"http://127.0.0.1:{port}/metrics"
+
+
+def _wait_metrics(url: str, predicate, timeout: float = 30.0) -> dict[str, list]:
+    """Scrape until ``predicate(metrics)`` holds (the event waited on), or fail."""
+    deadline = time.monotonic() + timeout
+    metrics: dict[str, list] = {}
+    while time.monotonic() < deadline:
+        try:
+            text = urllib.request.urlopen(url, timeout=10).read().decode()
+        except OSError:
+            time.sleep(0.1)
+            continue
+        metrics = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                metrics.setdefault(sample.name, []).append((sample.labels, sample.value))
+        if predicate(metrics):
+            return metrics
+        time.sleep(0.1)
+    raise AssertionError(f"timed out; last scrape: { {k: v for k, v in metrics.items() if 'xid' in k.lower()} }")
+
+
+def test_xid_events_become_the_last_xid_and_a_counter(env):
+    root, pyz = env
+    path = write_state(root, "rtx4090-1")
+    proc, url = _serve(root, pyz)
+    try:
+        _wait_metrics(url, lambda m: by_gpu(m.get("gpufleet_gpu_exporter_xid_events_supported", [])) == {"0": 1.0})
+        assert by_gpu(scrape_once(url)["DCGM_FI_DEV_XID_ERRORS"]) == {"0": 0.0}
+        for code in (13, 79):
+            with simstate.locked(str(path)) as gpus:
+                gpus["gpu.0.xid.log"] = ",".join(filter(None, [gpus.get("gpu.0.xid.log", ""), str(code)]))
+        metrics = _wait_metrics(url, lambda m: by_gpu(m.get("DCGM_FI_DEV_XID_ERRORS", [])) == {"0": 79.0})
+        counts = {s[0]["xid"]: s[1] for s in metrics["gpufleet_gpu_xid_errors_total"]}
+        assert counts == {"13": 1.0, "79": 1.0}
+        assert DCGM_LABELS <= set(metrics["DCGM_FI_DEV_XID_ERRORS"][0][0])
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=20) == 0
+
+
+def test_no_xid_events_exports_no_xid_says_so_and_keeps_serving(env):
+    root, pyz = env
+    write_state(root, "rtx4090-1", **{"gpu.0.events.supported": "0"})
+    proc, url = _serve(root, pyz)
+    try:
+        metrics = _wait_metrics(
+            url, lambda m: by_gpu(m.get("gpufleet_gpu_exporter_xid_events_supported", [])) == {"0": 0.0})
+        assert "DCGM_FI_DEV_XID_ERRORS" not in metrics and "DCGM_FI_DEV_GPU_TEMP" in metrics
+    finally:
+        proc.terminate()
+        output = proc.communicate(timeout=20)[0]
+    assert proc.returncode == 0
+    assert "NVML has no Xid events here (NOT_SUPPORTED): DCGM_FI_DEV_XID_ERRORS is not exported" in output
+
+
+def scrape_once(url: str) -> dict[str, list]:
+    return _wait_metrics(url, lambda m: True)

@@ -169,3 +169,26 @@ def test_auto_gpu_exporter_choice():
     assert choose_gpu_exporter("auto", [rtx], dcgm_offered=True) == "nvml"
     assert choose_gpu_exporter("auto", [], dcgm_offered=True) == "nvml"
     assert choose_gpu_exporter("dcgm", [rtx], dcgm_offered=False) == "dcgm"
+
+
+def _example_monitoring_data(monkeypatch, password: str | None) -> dict:
+    import runpy
+    from pathlib import Path
+
+    if password is None:
+        monkeypatch.delenv("GPUFLEET_GRAFANA_ADMIN_PASSWORD", raising=False)
+    else:
+        monkeypatch.setenv("GPUFLEET_GRAFANA_ADMIN_PASSWORD", password)
+    path = Path(__file__).resolve().parents[2] / "inventories" / "group_data" / "monitoring.py"
+    return {k: v for k, v in runpy.run_path(str(path)).items() if k.startswith("gpufleet_")}
+
+
+def test_example_group_data_takes_the_grafana_password_from_the_environment(monkeypatch):
+    settings, _, errors = load_monitoring_settings("monitor-01", _example_monitoring_data(
+        monkeypatch, "a-long-secret-from-the-vault"))
+    assert errors == [] and settings is not None
+    assert settings.grafana_admin_password == "a-long-secret-from-the-vault"
+    assert messages(_example_monitoring_data(monkeypatch, None)) == [
+        "mon1: gpufleet_monitoring_grafana_admin_password=None: Grafana is enabled but has no admin password "
+        "(gpufleet never deploys Grafana's default admin/admin); allowed: a password of at least 12 characters "
+        "that is not a default one, or gpufleet_monitoring_grafana: false"]

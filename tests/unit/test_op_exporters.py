@@ -1,21 +1,24 @@
-"""exporters.gpu_exporter (nvml / none paths: exact commands and no-ops), the counters file and unit text."""
+"""gpufleet/operations/exporters.py: exact commands and no-op messages of node_exporter, gpu_exporter (nvml, dcgm,
+none) and desired_state for a fresh host, a converged host and a changed setting; the files they write."""
 
 from __future__ import annotations
 
 import hashlib
-import json
 
+import pytest
+from pyinfra.facts.deb import DebPackages
+from pyinfra.facts.files import File
+from pyinfra.facts.server import Date, LinuxDistribution
 from pyinfra_harness import managed_state, run_operation
 
 from gpufleet.exporter import bundle
 from gpufleet.operations import exporters
 from gpufleet.operations._systemd import ManagedState
 
-SETTINGS = json.dumps({"persistence_managed": True}, sort_keys=True) + "\n"
 UNIT = exporters.nvml_unit_text("0.0.0.0:9400")
 
 
-def nvml_state(bundle_bytes: bytes | None = None, unit_text: str | None = UNIT, settings: str | None = SETTINGS,
+def nvml_state(bundle_bytes: bytes | None = None, unit_text: str | None = UNIT, settings: str | None = None,
                units: dict | None = None):
     fact = managed_state(files={exporters.NVML_SETTINGS: settings, exporters.NVML_UNIT_PATH: unit_text},
                          units=units)
@@ -33,7 +36,7 @@ def nvml_state(bundle_bytes: bytes | None = None, unit_text: str | None = UNIT, 
 RUNNING = {exporters.NVML_UNIT: {"active_state": "active", "unit_file_state": "enabled"}}
 
 
-def test_nvml_first_install_uploads_bundle_settings_unit_then_enables_and_starts():
+def test_nvml_first_install_uploads_bundle_and_unit_then_enables_and_starts():
     commands, noops = run_operation(exporters.gpu_exporter, facts={ManagedState: nvml_state(None, None, None)},
                                     kind="nvml")
     assert commands[0] == "mkdir -p /opt/gpufleet/exporter"
@@ -41,9 +44,6 @@ def test_nvml_first_install_uploads_bundle_settings_unit_then_enables_and_starts
     assert commands[2:] == [
         "chown root:root /opt/gpufleet/exporter/gpufleet-gpu-exporter.pyz && chmod 644 "
         "/opt/gpufleet/exporter/gpufleet-gpu-exporter.pyz",
-        "mkdir -p /etc/gpufleet",
-        f"upload /etc/gpufleet/exporter.json\n{SETTINGS}",
-        "chown root:root /etc/gpufleet/exporter.json && chmod 644 /etc/gpufleet/exporter.json",
         "mkdir -p /etc/systemd/system",
         f"upload /etc/systemd/system/gpufleet-exporter.service\n{UNIT}",
         "chown root:root /etc/systemd/system/gpufleet-exporter.service && chmod 644 "
@@ -60,6 +60,12 @@ def test_nvml_converged_is_a_noop():
                                     kind="nvml")
     assert commands == []
     assert noops == ["GPU exporter nvml running on 0.0.0.0:9400"]
+
+
+def test_nvml_removes_the_settings_file_of_earlier_versions():
+    commands, _ = run_operation(exporters.gpu_exporter,
+                                facts={ManagedState: nvml_state(bundle(), settings="{}\n", units=RUNNING)}, kind="nvml")
+    assert commands == ["rm -f /etc/gpufleet/exporter.json"]
 
 
 def test_nvml_new_listen_address_rewrites_unit_and_restarts():
@@ -104,3 +110,221 @@ def test_node_exporter_arguments():
     assert exporters.node_exporter_defaults("/var/lib/prometheus/node-exporter", "0.0.0.0:9100") == (
         "# Managed by gpufleet (stage exporters): read by prometheus-node-exporter.service.\n"
         "ARGS='--collector.textfile.directory=/var/lib/prometheus/node-exporter --web.listen-address=0.0.0.0:9100'\n")
+
+
+# ------------------------------------------------------------------------------------------------ dcgm
+
+APT_INSTALL = ('DEBIAN_FRONTEND=noninteractive apt-get -y -o Dpkg::Options::="--force-confdef" '
+               '-o Dpkg::Options::="--force-confold" install --no-install-recommends')
+APT_UPDATE = ("apt-get update", "touch /var/lib/apt/periodic/update-success-stamp")
+DEBIAN = {"name": "Debian", "major": 12, "minor": None,
+          "release_meta": {"ID": "debian", "VERSION_ID": "12", "VERSION_CODENAME": "bookworm"}}
+DCGM_INSTALLED = {"datacenter-gpu-manager-4-core": {"1:4.2.3-1"}, "datacenter-gpu-manager-exporter": {"4.1.3-1"}}
+DCGM_RUNNING = {u: {"active_state": "active", "unit_file_state": "enabled"}
+                for u in (exporters.DCGM_UNIT, exporters.DCGM_EXPORTER_UNIT)}
+COUNTERS = exporters.counters_csv(profiling=True)
+DROP_IN = exporters.dcgm_drop_in_text("0.0.0.0:9400")
+
+
+def apt_host(managed: dict, installed: dict | None = None, units: dict | None = None, distro=DEBIAN) -> dict:
+    """Facts of a Debian host; apt's lists were updated an hour ago when packages are installed, never otherwise."""
+    from datetime import datetime
+    stamp = {"mtime": datetime(2026, 12, 3, 11, 0, 0)} if installed else None
+    return {
+        LinuxDistribution: distro,
+        DebPackages: dict(installed or {}),
+        Date: datetime(2026, 12, 3, 12, 0, 0),
+        File: lambda path: stamp if "update-success-stamp" in path else None,
+        ManagedState: managed_state(files=managed, units=units),
+    }
+
+
+def test_dcgm_fresh_host_installs_paired_packages_writes_counters_and_starts_both_units():
+    commands, noops = run_operation(exporters.gpu_exporter, facts=apt_host({}), kind="dcgm", profiling=True)
+    assert commands == [
+        *APT_UPDATE,
+        f"{APT_INSTALL} datacenter-gpu-manager-4-core datacenter-gpu-manager-exporter",
+        "mkdir -p /etc/dcgm-exporter",
+        f"upload /etc/dcgm-exporter/gpufleet-counters.csv\n{COUNTERS}",
+        "chown root:root /etc/dcgm-exporter/gpufleet-counters.csv && chmod 644 "
+        "/etc/dcgm-exporter/gpufleet-counters.csv",
+        "mkdir -p /etc/systemd/system/dcgm-exporter.service.d",
+        f"upload /etc/systemd/system/dcgm-exporter.service.d/gpufleet.conf\n{DROP_IN}",
+        "chown root:root /etc/systemd/system/dcgm-exporter.service.d/gpufleet.conf && chmod 644 "
+        "/etc/systemd/system/dcgm-exporter.service.d/gpufleet.conf",
+        "systemctl enable nvidia-dcgm.service",
+        "systemctl start nvidia-dcgm.service",
+        "systemctl daemon-reload",
+        "systemctl enable dcgm-exporter.service",
+        "systemctl start dcgm-exporter.service",
+    ]
+    assert noops == []
+
+
+def test_dcgm_converged_is_a_noop():
+    facts = apt_host({exporters.DCGM_COUNTERS: COUNTERS, exporters.DCGM_DROP_IN: DROP_IN}, DCGM_INSTALLED,
+                     DCGM_RUNNING)
+    commands, noops = run_operation(exporters.gpu_exporter, facts=facts, kind="dcgm", profiling=True)
+    assert commands == []
+    assert noops[-1] == "GPU exporter dcgm running on 0.0.0.0:9400"
+
+
+def test_dcgm_new_listen_address_rewrites_the_drop_in_and_restarts_only_the_exporter():
+    facts = apt_host({exporters.DCGM_COUNTERS: COUNTERS, exporters.DCGM_DROP_IN: DROP_IN}, DCGM_INSTALLED,
+                     DCGM_RUNNING)
+    commands, _ = run_operation(exporters.gpu_exporter, facts=facts, kind="dcgm", profiling=True,
+                                listen="10.0.0.5:9400")
+    assert commands == [
+        "upload /etc/systemd/system/dcgm-exporter.service.d/gpufleet.conf\n"
+        + exporters.dcgm_drop_in_text("10.0.0.5:9400"),
+        "systemctl daemon-reload",
+        "systemctl restart dcgm-exporter.service",
+    ]
+
+
+def test_dcgm_is_refused_on_a_distribution_without_apt():
+    rocky = {"name": "Rocky Linux", "major": 9, "minor": 4, "release_meta": {"ID": "rocky", "ID_LIKE": "rhel"}}
+    with pytest.raises(Exception, match="testhost: the exporters stage installs Debian/Ubuntu packages; Rocky Linux"):
+        run_operation(exporters.gpu_exporter, facts=apt_host({}, distro=rocky), kind="dcgm")
+
+
+# ------------------------------------------------------------------------------------------------ node_exporter
+
+TEXTFILE_DIR = "/var/lib/prometheus/node-exporter"
+NODE_DEFAULTS = exporters.node_exporter_defaults(TEXTFILE_DIR, "0.0.0.0:9100")
+NODE_INSTALLED = {"prometheus-node-exporter": {"1.5.0-1"}}
+NODE_RUNNING = {exporters.NODE_EXPORTER_UNIT: {"active_state": "active", "unit_file_state": "enabled"}}
+
+
+def node_host(defaults: str | None, installed=None, units=None) -> dict:
+    facts = apt_host({exporters.NODE_EXPORTER_DEFAULTS: defaults, TEXTFILE_DIR: "" if defaults else None},
+                     installed, units)
+    return facts
+
+
+def test_node_exporter_fresh_host():
+    commands, noops = run_operation(exporters.node_exporter, facts=node_host(None), textfile_dir=TEXTFILE_DIR)
+    assert commands == [
+        *APT_UPDATE,
+        f"{APT_INSTALL} prometheus-node-exporter",
+        f"mkdir -p {TEXTFILE_DIR}",
+        "mkdir -p /etc/default",
+        f"upload /etc/default/prometheus-node-exporter\n{NODE_DEFAULTS}",
+        "chown root:root /etc/default/prometheus-node-exporter && chmod 644 /etc/default/prometheus-node-exporter",
+        "systemctl daemon-reload",
+        "systemctl enable prometheus-node-exporter.service",
+        "systemctl start prometheus-node-exporter.service",
+    ]
+    assert noops == []
+
+
+def test_node_exporter_converged_is_a_noop():
+    commands, noops = run_operation(exporters.node_exporter,
+                                    facts=node_host(NODE_DEFAULTS, NODE_INSTALLED, NODE_RUNNING),
+                                    textfile_dir=TEXTFILE_DIR)
+    assert commands == []
+    assert noops[-1] == f"node_exporter running on 0.0.0.0:9100, textfile collector {TEXTFILE_DIR}"
+
+
+def test_node_exporter_new_listen_address_rewrites_its_arguments_and_restarts():
+    commands, _ = run_operation(exporters.node_exporter, facts=node_host(NODE_DEFAULTS, NODE_INSTALLED, NODE_RUNNING),
+                                textfile_dir=TEXTFILE_DIR, listen="10.0.0.5:9100")
+    assert commands == [
+        "upload /etc/default/prometheus-node-exporter\n"
+        + exporters.node_exporter_defaults(TEXTFILE_DIR, "10.0.0.5:9100"),
+        "systemctl daemon-reload",
+        "systemctl restart prometheus-node-exporter.service",
+    ]
+
+
+# ------------------------------------------------------------------------------------------------ desired_state
+
+GPUS = [
+    {"index": 1, "uuid": "GPU-b", "pci_bus_id": "00000000:2A:00.0", "power_limit_w": 337.5, "persistence": True,
+     "mig_enabled": None},
+    {"index": 0, "uuid": "GPU-a", "pci_bus_id": "00000000:18:00.0", "power_limit_w": 500.0, "persistence": True,
+     "mig_enabled": True},
+]
+DESIRED_PATH = f"{TEXTFILE_DIR}/gpufleet_desired.prom"
+
+
+def test_desired_textfile_has_one_series_per_gpu_and_managed_setting():
+    assert exporters.desired_textfile(GPUS) == (
+        "# Managed by gpufleet (stage exporters): desired GPU settings from the node plan.\n"
+        "# HELP gpufleet_gpu_power_limit_desired_watts Power limit gpufleet's power stage sets on this GPU (in W), "
+        "from the node plan.\n"
+        "# TYPE gpufleet_gpu_power_limit_desired_watts gauge\n"
+        'gpufleet_gpu_power_limit_desired_watts{gpu="0",UUID="GPU-a",pci_bus_id="00000000:18:00.0"} 500\n'
+        'gpufleet_gpu_power_limit_desired_watts{gpu="1",UUID="GPU-b",pci_bus_id="00000000:2A:00.0"} 337.5\n'
+        "# HELP gpufleet_gpu_persistence_desired 1 when gpufleet's persistence stage keeps persistence mode on for "
+        "this GPU, else 0.\n"
+        "# TYPE gpufleet_gpu_persistence_desired gauge\n"
+        'gpufleet_gpu_persistence_desired{gpu="0",UUID="GPU-a",pci_bus_id="00000000:18:00.0"} 1\n'
+        'gpufleet_gpu_persistence_desired{gpu="1",UUID="GPU-b",pci_bus_id="00000000:2A:00.0"} 1\n'
+        "# HELP gpufleet_gpu_mig_mode_desired MIG mode gpufleet's MIG stage sets on this GPU (1 enabled), from the "
+        "node plan.\n"
+        "# TYPE gpufleet_gpu_mig_mode_desired gauge\n"
+        'gpufleet_gpu_mig_mode_desired{gpu="0",UUID="GPU-a",pci_bus_id="00000000:18:00.0"} 1\n')
+
+
+def test_desired_state_fresh_host_writes_the_textfile():
+    commands, noops = run_operation(exporters.desired_state, facts={ManagedState: managed_state()},
+                                    textfile_dir=TEXTFILE_DIR, gpus=GPUS)
+    assert commands == [
+        f"mkdir -p {TEXTFILE_DIR}",
+        f"upload {DESIRED_PATH}\n{exporters.desired_textfile(GPUS)}",
+        f"chown root:root {DESIRED_PATH} && chmod 644 {DESIRED_PATH}",
+    ]
+    assert noops == []
+
+
+def test_desired_state_converged_is_a_noop():
+    facts = {ManagedState: managed_state(files={DESIRED_PATH: exporters.desired_textfile(GPUS)})}
+    commands, noops = run_operation(exporters.desired_state, facts=facts, textfile_dir=TEXTFILE_DIR, gpus=GPUS)
+    assert commands == []
+    assert noops == [f"desired GPU settings of 2 GPU(s) published in {DESIRED_PATH}"]
+
+
+def test_desired_state_new_power_limit_rewrites_the_textfile():
+    changed = [{**GPUS[0], "power_limit_w": 300.0}, GPUS[1]]
+    facts = {ManagedState: managed_state(files={DESIRED_PATH: exporters.desired_textfile(GPUS)})}
+    commands, _ = run_operation(exporters.desired_state, facts=facts, textfile_dir=TEXTFILE_DIR, gpus=changed)
+    assert commands == [f"upload {DESIRED_PATH}\n{exporters.desired_textfile(changed)}"]
+    assert 'gpu="1",UUID="GPU-b",pci_bus_id="00000000:2A:00.0"} 300' in commands[0]
+
+
+# ------------------------------------------------------------------------------------------------ from the plan
+
+
+def test_desired_gpu_settings_are_the_node_plans():
+    from gpufleet.config import load_node_config
+    from gpufleet.deploys.gpu_node import desired_gpu_settings
+    from gpufleet.plan import gpus_from_facts
+
+    uuids = ("GPU-76aef7ff-372d-2432-b4b4-beca4d8d3400", "GPU-c7a0294c-c2c2-5476-438c-fb468eaa223b",
+             "GPU-00000000-0000-0000-0000-0000000000cc")
+    gpus = gpus_from_facts({"gpus": [
+        {"index": i, "uuid": u, "name": "NVIDIA H100 80GB HBM3", "power_default_w": 700.0,
+         "pci_device_id": "0x233010DE", "pci_bus_id": f"00000000:{0x18 + i:02X}:00.0"} for i, u in enumerate(uuids)]})
+    config = load_node_config("n", {"gpufleet_power_limit": "80%", "gpufleet_mig": [
+        {"devices": [0], "mig-enabled": True, "mig-devices": {"1g.10gb": 7}},
+        {"devices": [1], "mig-enabled": False}]})
+    assert desired_gpu_settings(config, gpus) == [
+        {"index": 0, "uuid": uuids[0], "pci_bus_id": "00000000:18:00.0", "power_limit_w": 560.0, "persistence": True,
+         "mig_enabled": True},
+        {"index": 1, "uuid": uuids[1], "pci_bus_id": "00000000:19:00.0", "power_limit_w": 560.0, "persistence": True,
+         "mig_enabled": False},
+        {"index": 2, "uuid": uuids[2], "pci_bus_id": "00000000:1A:00.0", "power_limit_w": 560.0, "persistence": True,
+         "mig_enabled": None},
+    ]
+    unmanaged = load_node_config("n", {"gpufleet_stages": ["driver", "exporters"]})
+    assert [(g["power_limit_w"], g["persistence"], g["mig_enabled"]) for g in desired_gpu_settings(unmanaged, gpus)] \
+        == [(None, False, None)] * 3
+
+
+def test_desired_state_is_kept_while_a_gpu_is_lost():
+    facts = {ManagedState: managed_state(files={DESIRED_PATH: exporters.desired_textfile(GPUS)})}
+    commands, noops = run_operation(exporters.desired_state, facts=facts, textfile_dir=TEXTFILE_DIR, gpus=GPUS[:1],
+                                    lost=["0000:2A:00.0"])
+    assert commands == []
+    assert noops == [f"desired GPU settings in {DESIRED_PATH} kept while GPU(s) 0000:2A:00.0 are lost"]

@@ -40,3 +40,8 @@ def test_geforce_has_no_profiling_and_no_driver_no_gpus(tmp_path):
 def test_only_the_counters_file_fields_are_exported(tmp_path):
     metrics = exposition("h100-sxm-8", tmp_path, profiling=False)
     assert not any(name.startswith("DCGM_FI_PROF_") for name in metrics)
+
+
+def test_xid_errors_is_the_last_xid_of_each_gpu(tmp_path):
+    metrics = exposition("h100-sxm-8", tmp_path, **{"gpu.3.xid.log": "13,79"})
+    assert metrics["DCGM_FI_DEV_XID_ERRORS"] == {str(i): (79.0 if i == 3 else 0.0) for i in range(8)}

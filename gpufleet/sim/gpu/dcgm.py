@@ -38,6 +38,12 @@ def _num(value: str | None) -> float | None:
         return None
 
 
+def _last_xid(log: str) -> float:
+    """DCGM_FI_DEV_XID_ERRORS: the value of the last Xid the host engine saw (0 before any)."""
+    codes = [c for c in log.split(",") if c.strip()]
+    return float(codes[-1]) if codes else 0.0
+
+
 def field_values(g: dict[str, str]) -> dict[str, float | None]:
     """DCGM field -> value of one GPU (None: the field is blank for this GPU, as DCGM's blank values)."""
     mib = {k: _num(g.get(f"memory.{k}_mib")) or 0.0 for k in ("total", "reserved", "used")}
@@ -61,7 +67,7 @@ def field_values(g: dict[str, str]) -> dict[str, float | None]:
         "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": _num(g.get("clocks.event_reasons")),
         "DCGM_FI_DEV_PERSISTENCE_MODE": _num(g.get("persistence")),
         "DCGM_FI_DEV_MIG_MODE": _num(g.get("mig.current")) if g.get("mig.supported") == "1" else None,
-        "DCGM_FI_DEV_XID_ERRORS": 0.0,
+        "DCGM_FI_DEV_XID_ERRORS": _last_xid(g.get("xid.log", "")),
         "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": 0.0,
         "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": _num(g.get("ecc.volatile.corrected")) if ecc else None,
         "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": _num(g.get("ecc.volatile.uncorrected")) if ecc else None,

@@ -3069,3 +3069,183 @@ EXPORT nvmlReturn_t nvmlComputeInstanceGetInfo(nvmlComputeInstance_t computeInst
     info->profileId = full.profileId;
     END(NVML_SUCCESS);
 }
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Events (nvmlEventSet*, nvmlDeviceRegisterEvents): Xid critical errors                             */
+/* ------------------------------------------------------------------------------------------------ */
+/* The "hardware" raises an Xid by appending its code to `gpu.<i>.xid.log` (comma separated, oldest first;
+ * `gpufleet sim fault HOST xid`). A set delivers, per registered GPU, the codes appended after its
+ * registration, one per nvmlEventSetWait call, as the driver's event queue does. A GPU whose
+ * `events.supported` is `0` (a platform without events, e.g. WSL) answers NOT_SUPPORTED. */
+
+#define NVML_EVENT_SBE 0x1ull
+#define NVML_EVENT_DBE 0x2ull
+#define NVML_EVENT_PSTATE 0x4ull
+#define NVML_EVENT_XID 0x8ull
+#define NVML_EVENT_CLOCK 0x10ull
+#define EVENT_SET_MAGIC 0x45565453u /* "EVTS" */
+#define EVENT_POLL_NS 50000000L
+
+typedef struct {
+    unsigned int magic;
+    unsigned long long types[MAX_GPUS];
+    unsigned int seen[MAX_GPUS]; /* codes of gpu.<i>.xid.log already delivered (or older than the registration) */
+} event_set_t;
+typedef event_set_t *nvmlEventSet_t;
+
+/* nvmlEventData_t (nvml.h / pynvml c_nvmlEventData_t) */
+typedef struct {
+    nvmlDevice_t device;
+    unsigned long long eventType;
+    unsigned long long eventData;
+    unsigned int gpuInstanceId;
+    unsigned int computeInstanceId;
+} nvmlEventData_t;
+
+static unsigned long long supported_events(state_t *st, unsigned gpu)
+{
+    if (gf_is(st, gpu, "events.supported", "0"))
+        return 0;
+    unsigned long long types = NVML_EVENT_PSTATE | NVML_EVENT_XID | NVML_EVENT_CLOCK;
+    if (gf_is(st, gpu, "ecc.supported", "1") && gf_is(st, gpu, "ecc.current", "1"))
+        types |= NVML_EVENT_SBE | NVML_EVENT_DBE;
+    return types;
+}
+
+/* Number of codes in gpu.<i>.xid.log; *code = the n-th (0-based) when n < count. */
+static unsigned xid_log(state_t *st, unsigned gpu, unsigned n, unsigned long long *code)
+{
+    const char *log = gf(st, gpu, "xid.log");
+    unsigned count = 0;
+    if (!log || !*log)
+        return 0;
+    for (const char *p = log; p;) {
+        if (count == n && code)
+            *code = strtoull(p, NULL, 10);
+        count++;
+        p = strchr(p, ',');
+        if (p)
+            p++;
+    }
+    return count;
+}
+
+static event_set_t *event_set_of(nvmlEventSet_t set)
+{
+    return set && set->magic == EVENT_SET_MAGIC ? set : NULL;
+}
+
+EXPORT nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set)
+{
+    if (!initialized())
+        return NVML_ERROR_UNINITIALIZED;
+    if (!set)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    event_set_t *s = calloc(1, sizeof *s);
+    if (!s)
+        return NVML_ERROR_MEMORY;
+    s->magic = EVENT_SET_MAGIC;
+    *set = s;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set)
+{
+    event_set_t *s = event_set_of(set);
+    if (!initialized())
+        return NVML_ERROR_UNINITIALIZED;
+    if (!s)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    s->magic = 0;
+    free(s);
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t device, unsigned long long *eventTypes)
+{
+    BEGIN(device, K_GPU, 0);
+    if (!eventTypes)
+        END(NVML_ERROR_INVALID_ARGUMENT);
+    unsigned long long types = supported_events(&c.st, c.gpu);
+    if (!types)
+        END(NVML_ERROR_NOT_SUPPORTED);
+    *eventTypes = types;
+    END(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long long eventTypes, nvmlEventSet_t set)
+{
+    BEGIN(device, K_GPU, 0);
+    event_set_t *s = event_set_of(set);
+    if (!s)
+        END(NVML_ERROR_INVALID_ARGUMENT);
+    unsigned long long supported = supported_events(&c.st, c.gpu);
+    if (!supported || (eventTypes & ~supported))
+        END(NVML_ERROR_NOT_SUPPORTED);
+    lock();
+    s->types[c.gpu] |= eventTypes;
+    s->seen[c.gpu] = xid_log(&c.st, c.gpu, 0, NULL);
+    unlock();
+    END(NVML_SUCCESS);
+}
+
+/* One pass over the registered GPUs: the next undelivered Xid, 1 when one was found. */
+static int next_xid(event_set_t *s, nvmlEventData_t *data)
+{
+    state_t st;
+    int found = 0;
+    if (st_open(&st, 0) < 0)
+        return 0;
+    unsigned n = gpu_count(&st);
+    lock();
+    for (unsigned gpu = 0; gpu < n && gpu < MAX_GPUS && !found; gpu++) {
+        if (!(s->types[gpu] & NVML_EVENT_XID))
+            continue;
+        unsigned long long code = 0;
+        unsigned count = xid_log(&st, gpu, s->seen[gpu], &code);
+        if (count < s->seen[gpu]) /* the log was cleared (GPU reset / repaired): start over */
+            s->seen[gpu] = count;
+        if (count > s->seen[gpu]) {
+            s->seen[gpu]++;
+            memset(data, 0, sizeof *data);
+            data->device = &g_gpu[gpu];
+            data->eventType = NVML_EVENT_XID;
+            data->eventData = code;
+            data->gpuInstanceId = data->computeInstanceId = 0xFFFFFFFFu; /* not attributed to a MIG instance */
+            found = 1;
+        }
+    }
+    unlock();
+    st_close(&st);
+    return found;
+}
+
+EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms)
+{
+    if (!initialized())
+        return NVML_ERROR_UNINITIALIZED;
+    event_set_t *s = event_set_of(set);
+    if (!s || !data)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    struct timespec start, now, pause = {0, EVENT_POLL_NS};
+    struct stat seen_stat = {0}, st;
+    int first = 1;
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    for (;;) {
+        /* the state file is read again only when it changed (a waiting exporter costs a stat per poll) */
+        int changed = stat(state_path(), &st) == 0 &&
+                      (first || st.st_mtim.tv_sec != seen_stat.st_mtim.tv_sec ||
+                       st.st_mtim.tv_nsec != seen_stat.st_mtim.tv_nsec || st.st_size != seen_stat.st_size);
+        if (changed) {
+            seen_stat = st;
+            first = 0;
+            if (next_xid(s, data))
+                return NVML_SUCCESS;
+        }
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        long long elapsed_ms = (now.tv_sec - start.tv_sec) * 1000LL + (now.tv_nsec - start.tv_nsec) / 1000000LL;
+        if (elapsed_ms >= (long long)timeoutms)
+            return NVML_ERROR_TIMEOUT;
+        nanosleep(&pause, NULL);
+    }
+}
