@@ -57,6 +57,14 @@ def timed(argv: list[str]) -> tuple[float, float, subprocess.CompletedProcess]:
     return wall, cpu, proc
 
 
+def breakdown(out: Path, progress: str) -> str:
+    """Where a rollout's time went: its preflight pass and each wave's converge (from its own report/progress)."""
+    passes = [ln.strip() for ln in progress.splitlines() if ln.startswith("preflight")]
+    data = json.loads((out / "rollout.json").read_text())
+    waves = ", ".join(f"{w['kind']} {len(w['hosts'])}: {w['phases'].get('converge', 0):.1f} s" for w in data["waves"])
+    return f"{'; '.join(passes)}; converge {waves}"
+
+
 def power_limits(fleet) -> set[float]:
     return {int(gpu_state.read_state(str(h.dir / "hw/gpus.state"))["gpu.0.power.limit_mw"]) / 1000
             for h in fleet.hosts}
@@ -102,6 +110,8 @@ def main() -> int:
                 results[kind].append((wall, cpu))
                 print(f"{kind:22s} run {run + 1}: {wall:6.1f} s wall, {cpu:6.1f} s CPU "
                       f"({cpu / args.hosts * 1000:.0f} ms CPU/host)")
+                if kind != "plain":
+                    print("    " + breakdown(work / f"out-{kind}-{run}", proc.stderr))
     finally:
         hosts.down(log=lambda *_: None)
     med = {k: (statistics.median(w for w, _ in v), statistics.median(c for _, c in v)) for k, v in results.items()}

@@ -108,6 +108,7 @@ class Controller:
     drainer: Drainer
     progress: TextIO
     start: float = field(default_factory=time.monotonic)
+    undiffed: bool = False  # preflighted without each host's planned changes (see needs_diff)
 
     # ---------------------------------------------------------------------------------------------- plumbing
 
@@ -291,6 +292,30 @@ class Controller:
         self.say(f"wave {index}: {len(names) - len(failed)} done, {len(failed)} failed"
                  + (f": {', '.join(failed)}" if failed else ""))
 
+    def replan_after_idle_canary(self, canary: list[str], queue: list[str]) -> list[str]:
+        """The canary changed nothing (its hosts were already converged), so it proved nothing: ask pyinfra which
+        of the remaining hosts have a change (the full ``--dry``, as ``--drain`` rollouts do up front), mark the
+        others done without touching them, and return the hosts that remain; the next canary is the first of
+        them. Once per rollout; if that dry run fails, the remaining hosts go on in their waves unfiltered."""
+        self.undiffed = False
+        self.say(f"the canary ({', '.join(canary)}) was already converged: finding the hosts with a change")
+        if not queue:
+            return queue
+        try:
+            planned = _preflight(self.opts, self.state, queue, self.progress, diff=True)
+        except BadInput as error:
+            self.say(f"warning: {error}; the remaining hosts go on in their waves")
+            return queue
+        unchanged = [n for n in queue if n not in planned]
+        for n in unchanged:
+            self.node(n).changed = False
+            self.node(n).move(DONE)
+        self.save()
+        if unchanged:
+            self.say(f"{len(unchanged)} host(s) already converged (no change planned, not drained): "
+                     + ", ".join(unchanged[:10]) + (" ..." if len(unchanged) > 10 else ""))
+        return [n for n in queue if n in planned]
+
     def stop_reason(self, total: int) -> str | None:
         failed = self.state.by_state(FAILED)
         if self.state.options.get("canary_failed"):
@@ -331,21 +356,42 @@ class Controller:
             if kind == "canary" and any(self.node(n).state == FAILED for n in names):
                 self.state.options["canary_failed"] = True
                 self.save()
+            elif kind == "canary" and self.undiffed and not any(self.node(n).changed for n in names):
+                queue = self.replan_after_idle_canary(names, queue)
+                rest = len(queue) - min(canary, len(queue))
+                nominal = ([("canary", min(canary, len(queue)))] if queue else [])
+                nominal += [("wave", s) for s in waves.wave_sizes(rest, self.parsed.waves)]
+                i = 0
         return "stopped" if self.stop_reason(total) else "finished"
 
 
-def _preflight(opts: RolloutOptions, hosts: list[str], progress: TextIO) -> dict[str, list[str]]:
-    """Validation + preflight of every host still to do: the deploy with ``pyinfra --dry`` (the deploy validates
-    every host's configuration and runs preflight before any operation). Raises BadInput on any problem."""
-    limit = hosts
-    run = converge.run_pyinfra(opts.inventory, opts.deploy, limit, dry=True)
+def needs_diff(opts: RolloutOptions) -> bool:
+    """Whether the whole-fleet pass must also find each host's planned changes (the full ``pyinfra --dry``):
+    for ``--dry`` (it prints them) and when hosts are drained (an already converged host is not taken out of
+    service). Otherwise the preflight-only pass is enough: a host with nothing to change goes through its wave
+    and pyinfra changes nothing there (reported as already converged); the canary is kept honest by
+    :meth:`Controller.replan_after_idle_canary`."""
+    return opts.dry or opts.drain != "none"
+
+
+def _preflight(opts: RolloutOptions, state: RolloutState, hosts: list[str], progress: TextIO, *, diff: bool
+               ) -> dict[str, list[str]] | None:
+    """Validation + preflight of every host still to do, before any drain or change: the deploy run by pyinfra
+    with ``--dry`` (the deploy validates every host's configuration and runs preflight while pyinfra prepares the
+    hosts, before any operation). ``diff``: also call every operation to learn what would change on each host
+    (returns {host: [operations]}); else the preflight-only pass ``--dry -y`` (returns None), which skips the
+    operations' fact reads: about what a ``-y`` run costs before its first change. Raises BadInput on any
+    problem."""
+    run = converge.run_pyinfra(opts.inventory, opts.deploy, hosts, dry=True, check_changes=diff)
     if run.rc != 0 or run.payload is None:
         raise BadInput("validation / preflight failed, nothing was drained or changed:\n" + run.error_text(40))
     failed = set(run.payload.get("results") and run.payload["results"].get("failed_hosts") or [])
     if failed:
         raise BadInput(f"preflight could not reach {', '.join(sorted(failed))}; nothing was drained or changed")
-    progress.write(f"preflight: {len(hosts)} host(s) valid, {run.seconds:.1f} s\n")
-    return converge.planned_changes(run)
+    mode = "diff" if diff else "preflight"
+    state.preflight.append({"mode": mode, "hosts": len(hosts), "seconds": round(run.seconds, 3)})
+    progress.write(f"preflight{' + plan' if diff else ''}: {len(hosts)} host(s) valid, {run.seconds:.1f} s\n")
+    return converge.planned_changes(run) if diff else None
 
 
 def main(opts: RolloutOptions, *, progress: TextIO | None = None, echo=print) -> int:
@@ -395,12 +441,13 @@ def main(opts: RolloutOptions, *, progress: TextIO | None = None, echo=print) ->
     ctl.say(f"gpufleet rollout {state.rollout_id}: {len(state.order)} host(s), {len(todo)} to do"
             + (f", {len(state.by_state(DONE))} already done (not touched)" if opts.resume else ""))
     try:
-        planned = _preflight(opts, todo, progress) if todo else {}
+        planned = _preflight(opts, state, todo, progress, diff=needs_diff(opts)) if todo else {}
     except BadInput as error:
         progress.write(f"gpufleet rollout: {error}\n")
         return EXIT_BAD_INPUT
-    unchanged = [n for n in todo if n not in planned]
-    need = [n for n in todo if n in planned]
+    ctl.undiffed = planned is None
+    unchanged = [n for n in todo if planned is not None and n not in planned]
+    need = [n for n in todo if planned is None or n in planned]
     # The canary runs once: not again on --resume once its wave has finished.
     canary_done = any(w["kind"] == "canary" and all(state.nodes[n].state in (DONE, FAILED, SKIPPED)
                                                     for n in w["hosts"]) for w in state.waves)
