@@ -109,6 +109,7 @@ class Controller:
     progress: TextIO
     start: float = field(default_factory=time.monotonic)
     undiffed: bool = False  # preflighted without each host's planned changes (see needs_diff)
+    validating_wave: bool = False  # the next converge is also the whole-fleet validation (see single_wave)
 
     # ---------------------------------------------------------------------------------------------- plumbing
 
@@ -189,6 +190,11 @@ class Controller:
             self.node(n).move(CONVERGING)
         self.save()
         run = converge.run_pyinfra(self.opts.inventory, self.opts.deploy, names, dry=False)
+        if self.validating_wave:
+            self.validating_wave = False
+            if not run.executed():
+                raise BadInput("validation / preflight failed, nothing was drained or changed:\n"
+                               + run.error_text(40))
         outcomes = converge.host_outcomes(run, names)
         ok = []
         for n in names:
@@ -374,6 +380,18 @@ def needs_diff(opts: RolloutOptions) -> bool:
     return opts.dry or opts.drain != "none"
 
 
+def single_wave(opts: RolloutOptions, parsed: Parsed, todo: list[str], canary: int) -> bool:
+    """Whether the rollout is one wave over every host still to do, without drain (and not ``--dry``): then that
+    wave's own ``pyinfra -y`` is the whole-fleet validation and preflight (the deploy validates every host of the
+    run and runs preflight while pyinfra prepares them, and raises before any change), and a separate pass
+    would only read the same facts twice. A run that stops before executing anything is bad input (exit 2)."""
+    if opts.dry or needs_diff(opts) or canary > 0 or not todo:
+        return False
+    first = waves.wave_sizes(len(todo), parsed.waves)[0]
+    room = waves.capacity(parsed.max_unavailable, len(todo), 0)
+    return first >= len(todo) and (room is None or room >= len(todo))
+
+
 def _preflight(opts: RolloutOptions, state: RolloutState, hosts: list[str], progress: TextIO, *, diff: bool
                ) -> dict[str, list[str]] | None:
     """Validation + preflight of every host still to do, before any drain or change: the deploy run by pyinfra
@@ -440,18 +458,24 @@ def main(opts: RolloutOptions, *, progress: TextIO | None = None, echo=print) ->
     todo = state.by_state(PENDING)
     ctl.say(f"gpufleet rollout {state.rollout_id}: {len(state.order)} host(s), {len(todo)} to do"
             + (f", {len(state.by_state(DONE))} already done (not touched)" if opts.resume else ""))
+    # The canary runs once: not again on --resume once its wave has finished.
+    canary_done = any(w["kind"] == "canary" and all(state.nodes[n].state in (DONE, FAILED, SKIPPED)
+                                                    for n in w["hosts"]) for w in state.waves)
+    canary = 0 if canary_done else opts.canary
+    ctl.validating_wave = single_wave(opts, parsed, todo, canary)
     try:
-        planned = _preflight(opts, state, todo, progress, diff=needs_diff(opts)) if todo else {}
+        if ctl.validating_wave:
+            planned = None
+            ctl.say("one wave over every host, no drain: its pyinfra run validates and preflights every host "
+                    "before any change")
+        else:
+            planned = _preflight(opts, state, todo, progress, diff=needs_diff(opts)) if todo else {}
     except BadInput as error:
         progress.write(f"gpufleet rollout: {error}\n")
         return EXIT_BAD_INPUT
     ctl.undiffed = planned is None
     unchanged = [n for n in todo if planned is not None and n not in planned]
     need = [n for n in todo if planned is None or n in planned]
-    # The canary runs once: not again on --resume once its wave has finished.
-    canary_done = any(w["kind"] == "canary" and all(state.nodes[n].state in (DONE, FAILED, SKIPPED)
-                                                    for n in w["hosts"]) for w in state.waves)
-    canary = 0 if canary_done else opts.canary
     if opts.dry:
         echo(report.dry_plan_text(state, need, unchanged, planned, canary, parsed.waves))
         return EXIT_DONE
@@ -465,6 +489,17 @@ def main(opts: RolloutOptions, *, progress: TextIO | None = None, echo=print) ->
                 + ", ".join(unchanged[:10]) + (" ..." if len(unchanged) > 10 else ""))
     try:
         state.status = ctl.loop(need, canary)
+    except BadInput as error:  # the single wave's run stopped before executing anything: nothing was changed
+        progress.write(f"gpufleet rollout: {error}\n")
+        for name in state.waves.pop()["hosts"]:
+            if state.nodes[name].state in ACTIVE:
+                state.nodes[name].move(PENDING)
+                state.nodes[name].wave = None
+        if opts.resume:
+            ctl.save()
+        else:  # nothing happened: no state file to --resume, the corrected command starts afresh
+            path.unlink(missing_ok=True)
+        return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         state.status = "interrupted"
         ctl.save()

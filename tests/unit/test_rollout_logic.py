@@ -640,3 +640,34 @@ def test_a_wave_with_every_host_held_back_runs_pyinfra_on_nobody(fake, tmp_path,
     rc, text = go(opts(tmp_path, fake.deploy, canary=1, waves="100%", wait_for_jobs=0.02, poll_s=0.01))
     assert rc == 1 and "untouched (2): n2, n3" in text
     assert [c for c in fleet.calls if c[0] == "run"] == []  # not a pyinfra run without --limit (= every host)
+
+
+def test_one_wave_without_drain_is_its_own_validation_pass(fake, tmp_path):
+    fleet = fake(4)
+    rc, text = go(opts(tmp_path, fake.deploy, canary=0, waves="100%"))
+    # the wave's own pyinfra -y validates and preflights every host before any change: no separate pass
+    assert rc == 0 and fleet.calls == [("run", ["n1", "n2", "n3", "n4"])]
+    assert "changed (4)" in text
+    # any other shape keeps the separate whole-fleet pass first
+    for shape in (dict(canary=1, waves="100%"), dict(canary=0, waves="50%"), dict(canary=0, waves="100%", dry=True),
+                  dict(canary=0, waves="100%", max_unavailable="2")):
+        fleet.calls.clear()
+        go(opts(tmp_path / str(len(shape)) / str(shape.get("canary")), fake.deploy, **shape))
+        assert fleet.calls[0][0] in ("preflight", "dry"), shape
+
+
+def test_one_wave_bad_input_exits_2_with_nothing_changed_and_no_state_file(fake, tmp_path, monkeypatch):
+    fake(3)
+    error = ("--> Loading inventory...\n--> Preparing operations...\n--> pyinfra error: invalid configuration\n"
+             "  - n2: gpufleet_power_limit=900 W on GPU 0: outside this GPU's power limit range\n")
+    monkeypatch.setattr(converge, "run_pyinfra", lambda *a, **k: converge.PyinfraRun(1, None, error))
+    out = io.StringIO()
+    o = opts(tmp_path, fake.deploy, canary=0, waves="100%")
+    assert run.main(o, progress=out, echo=lambda _: None) == 2
+    assert "n2: gpufleet_power_limit=900 W" in out.getvalue() and "nothing was drained or changed" in out.getvalue()
+    assert not o.state_path().exists()  # the corrected command starts afresh, no --resume needed
+    # a run that crashed after execution began is no bad input: the wave's hosts fail, the state says so
+    crashed = "--> Beginning operation run...\n    [n1] Error: unexpected\n"
+    monkeypatch.setattr(converge, "run_pyinfra", lambda *a, **k: converge.PyinfraRun(1, None, crashed))
+    assert run.main(o, progress=io.StringIO(), echo=lambda _: None) == 1
+    assert st.load(o.state_path()).nodes["n1"].state == "failed"
