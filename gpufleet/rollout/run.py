@@ -12,6 +12,7 @@ from __future__ import annotations
 import sys
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -308,7 +309,7 @@ class Controller:
         if not queue:
             return queue
         try:
-            planned = _preflight(self.opts, self.state, queue, self.progress, diff=True)
+            planned = _preflight(self.opts, self.state.preflight, queue, self.progress, diff=True)
         except BadInput as error:
             self.say(f"warning: {error}; the remaining hosts go on in their waves")
             return queue
@@ -392,8 +393,8 @@ def single_wave(opts: RolloutOptions, parsed: Parsed, todo: list[str], canary: i
     return first >= len(todo) and (room is None or room >= len(todo))
 
 
-def _preflight(opts: RolloutOptions, state: RolloutState, hosts: list[str], progress: TextIO, *, diff: bool
-               ) -> dict[str, list[str]] | None:
+def _preflight(opts: RolloutOptions, records: list[dict[str, Any]], hosts: list[str] | None, progress: TextIO,
+               *, diff: bool) -> dict[str, list[str]] | None:
     """Validation + preflight of every host still to do, before any drain or change: the deploy run by pyinfra
     with ``--dry`` (the deploy validates every host's configuration and runs preflight while pyinfra prepares the
     hosts, before any operation). ``diff``: also call every operation to learn what would change on each host
@@ -401,15 +402,33 @@ def _preflight(opts: RolloutOptions, state: RolloutState, hosts: list[str], prog
     operations' fact reads: about what a ``-y`` run costs before its first change. Raises BadInput on any
     problem."""
     run = converge.run_pyinfra(opts.inventory, opts.deploy, hosts, dry=True, check_changes=diff)
+    record = {"mode": "diff" if diff else "preflight", "hosts": None if hosts is None else len(hosts),
+              "seconds": round(run.seconds, 3)}
     if run.rc != 0 or run.payload is None:
         raise BadInput("validation / preflight failed, nothing was drained or changed:\n" + run.error_text(40))
     failed = set(run.payload.get("results") and run.payload["results"].get("failed_hosts") or [])
     if failed:
         raise BadInput(f"preflight could not reach {', '.join(sorted(failed))}; nothing was drained or changed")
-    mode = "diff" if diff else "preflight"
-    state.preflight.append({"mode": mode, "hosts": len(hosts), "seconds": round(run.seconds, 3)})
-    progress.write(f"preflight{' + plan' if diff else ''}: {len(hosts)} host(s) valid, {run.seconds:.1f} s\n")
+    records.append(record)
+    count = "every" if hosts is None else str(len(hosts))
+    progress.write(f"preflight{' + plan' if diff else ''}: {count} host(s) valid, {run.seconds:.1f} s\n")
     return converge.planned_changes(run) if diff else None
+
+
+def _order_and_preflight(opts: RolloutOptions, records: list[dict[str, Any]], progress: TextIO, *, diff: bool
+                         ) -> tuple[list[str], str | None, Any]:
+    """For a new rollout that certainly needs the separate whole-fleet pass (a canary, or a drain): the inventory's
+    order (``pyinfra debug-inventory``) and the pass over every host of the inventory (the hosts still to do of
+    a new rollout), both pyinfra processes run at once: the pass does not need the order. Returns (order, error,
+    the pass's future: its planned changes or its BadInput)."""
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpufleet-preflight")
+    try:
+        future = pool.submit(_preflight, opts, records, None, progress, diff=diff)
+        order, error = converge.inventory_order(opts.inventory)
+        future.exception()  # wait: the pass's pyinfra is never left running behind the rollout
+    finally:
+        pool.shutdown(wait=True)
+    return order, error, future
 
 
 def main(opts: RolloutOptions, *, progress: TextIO | None = None, echo=print) -> int:
@@ -421,6 +440,7 @@ def main(opts: RolloutOptions, *, progress: TextIO | None = None, echo=print) ->
         progress.write(f"gpufleet rollout: {error}\n")
         return EXIT_BAD_INPUT
     path = opts.state_path()
+    early, records = None, []  # the whole-fleet pass, when run beside the inventory's order, and its record
     if opts.resume:
         try:
             state = load_state(path)
@@ -436,7 +456,10 @@ def main(opts: RolloutOptions, *, progress: TextIO | None = None, echo=print) ->
             progress.write(f"gpufleet rollout: {path} exists (an earlier rollout): --resume to continue it, or "
                            "remove it / give another --state to start a new one\n")
             return EXIT_BAD_INPUT
-        order, error = converge.inventory_order(opts.inventory)
+        if opts.canary > 0 or needs_diff(opts):  # never the single wave (see single_wave): the pass is needed
+            order, error, early = _order_and_preflight(opts, records, progress, diff=needs_diff(opts))
+        else:
+            order, error = converge.inventory_order(opts.inventory)
         if error:
             progress.write(f"gpufleet rollout: {error}\n")
             return EXIT_BAD_INPUT
@@ -445,6 +468,7 @@ def main(opts: RolloutOptions, *, progress: TextIO | None = None, echo=print) ->
             return EXIT_BAD_INPUT
         state = RolloutState.new(time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + uuid.uuid4().hex[:6],
                                  opts.inventory, opts.deploy, opts.recorded(), order)
+        state.preflight.extend(records)
     drainer = make_drainer(opts.drain, state.rollout_id)
     ctl = Controller(opts, parsed, state, drainer, progress)
     # Nodes caught mid-phase by an interruption start over (converging again is idempotent); their drain record
@@ -468,8 +492,10 @@ def main(opts: RolloutOptions, *, progress: TextIO | None = None, echo=print) ->
             planned = None
             ctl.say("one wave over every host, no drain: its pyinfra run validates and preflights every host "
                     "before any change")
+        elif early is not None:
+            planned = early.result()
         else:
-            planned = _preflight(opts, state, todo, progress, diff=needs_diff(opts)) if todo else {}
+            planned = _preflight(opts, state.preflight, todo, progress, diff=needs_diff(opts)) if todo else {}
     except BadInput as error:
         progress.write(f"gpufleet rollout: {error}\n")
         return EXIT_BAD_INPUT

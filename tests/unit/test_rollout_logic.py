@@ -671,3 +671,29 @@ def test_one_wave_bad_input_exits_2_with_nothing_changed_and_no_state_file(fake,
     monkeypatch.setattr(converge, "run_pyinfra", lambda *a, **k: converge.PyinfraRun(1, None, crashed))
     assert run.main(o, progress=io.StringIO(), echo=lambda _: None) == 1
     assert st.load(o.state_path()).nodes["n1"].state == "failed"
+
+
+def test_a_new_rollout_runs_the_whole_fleet_pass_beside_the_inventory_order(fake, tmp_path, monkeypatch):
+    fleet = fake(4)
+    seen = []
+    real = fleet.run_pyinfra
+
+    def spy(inventory, deploy, hosts, **kwargs):
+        seen.append(hosts)
+        return real(inventory, deploy, hosts, **kwargs)
+
+    monkeypatch.setattr(converge, "run_pyinfra", spy)
+    o = opts(tmp_path, fake.deploy, canary=1, waves="100%", max_failures="0")
+    fleet.broken = {"n2"}
+    rc, _ = go(o)
+    # new rollout: the pass over every host of the inventory (no --limit) needs no order, so it runs beside it
+    assert rc == 1 and seen[0] is None and json.loads((tmp_path / "out" / "rollout.json").read_text())[
+        "preflight"][0]["mode"] == "preflight"
+    fleet.broken.clear()
+    seen.clear()
+    o.resume = True
+    rc, _ = go(o)
+    assert rc == 0 and seen[0] == ["n2"]  # --resume: the hosts still to do, by name
+    monkeypatch.setattr(converge, "inventory_order", lambda inv, **_: ([], "cannot load the inventory inv.py"))
+    rc, _ = go(opts(tmp_path / "again", fake.deploy, canary=1))
+    assert rc == 2
