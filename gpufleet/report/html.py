@@ -214,9 +214,12 @@ def _summary(data: dict[str, Any]) -> list[str]:
             links = " ".join(_host_link(h) for h in g["hosts"])
             if len(g["hosts"]) > 12:
                 links = f"<details><summary>{len(g['hosts'])} hosts</summary>{links}</details>"
+            models = ", ".join(f"{m} ({n})" for m, n in g["models"].items())
             rows.append([escape(g["check"]), _badge(g["verdict"]), str(len(g["hosts"])), str(g["gpus"]),
-                         f'{escape(g["example_host"])}: {escape(g["example"])}', escape(g["remediation"]), links])
-        out.append(_table(["check", "verdict", "hosts", "GPUs", "example", "remediation", "hosts"], rows, raw=True))
+                         escape(models), f'{escape(g["example_host"])}: {escape(g["example"])}',
+                         escape(g["remediation"]), links])
+        out.append(_table(["check", "verdict", "hosts", "GPUs", "GPU models (hosts)", "example", "remediation",
+                           "hosts"], rows, raw=True))
     else:
         out.append("<p>None: every check passed.</p>")
     out.append('<h2 id="models">By GPU model</h2>')

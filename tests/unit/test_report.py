@@ -410,6 +410,10 @@ def test_html_groups_problems_by_check_and_hosts_by_model(report):
                     ["check", "verdict", "hosts", "GPUs"])
     rows = {(r[0].text, "".join(r[1].itertext())): (int(r[2].text), int(r[3].text))
             for r in (list(tr) for tr in by_check.find(f"{XHTML}tbody"))}
+    models_hit = {(r[0].text, "".join(r[1].itertext())): r[4].text
+                  for r in (list(tr) for tr in by_check.find(f"{XHTML}tbody"))}
+    assert models_hit[("config.power_limit", "FAIL")] == "NVIDIA H100 80GB HBM3 (1)"
+    assert models_hit[("host.reachable", "UNREACHABLE")] == "no GPU data (1)"
     checks = [c for h in report["hosts"] for c in h["checks"]]
     for (check, verdict), (hosts, gpus) in rows.items():
         hit = [c for c in checks if c["check"] == check and c["verdict"] == verdict.lower()]
