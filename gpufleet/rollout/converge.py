@@ -25,20 +25,12 @@ def pyinfra_executable() -> str:
     return str(here) if here.exists() else "pyinfra"
 
 
-def pyinfra_command(inventory: str, deploy: str, hosts: list[str] | None, *, dry: bool,
-                    check_changes: bool = True) -> list[str]:
-    """``pyinfra --json [-y | --dry | --dry -y] [--limit HOST ...] INVENTORY DEPLOY`` (argv, no shell); ``hosts``
-    None: every host of the inventory. An empty list is refused: without a ``--limit`` pyinfra would run on every
-    host.
-
-    ``dry`` with ``check_changes=False`` is the preflight-only pass: ``--dry -y``. pyinfra then runs the deploy
-    code of every host (the gpufleet deploy validates every host's configuration and runs its preflight there,
-    raising before anything could change) but, as with ``-y``, does not call the operations to find what would
-    change: none of their fact reads, and no per-host plan (``hosts_with_change`` stays empty)."""
+def pyinfra_command(inventory: str, deploy: str, hosts: list[str] | None, *, dry: bool) -> list[str]:
+    """``pyinfra --json [-y | --dry] [--limit HOST ...] INVENTORY DEPLOY`` (argv, no shell); ``hosts`` None: every
+    host of the inventory. An empty list is refused: without a ``--limit`` pyinfra would run on every host."""
     if hosts is not None and not hosts:
         raise ValueError("pyinfra_command: an empty host list (None means every host)")
-    mode = (["--dry"] if check_changes else ["--dry", "-y"]) if dry else ["-y"]
-    cmd = [pyinfra_executable(), "--json", *mode]
+    cmd = [pyinfra_executable(), "--json", "--dry" if dry else "-y"]
     for name in hosts or ():
         cmd += ["--limit", name]
     return [*cmd, inventory, deploy]
@@ -130,13 +122,12 @@ def host_outcomes(run: PyinfraRun, hosts: list[str]) -> dict[str, HostOutcome]:
     return out
 
 
-def run_pyinfra(inventory: str, deploy: str, hosts: list[str] | None, *, dry: bool, check_changes: bool = True,
-                cwd: str | None = None, timeout: float | None = None) -> PyinfraRun:
+def run_pyinfra(inventory: str, deploy: str, hosts: list[str] | None, *, dry: bool, cwd: str | None = None,
+                timeout: float | None = None) -> PyinfraRun:
     import time  # noqa: PLC0415
 
     start = time.monotonic()
-    argv = pyinfra_command(inventory, deploy, hosts, dry=dry, check_changes=check_changes)
-    proc = subprocess.run(argv, capture_output=True, text=True,
+    proc = subprocess.run(pyinfra_command(inventory, deploy, hosts, dry=dry), capture_output=True, text=True,
                           cwd=cwd, timeout=timeout, check=False, stdin=subprocess.DEVNULL)
     return PyinfraRun(rc=proc.returncode, payload=parse_json_stdout(proc.stdout), stderr=proc.stderr,
                       seconds=time.monotonic() - start)

@@ -109,7 +109,6 @@ class Controller:
     drainer: Drainer
     progress: TextIO
     start: float = field(default_factory=time.monotonic)
-    undiffed: bool = False  # preflighted without each host's planned changes (see needs_diff)
     validating_wave: bool = False  # the next converge is also the whole-fleet validation (see single_wave)
 
     # ---------------------------------------------------------------------------------------------- plumbing
@@ -299,30 +298,6 @@ class Controller:
         self.say(f"wave {index}: {len(names) - len(failed)} done, {len(failed)} failed"
                  + (f": {', '.join(failed)}" if failed else ""))
 
-    def replan_after_idle_canary(self, canary: list[str], queue: list[str]) -> list[str]:
-        """The canary changed nothing (its hosts were already converged), so it proved nothing: ask pyinfra which
-        of the remaining hosts have a change (the full ``--dry``, as ``--drain`` rollouts do up front), mark the
-        others done without touching them, and return the hosts that remain; the next canary is the first of
-        them. Once per rollout; if that dry run fails, the remaining hosts go on in their waves unfiltered."""
-        self.undiffed = False
-        self.say(f"the canary ({', '.join(canary)}) was already converged: finding the hosts with a change")
-        if not queue:
-            return queue
-        try:
-            planned = _preflight(self.opts, self.state.preflight, queue, self.progress, diff=True)
-        except BadInput as error:
-            self.say(f"warning: {error}; the remaining hosts go on in their waves")
-            return queue
-        unchanged = [n for n in queue if n not in planned]
-        for n in unchanged:
-            self.node(n).changed = False
-            self.node(n).move(DONE)
-        self.save()
-        if unchanged:
-            self.say(f"{len(unchanged)} host(s) already converged (no change planned, not drained): "
-                     + ", ".join(unchanged[:10]) + (" ..." if len(unchanged) > 10 else ""))
-        return [n for n in queue if n in planned]
-
     def stop_reason(self, total: int) -> str | None:
         failed = self.state.by_state(FAILED)
         if self.state.options.get("canary_failed"):
@@ -363,59 +338,42 @@ class Controller:
             if kind == "canary" and any(self.node(n).state == FAILED for n in names):
                 self.state.options["canary_failed"] = True
                 self.save()
-            elif kind == "canary" and self.undiffed and not any(self.node(n).changed for n in names):
-                queue = self.replan_after_idle_canary(names, queue)
-                rest = len(queue) - min(canary, len(queue))
-                nominal = ([("canary", min(canary, len(queue)))] if queue else [])
-                nominal += [("wave", s) for s in waves.wave_sizes(rest, self.parsed.waves)]
-                i = 0
         return "stopped" if self.stop_reason(total) else "finished"
-
-
-def needs_diff(opts: RolloutOptions) -> bool:
-    """Whether the whole-fleet pass must also find each host's planned changes (the full ``pyinfra --dry``):
-    for ``--dry`` (it prints them) and when hosts are drained (an already converged host is not taken out of
-    service). Otherwise the preflight-only pass is enough: a host with nothing to change goes through its wave
-    and pyinfra changes nothing there (reported as already converged); the canary is kept honest by
-    :meth:`Controller.replan_after_idle_canary`."""
-    return opts.dry or opts.drain != "none"
 
 
 def single_wave(opts: RolloutOptions, parsed: Parsed, todo: list[str], canary: int) -> bool:
     """Whether the rollout is one wave over every host still to do, without drain (and not ``--dry``): then that
     wave's own ``pyinfra -y`` is the whole-fleet validation and preflight (the deploy validates every host of the
     run and runs preflight while pyinfra prepares them, and raises before any change), and a separate pass
-    would only read the same facts twice. A run that stops before executing anything is bad input (exit 2)."""
-    if opts.dry or needs_diff(opts) or canary > 0 or not todo:
+    would only connect and read the same facts twice. The price: no per-host plan first, so an already
+    converged host is in the wave too (pyinfra changes nothing there; reported as already converged). A run that
+    stops before executing anything is bad input (exit 2)."""
+    if opts.dry or opts.drain != "none" or canary > 0 or not todo:
         return False
     first = waves.wave_sizes(len(todo), parsed.waves)[0]
     room = waves.capacity(parsed.max_unavailable, len(todo), 0)
     return first >= len(todo) and (room is None or room >= len(todo))
 
 
-def _preflight(opts: RolloutOptions, records: list[dict[str, Any]], hosts: list[str] | None, progress: TextIO,
-               *, diff: bool) -> dict[str, list[str]] | None:
-    """Validation + preflight of every host still to do, before any drain or change: the deploy run by pyinfra
-    with ``--dry`` (the deploy validates every host's configuration and runs preflight while pyinfra prepares the
-    hosts, before any operation). ``diff``: also call every operation to learn what would change on each host
-    (returns {host: [operations]}); else the preflight-only pass ``--dry -y`` (returns None), which skips the
-    operations' fact reads: about what a ``-y`` run costs before its first change. Raises BadInput on any
-    problem."""
-    run = converge.run_pyinfra(opts.inventory, opts.deploy, hosts, dry=True, check_changes=diff)
-    record = {"mode": "diff" if diff else "preflight", "hosts": None if hosts is None else len(hosts),
-              "seconds": round(run.seconds, 3)}
+def _preflight(opts: RolloutOptions, records: list[dict[str, Any]], hosts: list[str] | None, progress: TextIO
+               ) -> dict[str, list[str]]:
+    """Validation + preflight of every host still to do (``None``: every host of the inventory), before any
+    drain or change: the deploy with ``pyinfra --dry`` (the deploy validates every host's configuration and runs
+    preflight while pyinfra prepares the hosts, before any operation). Returns {host: [operations that would
+    change it]}; raises BadInput on any problem. Its time is appended to ``records``."""
+    run = converge.run_pyinfra(opts.inventory, opts.deploy, hosts, dry=True)
+    record = {"hosts": None if hosts is None else len(hosts), "seconds": round(run.seconds, 3)}
     if run.rc != 0 or run.payload is None:
         raise BadInput("validation / preflight failed, nothing was drained or changed:\n" + run.error_text(40))
     failed = set(run.payload.get("results") and run.payload["results"].get("failed_hosts") or [])
     if failed:
         raise BadInput(f"preflight could not reach {', '.join(sorted(failed))}; nothing was drained or changed")
     records.append(record)
-    count = "every" if hosts is None else str(len(hosts))
-    progress.write(f"preflight{' + plan' if diff else ''}: {count} host(s) valid, {run.seconds:.1f} s\n")
-    return converge.planned_changes(run) if diff else None
+    progress.write(f"preflight: {'every' if hosts is None else len(hosts)} host(s) valid, {run.seconds:.1f} s\n")
+    return converge.planned_changes(run)
 
 
-def _order_and_preflight(opts: RolloutOptions, records: list[dict[str, Any]], progress: TextIO, *, diff: bool
+def _order_and_preflight(opts: RolloutOptions, records: list[dict[str, Any]], progress: TextIO
                          ) -> tuple[list[str], str | None, Any]:
     """For a new rollout that certainly needs the separate whole-fleet pass (a canary, or a drain): the inventory's
     order (``pyinfra debug-inventory``) and the pass over every host of the inventory (the hosts still to do of
@@ -423,7 +381,7 @@ def _order_and_preflight(opts: RolloutOptions, records: list[dict[str, Any]], pr
     the pass's future: its planned changes or its BadInput)."""
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpufleet-preflight")
     try:
-        future = pool.submit(_preflight, opts, records, None, progress, diff=diff)
+        future = pool.submit(_preflight, opts, records, None, progress)
         order, error = converge.inventory_order(opts.inventory)
         future.exception()  # wait: the pass's pyinfra is never left running behind the rollout
     finally:
@@ -456,8 +414,8 @@ def main(opts: RolloutOptions, *, progress: TextIO | None = None, echo=print) ->
             progress.write(f"gpufleet rollout: {path} exists (an earlier rollout): --resume to continue it, or "
                            "remove it / give another --state to start a new one\n")
             return EXIT_BAD_INPUT
-        if opts.canary > 0 or needs_diff(opts):  # never the single wave (see single_wave): the pass is needed
-            order, error, early = _order_and_preflight(opts, records, progress, diff=needs_diff(opts))
+        if opts.canary > 0 or opts.drain != "none" or opts.dry:  # never the single wave: the pass is needed
+            order, error, early = _order_and_preflight(opts, records, progress)
         else:
             order, error = converge.inventory_order(opts.inventory)
         if error:
@@ -495,11 +453,10 @@ def main(opts: RolloutOptions, *, progress: TextIO | None = None, echo=print) ->
         elif early is not None:
             planned = early.result()
         else:
-            planned = _preflight(opts, state.preflight, todo, progress, diff=needs_diff(opts)) if todo else {}
+            planned = _preflight(opts, state.preflight, todo, progress) if todo else {}
     except BadInput as error:
         progress.write(f"gpufleet rollout: {error}\n")
         return EXIT_BAD_INPUT
-    ctl.undiffed = planned is None
     unchanged = [n for n in todo if planned is not None and n not in planned]
     need = [n for n in todo if planned is None or n in planned]
     if opts.dry:

@@ -86,7 +86,7 @@ class RolloutState:
     waves: list[dict[str, Any]] = field(default_factory=list)
     status: str = "running"  # running, interrupted, stopped, finished
     started_at: float = field(default_factory=time.time)
-    # the whole-fleet passes before any change: [{"mode": "diff" | "preflight", "hosts": n, "seconds": s}]
+    # the whole-fleet validation + preflight passes before any change: [{"hosts": n (None: every), "seconds": s}]
     preflight: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod

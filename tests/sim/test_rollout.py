@@ -175,8 +175,8 @@ def test_bad_input_stops_before_any_drain_or_change(fleet, tmp_path):
     assert result.returncode == 2, result.stdout + result.stderr
     assert "gpufleet_power_limit" in result.stderr and "nothing was drained or changed" in result.stderr
     assert ro.hook_calls() == [] and {n: power_w(fleet, n) for n in NODES} == before
-    # without drain: the preflight-only pass (pyinfra --dry -y), and one wave over every host (its own pyinfra -y
-    # validates first): the same error, nothing changed, no state file left to --resume
+    # without drain: with a canary (the pass first), and one wave over every host (no separate pass: its own
+    # pyinfra -y validates first): the same error, nothing changed, no state file left to --resume
     for shape in (("--canary", "1", "--waves", "2"), ("--canary", "0", "--waves", "100%")):
         result = ro.run(*shape, drain="none")
         assert result.returncode == 2, shape + (result.stdout, result.stderr)

@@ -103,9 +103,6 @@ def test_pyinfra_command_limits_each_host_and_never_uses_a_shell():
     cmd = converge.pyinfra_command("inv.py", "d.py", ["a", "b;rm -rf /"], dry=False)
     assert cmd[1:] == ["--json", "-y", "--limit", "a", "--limit", "b;rm -rf /", "inv.py", "d.py"]
     assert converge.pyinfra_command("inv.py", "d.py", None, dry=True)[1:] == ["--json", "--dry", "inv.py", "d.py"]
-    # the preflight-only pass: the deploy code (validation, preflight) without calling the operations
-    assert converge.pyinfra_command("inv.py", "d.py", None, dry=True, check_changes=False)[1:] == [
-        "--json", "--dry", "-y", "inv.py", "d.py"]
     with pytest.raises(ValueError, match="empty host list"):  # no --limit would mean every host
         converge.pyinfra_command("inv.py", "d.py", [], dry=False)
 
@@ -191,12 +188,12 @@ class FakeFleet:
         self.calls: list[tuple[str, list[str]]] = []
         self.interrupt_on = interrupt_on
 
-    def run_pyinfra(self, inventory, deploy, hosts, *, dry, check_changes=True, **_):
+    def run_pyinfra(self, inventory, deploy, hosts, *, dry, **_):
         hosts = list(hosts or self.hosts)
-        self.calls.append((("dry" if check_changes else "preflight") if dry else "run", hosts))
-        if dry:  # as pyinfra: without change detection (--dry -y) no host is listed with a change
-            plan = [{"name": "g | op", "hosts_with_change": [h for h in hosts if h not in self.converged]
-                     if check_changes else [], "hosts_with_conditional_change": []}]
+        self.calls.append(("dry" if dry else "run", hosts))
+        if dry:
+            plan = [{"name": "g | op", "hosts_with_change": [h for h in hosts if h not in self.converged],
+                     "hosts_with_conditional_change": []}]
             return converge.PyinfraRun(0, {"plan": plan, "results": None}, "")
         if self.interrupt_on and self.interrupt_on in hosts:
             self.interrupt_on = None
@@ -253,7 +250,7 @@ def test_waves_run_in_inventory_order_and_finish(fake, tmp_path):
     fleet = fake(6)
     rc, text = go(opts(tmp_path, fake.deploy, canary=1, waves="2,50%"))
     assert rc == 0, text
-    assert fleet.calls == [("preflight", ["n1", "n2", "n3", "n4", "n5", "n6"]), ("run", ["n1"]), ("run", ["n2", "n3"]),
+    assert fleet.calls == [("dry", ["n1", "n2", "n3", "n4", "n5", "n6"]), ("run", ["n1"]), ("run", ["n2", "n3"]),
                            ("run", ["n4", "n5", "n6"])]
     state = st.load(tmp_path / "out" / "state.json")
     assert state.status == "finished" and all(r.state == "done" and r.changed for r in state.nodes.values())
@@ -298,31 +295,9 @@ def test_already_converged_hosts_are_not_drained_or_converged(fake, tmp_path, mo
     drainer = BusyDrainer(set())
     monkeypatch.setattr(run, "make_drainer", lambda spec, rid: drainer)
     rc, text = go(opts(tmp_path, fake.deploy, canary=1, waves="100%", drain="command:true"))
-    # draining: the whole-fleet pass also finds each host's changes; n2 is neither drained nor converged
     assert rc == 0 and fleet.calls == [("dry", ["n1", "n2", "n3"]), ("run", ["n1"]), ("run", ["n3"])]
     assert "n2" not in drainer.checks and drainer.resumed == ["n1", "n3"]
     assert "already converged (1): n2" in text
-
-
-def test_without_drain_the_preflight_only_pass_and_converged_hosts_change_nothing(fake, tmp_path):
-    fleet = fake(3, converged={"n2"})
-    rc, text = go(opts(tmp_path, fake.deploy, canary=1, waves="100%"))
-    # no drain: validation + preflight only (no per-host plan); n2 goes through its wave and nothing changes there
-    assert rc == 0 and fleet.calls == [("preflight", ["n1", "n2", "n3"]), ("run", ["n1"]), ("run", ["n2", "n3"])]
-    assert "changed (2): n1, n3" in text and "already converged (1): n2" in text
-    state = json.loads((tmp_path / "out" / "rollout.json").read_text())
-    assert [p["mode"] for p in state["preflight"]] == ["preflight"]
-
-
-def test_an_already_converged_canary_is_followed_by_a_canary_with_a_change(fake, tmp_path):
-    fleet = fake(5, converged={"n1", "n2", "n4"})
-    rc, text = go(opts(tmp_path, fake.deploy, canary=1, waves="100%"))
-    # the canary n1 changed nothing: the remaining hosts are planned (n2, n4 done untouched), n3 is the canary
-    assert rc == 0 and fleet.calls == [("preflight", ["n1", "n2", "n3", "n4", "n5"]), ("run", ["n1"]),
-                                       ("dry", ["n2", "n3", "n4", "n5"]), ("run", ["n3"]), ("run", ["n5"])]
-    data = json.loads((tmp_path / "out" / "rollout.json").read_text())
-    assert [w["kind"] for w in data["waves"]] == ["canary", "canary", "wave"]
-    assert "changed (2): n3, n5" in text and "already converged (3): n1, n2, n4" in text
 
 
 def test_bad_input_stops_before_anything(fake, tmp_path, monkeypatch):
@@ -614,7 +589,7 @@ def test_resume_after_a_stop_retries_the_failed_hosts_and_not_the_done_ones(fake
     o.resume = True
     rc, text = go(o)
     assert rc == 0, text
-    assert fleet.calls == [("preflight", ["n2", "n3", "n4"]), ("run", ["n2"]), ("run", ["n3"]), ("run", ["n4"])]
+    assert fleet.calls == [("dry", ["n2", "n3", "n4"]), ("run", ["n2"]), ("run", ["n3"]), ("run", ["n4"])]
     s = st.load(o.state_path())
     assert [h[0] for h in s.nodes["n2"].history][-2:] == ["returning", "done"] and "failed" in [
         h[0] for h in s.nodes["n2"].history]
@@ -653,7 +628,15 @@ def test_one_wave_without_drain_is_its_own_validation_pass(fake, tmp_path):
                   dict(canary=0, waves="100%", max_unavailable="2")):
         fleet.calls.clear()
         go(opts(tmp_path / str(len(shape)) / str(shape.get("canary")), fake.deploy, **shape))
-        assert fleet.calls[0][0] in ("preflight", "dry"), shape
+        assert fleet.calls[0][0] == "dry", shape
+
+
+def test_one_wave_converged_hosts_change_nothing_and_are_reported(fake, tmp_path):
+    fleet = fake(3, converged={"n2"})
+    rc, text = go(opts(tmp_path, fake.deploy, canary=0, waves="100%"))
+    # no per-host plan first: n2 is in the wave, pyinfra changes nothing there
+    assert rc == 0 and fleet.calls == [("run", ["n1", "n2", "n3"])]
+    assert "changed (2): n1, n3" in text and "already converged (1): n2" in text
 
 
 def test_one_wave_bad_input_exits_2_with_nothing_changed_and_no_state_file(fake, tmp_path, monkeypatch):
@@ -688,7 +671,7 @@ def test_a_new_rollout_runs_the_whole_fleet_pass_beside_the_inventory_order(fake
     rc, _ = go(o)
     # new rollout: the pass over every host of the inventory (no --limit) needs no order, so it runs beside it
     assert rc == 1 and seen[0] is None and json.loads((tmp_path / "out" / "rollout.json").read_text())[
-        "preflight"][0]["mode"] == "preflight"
+        "preflight"][0]["hosts"] is None
     fleet.broken.clear()
     seen.clear()
     o.resume = True
