@@ -7,8 +7,11 @@ driver/power/nccl) applies a new power limit each time, so every run has the sam
 
 * plain: ``pyinfra -y INVENTORY deploys/gpu_node.py`` (one run over every host);
 * rollout, one wave: ``gpufleet rollout --canary 0 --waves 100% --verify none --drain none`` (the controller's
-  own cost: inventory order, the whole-fleet ``--dry`` preflight, the state file, the report);
-* rollout, canary + waves: ``--canary 1 --waves 25%`` (five pyinfra runs, each connecting to its wave).
+  own cost: inventory order, the state file, the reports; the wave's own run is the whole-fleet validation);
+* rollout, canary + waves: ``--canary 1 --waves 25%`` (the whole-fleet ``--dry`` pass, beside the inventory order,
+  then five pyinfra runs, each connecting to its wave).
+
+Each rollout's breakdown (its whole-fleet pass, each wave's converge) is printed from its own progress and report.
 
 Verify and drain waits are excluded (``--verify none --drain none``). Wall time and controller CPU (user + system of
 the command and its children: pyinfra runs on the controller) per host are measured; the time for 1000 hosts is
