@@ -202,7 +202,7 @@ def html(state: RolloutState, out: str | Path) -> str:
                            "verify gate"], wave_rows, raw=True))
     else:
         body.append("<p>No wave ran.</p>")
-    passes = [["every" if p.get("hosts") is None else str(p["hosts"]), f"{p.get('seconds', 0):.1f}"]
+    passes = [["every host" if p.get("hosts") is None else f"{p['hosts']} host(s)", f"{p.get('seconds', 0):.1f}"]
               for p in state.preflight]
     body.append('<h2 id="phases">Time by phase</h2>')
     preflight_s = sum(p.get("seconds", 0) for p in state.preflight)
@@ -210,7 +210,7 @@ def html(state: RolloutState, out: str | Path) -> str:
                                              *[[p, f"{phase_totals[p]:.1f}"] for p in PHASES]]))
     if passes:
         body.append('<p class="facts">Whole-fleet validation and preflight (<code>pyinfra --dry</code>) before any '
-                    "change: " + "; ".join(f"{h} host(s), {s} s" for h, s in passes) + "</p>")
+                    "change: " + "; ".join(f"{h}, {s} s" for h, s in passes) + "</p>")
     elif state.waves:
         body.append('<p class="facts">No separate whole-fleet pass: one wave over every host, whose own pyinfra run '
                     "validated and preflighted every host before any change.</p>")
