@@ -7,8 +7,11 @@ driver/power/nccl) applies a new power limit each time, so every run has the sam
 
 * plain: ``pyinfra -y INVENTORY deploys/gpu_node.py`` (one run over every host);
 * rollout, one wave: ``gpufleet rollout --canary 0 --waves 100% --verify none --drain none`` (the controller's
-  own cost: inventory order, the whole-fleet ``--dry`` preflight, the state file, the report);
-* rollout, canary + waves: ``--canary 1 --waves 25%`` (five pyinfra runs, each connecting to its wave).
+  own cost: inventory order, the state file, the reports; the wave's own run is the whole-fleet validation);
+* rollout, canary + waves: ``--canary 1 --waves 25%`` (the whole-fleet ``--dry`` pass, beside the inventory order,
+  then five pyinfra runs, each connecting to its wave).
+
+Each rollout's breakdown (its whole-fleet pass, each wave's converge) is printed from its own progress and report.
 
 Verify and drain waits are excluded (``--verify none --drain none``). Wall time and controller CPU (user + system of
 the command and its children: pyinfra runs on the controller) per host are measured; the time for 1000 hosts is
@@ -57,6 +60,14 @@ def timed(argv: list[str]) -> tuple[float, float, subprocess.CompletedProcess]:
     return wall, cpu, proc
 
 
+def breakdown(out: Path, progress: str) -> str:
+    """Where a rollout's time went: its preflight pass and each wave's converge (from its own report/progress)."""
+    passes = [ln.strip() for ln in progress.splitlines() if ln.startswith("preflight")]
+    data = json.loads((out / "rollout.json").read_text())
+    waves = ", ".join(f"{w['kind']} {len(w['hosts'])}: {w['phases'].get('converge', 0):.1f} s" for w in data["waves"])
+    return f"{'; '.join(passes)}; converge {waves}"
+
+
 def power_limits(fleet) -> set[float]:
     return {int(gpu_state.read_state(str(h.dir / "hw/gpus.state"))["gpu.0.power.limit_mw"]) / 1000
             for h in fleet.hosts}
@@ -102,6 +113,8 @@ def main() -> int:
                 results[kind].append((wall, cpu))
                 print(f"{kind:22s} run {run + 1}: {wall:6.1f} s wall, {cpu:6.1f} s CPU "
                       f"({cpu / args.hosts * 1000:.0f} ms CPU/host)")
+                if kind != "plain":
+                    print("    " + breakdown(work / f"out-{kind}-{run}", proc.stderr))
     finally:
         hosts.down(log=lambda *_: None)
     med = {k: (statistics.median(w for w, _ in v), statistics.median(c for _, c in v)) for k, v in results.items()}

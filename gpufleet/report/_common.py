@@ -107,21 +107,33 @@ def fleet_headline(report: dict[str, Any]) -> tuple[str, str]:
     return verdict, f"{verdict.upper()}: {', '.join(parts) or 'no host'} ({total} host{'s' if total != 1 else ''})"
 
 
+def host_model(host: dict[str, Any]) -> str:
+    """The host's GPU model: its GPUs' name, ``mixed: A, B`` when they differ, ``no GPU data`` without any."""
+    # A GPU fallen off the bus has no name: the host still counts under its other GPUs' model.
+    names = sorted({g["name"] for g in host.get("gpus") or [] if g.get("name")})
+    return names[0] if len(names) == 1 else ("mixed: " + ", ".join(names) if names else "no GPU data")
+
+
 def problem_groups(report: dict[str, Any]) -> list[dict[str, Any]]:
     """Non-passing checks grouped by (check, verdict), worst and widest first: each group with its hosts, the
-    number of GPUs it hit, an example message and the remediation."""
+    number of GPUs it hit, the hosts it hit per GPU model ({model: hosts}, most first), an example message and
+    the remediation."""
     groups: dict[tuple[str, str], dict[str, Any]] = {}
     for host in report["hosts"]:
+        model = host_model(host)
         for c in host["checks"]:
             if c["verdict"] not in ("fail", "unreachable", "warn"):
                 continue
             g = groups.setdefault((c["check"], c["verdict"]), {
-                "check": c["check"], "verdict": c["verdict"], "hosts": [], "gpus": 0, "example": c["message"],
-                "example_host": c["host"], "remediation": c.get("remediation") or ""})
+                "check": c["check"], "verdict": c["verdict"], "hosts": [], "gpus": 0, "models": {},
+                "example": c["message"], "example_host": c["host"], "remediation": c.get("remediation") or ""})
             if not g["hosts"] or g["hosts"][-1] != c["host"]:
                 g["hosts"].append(c["host"])
+                g["models"][model] = g["models"].get(model, 0) + 1
             if c.get("gpu_index") is not None:
                 g["gpus"] += 1
+    for g in groups.values():
+        g["models"] = dict(sorted(g["models"].items(), key=lambda kv: (-kv[1], kv[0])))
     rank = {v: i for i, v in enumerate(HEADLINE_ORDER)}
     return sorted(groups.values(), key=lambda g: (rank[g["verdict"]], -len(g["hosts"]), g["check"]))
 
@@ -131,9 +143,7 @@ def model_groups(report: dict[str, Any]) -> list[dict[str, Any]]:
     [{model, hosts, gpus, verdicts: {verdict: hosts}}]."""
     groups: dict[str, dict[str, Any]] = {}
     for host in report["hosts"]:
-        # A GPU fallen off the bus has no name: the host still counts under its other GPUs' model.
-        names = sorted({g["name"] for g in host.get("gpus") or [] if g.get("name")})
-        model = names[0] if len(names) == 1 else ("mixed: " + ", ".join(names) if names else "no GPU data")
+        model = host_model(host)
         g = groups.setdefault(model, {"model": model, "hosts": 0, "gpus": 0, "verdicts": {}})
         g["hosts"] += 1
         g["gpus"] += len(host.get("gpus") or [])
@@ -160,6 +170,30 @@ def mig_layouts(host: dict[str, Any]) -> dict[int, str]:
     return out
 
 
+def mig_summary(host: dict[str, Any]) -> str:
+    """The host's MIG layout in one line, GPUs with the same layout together: ``gpu0-1: MIG on: 1x 3g.20gb``;
+    empty when no GPU reports a MIG mode."""
+    by_layout: dict[str, list[int]] = {}
+    for index, layout in sorted(mig_layouts(host).items()):
+        by_layout.setdefault(layout, []).append(index)
+    return "; ".join(f"{_index_ranges(indexes)}: {layout}" for layout, indexes in by_layout.items())
+
+
+def _index_ranges(indexes: list[int]) -> str:
+    """[0, 1, 2, 5] -> ``gpu0-2,5``."""
+    parts: list[str] = []
+    start = prev = indexes[0]
+    for i in [*indexes[1:], None]:
+        if i is not None and i == prev + 1:
+            prev = i
+            continue
+        parts.append(f"{start}" if start == prev else f"{start}-{prev}")
+        if i is not None:
+            start = prev = i
+    return "gpu" + ",".join(parts)
+
+
 __all__ = ["HEADLINE_ORDER", "VERDICTS", "VERDICT_ORDER", "as_report", "bench_precisions", "epoch_seconds",
            "fleet_headline", "fmt", "gpu_label", "host_facts", "host_verdict", "hosts_by_verdict",
-           "hosts_worst_first", "mig_layouts", "model_groups", "problem_groups", "sorted_checks"]
+           "host_model", "hosts_worst_first", "mig_layouts", "mig_summary", "model_groups", "problem_groups",
+           "sorted_checks"]

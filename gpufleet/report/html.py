@@ -214,9 +214,12 @@ def _summary(data: dict[str, Any]) -> list[str]:
             links = " ".join(_host_link(h) for h in g["hosts"])
             if len(g["hosts"]) > 12:
                 links = f"<details><summary>{len(g['hosts'])} hosts</summary>{links}</details>"
+            models = ", ".join(f"{m} ({n})" for m, n in g["models"].items())
             rows.append([escape(g["check"]), _badge(g["verdict"]), str(len(g["hosts"])), str(g["gpus"]),
-                         f'{escape(g["example_host"])}: {escape(g["example"])}', escape(g["remediation"]), links])
-        out.append(_table(["check", "verdict", "hosts", "GPUs", "example", "remediation", "hosts"], rows, raw=True))
+                         escape(models), f'{escape(g["example_host"])}: {escape(g["example"])}',
+                         escape(g["remediation"]), links])
+        out.append(_table(["check", "verdict", "hosts", "GPUs", "GPU models (hosts)", "example", "remediation",
+                           "hosts"], rows, raw=True))
     else:
         out.append("<p>None: every check passed.</p>")
     out.append('<h2 id="models">By GPU model</h2>')
@@ -268,6 +271,25 @@ def _host_details(host: dict[str, Any], precisions: list[str]) -> str:
     return "".join(parts)
 
 
+def badge(verdict: str | None, label: str | None = None) -> str:
+    """A coloured badge: the verdict's colour (pass, warn, fail, unreachable, skip), its name or ``label``."""
+    verdict = verdict or "skip"
+    return f'<span class="v v-{escape(verdict)}">{escape((label or verdict).upper())}</span>'
+
+
+def table(header: list[str], rows: list[list[str]], *, raw: bool = False) -> str:
+    """An HTML table; rows hold already-escaped HTML when ``raw``."""
+    return _table(header, rows, raw=raw)
+
+
+def page(title: str, body: list[str]) -> str:
+    """A self-contained page (the report's inline CSS, no script, no external asset) around ``body``."""
+    return ("<!DOCTYPE html>\n"
+            '<html xmlns="http://www.w3.org/1999/xhtml" lang="en"><head><meta charset="utf-8"/>'
+            f"<title>{escape(title)}</title><style>{_CSS}</style></head><body>"
+            + "\n".join(body) + "</body></html>\n")
+
+
 def render_html(report: FleetResult | dict[str, Any], title: str = "gpufleet verify report") -> str:
     """Fleet summary first (headline, hosts by verdict, hosts with problems, problems grouped by check, hosts by
     GPU model), the fleet heatmap, then one collapsed section per host (worst first) linked from the summary."""
@@ -294,7 +316,4 @@ def render_html(report: FleetResult | dict[str, Any], title: str = "gpufleet ver
         body.append(chart)
     body.append('<h2 id="hosts">Hosts</h2>')
     body += [_host_details(h, precisions) for h in hosts]
-    return ("<!DOCTYPE html>\n"
-            '<html xmlns="http://www.w3.org/1999/xhtml" lang="en"><head><meta charset="utf-8"/>'
-            f"<title>{escape(title)}</title><style>{_CSS}</style></head><body>"
-            + "\n".join(body) + "</body></html>\n")
+    return page(title, body)

@@ -3,5 +3,5 @@ return around the change, a stop when too many nodes fail, and a state file to r
 
 Modules: :mod:`.waves` (counts, wave sizes, thresholds: pure), :mod:`.state` (per-node state machine, atomic state
 file), :mod:`.converge` (pyinfra as a subprocess, its ``--json`` per-host result), :mod:`.drain` (none /
-command hook / Slurm), :mod:`.run` (the controller), :mod:`.report` (summary, rollout JSON and JUnit).
+command hook / Slurm), :mod:`.run` (the controller), :mod:`.report` (summary, rollout JSON, JUnit and HTML).
 """

@@ -51,6 +51,12 @@ class PyinfraRun:
     stderr: str
     seconds: float = 0.0
 
+    def executed(self) -> bool:
+        """Whether pyinfra got as far as executing operations (its ``--> Beginning operation run`` log line): a
+        run that stopped before (the deploy's validation or preflight raised while preparing) changed nothing."""
+        return self.payload is not None or any(
+            "Beginning operation run" in _ANSI.sub("", line) for line in self.stderr.splitlines())
+
     def error_text(self, lines: int = 15) -> str:
         """What went wrong, from pyinfra's log: from its ``--> pyinfra error`` line on (the deploy's validation and
         preflight errors follow it, one per line), else the host error lines, else the last lines."""

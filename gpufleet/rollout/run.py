@@ -12,6 +12,7 @@ from __future__ import annotations
 import sys
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -108,6 +109,7 @@ class Controller:
     drainer: Drainer
     progress: TextIO
     start: float = field(default_factory=time.monotonic)
+    validating_wave: bool = False  # the next converge is also the whole-fleet validation (see single_wave)
 
     # ---------------------------------------------------------------------------------------------- plumbing
 
@@ -188,6 +190,11 @@ class Controller:
             self.node(n).move(CONVERGING)
         self.save()
         run = converge.run_pyinfra(self.opts.inventory, self.opts.deploy, names, dry=False)
+        if self.validating_wave:
+            self.validating_wave = False
+            if not run.executed():
+                raise BadInput("validation / preflight failed, nothing was drained or changed:\n"
+                               + run.error_text(40))
         outcomes = converge.host_outcomes(run, names)
         ok = []
         for n in names:
@@ -334,18 +341,52 @@ class Controller:
         return "stopped" if self.stop_reason(total) else "finished"
 
 
-def _preflight(opts: RolloutOptions, hosts: list[str], progress: TextIO) -> dict[str, list[str]]:
-    """Validation + preflight of every host still to do: the deploy with ``pyinfra --dry`` (the deploy validates
-    every host's configuration and runs preflight before any operation). Raises BadInput on any problem."""
-    limit = hosts
-    run = converge.run_pyinfra(opts.inventory, opts.deploy, limit, dry=True)
+def single_wave(opts: RolloutOptions, parsed: Parsed, todo: list[str], canary: int) -> bool:
+    """Whether the rollout is one wave over every host still to do, without drain (and not ``--dry``): then that
+    wave's own ``pyinfra -y`` is the whole-fleet validation and preflight (the deploy validates every host of the
+    run and runs preflight while pyinfra prepares them, and raises before any change), and a separate pass
+    would only connect and read the same facts twice. The price: no per-host plan first, so an already
+    converged host is in the wave too (pyinfra changes nothing there; reported as already converged). A run that
+    stops before executing anything is bad input (exit 2)."""
+    if opts.dry or opts.drain != "none" or canary > 0 or not todo:
+        return False
+    first = waves.wave_sizes(len(todo), parsed.waves)[0]
+    room = waves.capacity(parsed.max_unavailable, len(todo), 0)
+    return first >= len(todo) and (room is None or room >= len(todo))
+
+
+def _preflight(opts: RolloutOptions, records: list[dict[str, Any]], hosts: list[str] | None, progress: TextIO
+               ) -> dict[str, list[str]]:
+    """Validation + preflight of every host still to do (``None``: every host of the inventory), before any
+    drain or change: the deploy with ``pyinfra --dry`` (the deploy validates every host's configuration and runs
+    preflight while pyinfra prepares the hosts, before any operation). Returns {host: [operations that would
+    change it]}; raises BadInput on any problem. Its time is appended to ``records``."""
+    run = converge.run_pyinfra(opts.inventory, opts.deploy, hosts, dry=True)
+    record = {"hosts": None if hosts is None else len(hosts), "seconds": round(run.seconds, 3)}
     if run.rc != 0 or run.payload is None:
         raise BadInput("validation / preflight failed, nothing was drained or changed:\n" + run.error_text(40))
     failed = set(run.payload.get("results") and run.payload["results"].get("failed_hosts") or [])
     if failed:
         raise BadInput(f"preflight could not reach {', '.join(sorted(failed))}; nothing was drained or changed")
-    progress.write(f"preflight: {len(hosts)} host(s) valid, {run.seconds:.1f} s\n")
+    records.append(record)
+    progress.write(f"preflight: {'every' if hosts is None else len(hosts)} host(s) valid, {run.seconds:.1f} s\n")
     return converge.planned_changes(run)
+
+
+def _order_and_preflight(opts: RolloutOptions, records: list[dict[str, Any]], progress: TextIO
+                         ) -> tuple[list[str], str | None, Any]:
+    """For a new rollout that certainly needs the separate whole-fleet pass (a canary, or a drain): the inventory's
+    order (``pyinfra debug-inventory``) and the pass over every host of the inventory (the hosts still to do of
+    a new rollout), both pyinfra processes run at once: the pass does not need the order. Returns (order, error,
+    the pass's future: its planned changes or its BadInput)."""
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpufleet-preflight")
+    try:
+        future = pool.submit(_preflight, opts, records, None, progress)
+        order, error = converge.inventory_order(opts.inventory)
+        future.exception()  # wait: the pass's pyinfra is never left running behind the rollout
+    finally:
+        pool.shutdown(wait=True)
+    return order, error, future
 
 
 def main(opts: RolloutOptions, *, progress: TextIO | None = None, echo=print) -> int:
@@ -357,6 +398,7 @@ def main(opts: RolloutOptions, *, progress: TextIO | None = None, echo=print) ->
         progress.write(f"gpufleet rollout: {error}\n")
         return EXIT_BAD_INPUT
     path = opts.state_path()
+    early, records = None, []  # the whole-fleet pass, when run beside the inventory's order, and its record
     if opts.resume:
         try:
             state = load_state(path)
@@ -372,7 +414,10 @@ def main(opts: RolloutOptions, *, progress: TextIO | None = None, echo=print) ->
             progress.write(f"gpufleet rollout: {path} exists (an earlier rollout): --resume to continue it, or "
                            "remove it / give another --state to start a new one\n")
             return EXIT_BAD_INPUT
-        order, error = converge.inventory_order(opts.inventory)
+        if opts.canary > 0 or opts.drain != "none" or opts.dry:  # never the single wave: the pass is needed
+            order, error, early = _order_and_preflight(opts, records, progress)
+        else:
+            order, error = converge.inventory_order(opts.inventory)
         if error:
             progress.write(f"gpufleet rollout: {error}\n")
             return EXIT_BAD_INPUT
@@ -381,6 +426,7 @@ def main(opts: RolloutOptions, *, progress: TextIO | None = None, echo=print) ->
             return EXIT_BAD_INPUT
         state = RolloutState.new(time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + uuid.uuid4().hex[:6],
                                  opts.inventory, opts.deploy, opts.recorded(), order)
+        state.preflight.extend(records)
     drainer = make_drainer(opts.drain, state.rollout_id)
     ctl = Controller(opts, parsed, state, drainer, progress)
     # Nodes caught mid-phase by an interruption start over (converging again is idempotent); their drain record
@@ -394,17 +440,25 @@ def main(opts: RolloutOptions, *, progress: TextIO | None = None, echo=print) ->
     todo = state.by_state(PENDING)
     ctl.say(f"gpufleet rollout {state.rollout_id}: {len(state.order)} host(s), {len(todo)} to do"
             + (f", {len(state.by_state(DONE))} already done (not touched)" if opts.resume else ""))
-    try:
-        planned = _preflight(opts, todo, progress) if todo else {}
-    except BadInput as error:
-        progress.write(f"gpufleet rollout: {error}\n")
-        return EXIT_BAD_INPUT
-    unchanged = [n for n in todo if n not in planned]
-    need = [n for n in todo if n in planned]
     # The canary runs once: not again on --resume once its wave has finished.
     canary_done = any(w["kind"] == "canary" and all(state.nodes[n].state in (DONE, FAILED, SKIPPED)
                                                     for n in w["hosts"]) for w in state.waves)
     canary = 0 if canary_done else opts.canary
+    ctl.validating_wave = single_wave(opts, parsed, todo, canary)
+    try:
+        if ctl.validating_wave:
+            planned = None
+            ctl.say("one wave over every host, no drain: its pyinfra run validates and preflights every host "
+                    "before any change")
+        elif early is not None:
+            planned = early.result()
+        else:
+            planned = _preflight(opts, state.preflight, todo, progress) if todo else {}
+    except BadInput as error:
+        progress.write(f"gpufleet rollout: {error}\n")
+        return EXIT_BAD_INPUT
+    unchanged = [n for n in todo if planned is not None and n not in planned]
+    need = [n for n in todo if planned is None or n in planned]
     if opts.dry:
         echo(report.dry_plan_text(state, need, unchanged, planned, canary, parsed.waves))
         return EXIT_DONE
@@ -418,6 +472,17 @@ def main(opts: RolloutOptions, *, progress: TextIO | None = None, echo=print) ->
                 + ", ".join(unchanged[:10]) + (" ..." if len(unchanged) > 10 else ""))
     try:
         state.status = ctl.loop(need, canary)
+    except BadInput as error:  # the single wave's run stopped before executing anything: nothing was changed
+        progress.write(f"gpufleet rollout: {error}\n")
+        for name in state.waves.pop()["hosts"]:
+            if state.nodes[name].state in ACTIVE:
+                state.nodes[name].move(PENDING)
+                state.nodes[name].wave = None
+        if opts.resume:
+            ctl.save()
+        else:  # nothing happened: no state file to --resume, the corrected command starts afresh
+            path.unlink(missing_ok=True)
+        return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         state.status = "interrupted"
         ctl.save()

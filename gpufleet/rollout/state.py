@@ -86,6 +86,8 @@ class RolloutState:
     waves: list[dict[str, Any]] = field(default_factory=list)
     status: str = "running"  # running, interrupted, stopped, finished
     started_at: float = field(default_factory=time.time)
+    # the whole-fleet validation + preflight passes before any change: [{"hosts": n (None: every), "seconds": s}]
+    preflight: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
     def new(cls, rollout_id: str, inventory: str, deploy: str, options: dict[str, Any], order: list[str]
@@ -103,6 +105,7 @@ class RolloutState:
         return {"schema": STATE_SCHEMA, "schema_version": STATE_SCHEMA_VERSION, "rollout_id": self.rollout_id,
                 "inventory": self.inventory, "deploy": self.deploy, "options": self.options, "order": self.order,
                 "status": self.status, "started_at": self.started_at, "waves": self.waves,
+                "preflight": self.preflight,
                 "nodes": {n: asdict(self.nodes[n]) for n in self.order}}
 
     @classmethod
@@ -115,7 +118,8 @@ class RolloutState:
         nodes = {n: NodeRecord(**rec) for n, rec in data["nodes"].items()}
         return cls(rollout_id=data["rollout_id"], inventory=data["inventory"], deploy=data["deploy"],
                    options=data["options"], order=list(data["order"]), nodes=nodes, waves=list(data["waves"]),
-                   status=data.get("status", "running"), started_at=data.get("started_at", time.time()))
+                   status=data.get("status", "running"), started_at=data.get("started_at", time.time()),
+                   preflight=list(data.get("preflight") or []))
 
 
 def save(state: RolloutState, path: str | Path) -> None:

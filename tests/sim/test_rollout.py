@@ -74,12 +74,12 @@ class Rollout:
         self.hook.chmod(0o755)
         self.out = tmp_path / "out"
 
-    def argv(self, *extra: str) -> list[str]:
+    def argv(self, *extra: str, drain: str | None = None) -> list[str]:
         return [str(BIN / "gpufleet"), "rollout", str(self.inventory), "deploys/gpu_node.py", "--out", str(self.out),
-                "--drain", f"command:{self.hook}", *extra]
+                "--drain", drain or f"command:{self.hook}", *extra]
 
-    def run(self, *extra: str) -> subprocess.CompletedProcess:
-        return subprocess.run(self.argv(*extra), cwd=REPO, capture_output=True, text=True, timeout=600)
+    def run(self, *extra: str, drain: str | None = None) -> subprocess.CompletedProcess:
+        return subprocess.run(self.argv(*extra, drain=drain), cwd=REPO, capture_output=True, text=True, timeout=600)
 
     def report(self) -> dict:
         return json.loads((self.out / "rollout.json").read_text())
@@ -175,3 +175,22 @@ def test_bad_input_stops_before_any_drain_or_change(fleet, tmp_path):
     assert result.returncode == 2, result.stdout + result.stderr
     assert "gpufleet_power_limit" in result.stderr and "nothing was drained or changed" in result.stderr
     assert ro.hook_calls() == [] and {n: power_w(fleet, n) for n in NODES} == before
+    # without drain: with a canary (the pass first), and one wave over every host (no separate pass: its own
+    # pyinfra -y validates first): the same error, nothing changed, no state file left to --resume
+    for shape in (("--canary", "1", "--waves", "2"), ("--canary", "0", "--waves", "100%")):
+        result = ro.run(*shape, drain="none")
+        assert result.returncode == 2, shape + (result.stdout, result.stderr)
+        assert "outside this GPU's power limit range" in result.stderr, shape
+        assert "nothing was drained or changed" in result.stderr, shape
+        assert {n: power_w(fleet, n) for n in NODES} == before and not (ro.out / "state.json").exists(), shape
+
+
+def test_without_drain_one_wave_converges_every_host_and_reports(fleet, tmp_path):
+    ro = Rollout(tmp_path, 340)
+    result = ro.run("--canary", "0", "--waves", "100%", "--verify", "none", drain="none")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert [power_w(fleet, n) for n in NODES] == [340] * 4
+    assert "changed (4): node01, node02, node03, node04" in result.stdout
+    report = ro.report()
+    assert report["preflight"] == [] and [w["hosts"] for w in report["waves"]] == [list(NODES)]
+    assert "node04" in (ro.out / "rollout.html").read_text()

@@ -126,9 +126,19 @@ def test_markdown_content(report):
     text = render_markdown(report)
     assert text.startswith("# gpufleet verify report\n")
     assert "**FAIL: 2 hosts fail, 1 unreachable, 2 pass (5 hosts)** (exit code 1)" in text
-    problems = text.split("## Problems", 1)[1].split("## Hosts", 1)[0]
-    assert "| gpu-h100-04 |  | host.reachable | UNREACHABLE |" in problems
-    assert "power limit 500 W, expected 700 W" in problems
+    summary, details = text.split("## Hosts with problems: details", 1)
+    problems = summary.split("## Problems by check", 1)[1].split("## By GPU model", 1)[0]
+    # one row per check and verdict, with its hosts, GPUs and GPU models, not one per host and problem
+    assert "| host.reachable | UNREACHABLE | 1 | 0 | no GPU data (1) |" in problems
+    assert "| config.power_limit | FAIL | 1 | 1 | NVIDIA H100 80GB HBM3 (1) | gpu-h100-02: power limit 500 W, " \
+           "expected 700 W |" in problems
+    assert len([ln for ln in problems.splitlines() if "| health.xid | FAIL |" in ln]) == 1
+    # failing hosts first (linked to their details), the unreachable one after them, passing hosts last
+    listed = re.findall(r"^\| \[([\w.-]+)\]\(#host-[\w-]+\) \| (\w+) \|", summary, re.MULTILINE)
+    assert listed == [("gpu-h100-02", "FAIL"), ("gpu-h100-03", "FAIL"), ("gpu-h100-04", "UNREACHABLE")]
+    assert '<a id="host-gpu-h100-02"></a>' in details and "power limit 500 W, expected 700 W" in details
+    others = details.split("## Other hosts", 1)[1]
+    assert re.findall(r"^\| (gpu-[\w-]+) \| PASS \|", others, re.MULTILINE) == ["gpu-h100-01", "gpu-l40s-01"]
     # every table row has the header's column count (pipes inside messages are escaped)
     for block in re.split(r"\n\n", text):
         rows = [line for line in block.splitlines() if line.startswith("|")]
@@ -400,6 +410,10 @@ def test_html_groups_problems_by_check_and_hosts_by_model(report):
                     ["check", "verdict", "hosts", "GPUs"])
     rows = {(r[0].text, "".join(r[1].itertext())): (int(r[2].text), int(r[3].text))
             for r in (list(tr) for tr in by_check.find(f"{XHTML}tbody"))}
+    models_hit = {(r[0].text, "".join(r[1].itertext())): r[4].text
+                  for r in (list(tr) for tr in by_check.find(f"{XHTML}tbody"))}
+    assert models_hit[("config.power_limit", "FAIL")] == "NVIDIA H100 80GB HBM3 (1)"
+    assert models_hit[("host.reachable", "UNREACHABLE")] == "no GPU data (1)"
     checks = [c for h in report["hosts"] for c in h["checks"]]
     for (check, verdict), (hosts, gpus) in rows.items():
         hit = [c for c in checks if c["check"] == check and c["verdict"] == verdict.lower()]
@@ -431,3 +445,39 @@ def test_html_shows_the_mig_layout():
 def test_markdown_headline_fail_outranks_unreachable(report):
     text = render_markdown(report)
     assert "**FAIL: 2 hosts fail, 1 unreachable, 2 pass (5 hosts)** (exit code 1)" in text
+
+
+def test_markdown_shows_the_mig_layout():
+    hosts = [evaluate_host("gpu-a100-01", load("probe-a100-40gb-1-mig.json"))]
+    text = render_markdown(build_fleet_result(hosts).to_dict())
+    assert "| gpu-a100-01 | PASS | driver " in text and "| gpu0: MIG on: 1x 2g.10gb, 1x 3g.20gb |" in text
+
+
+def test_markdown_at_1000_hosts_is_a_fleet_summary_first():
+    from synthetic_fleet import synthetic_fleet
+
+    data = synthetic_fleet(1000).to_dict()
+    text = render_markdown(data)
+    size = len(text.encode())
+    assert size < 600_000, f"{size / 1e3:.0f} kB"
+    assert "**FAIL: 18 hosts fail, 2 unreachable, 980 pass (1000 hosts)** (exit code 1)" in text
+    head, details = text.split("## Hosts with problems: details", 1)
+    # the summary names the 20 hosts with a problem, failing ones first, and no passing host
+    listed = re.findall(r"^\| \[([\w.-]+)\]\(#host-[\w-]+\) \| (\w+) \|", head, re.MULTILINE)
+    assert [v for _, v in listed] == ["FAIL"] * 18 + ["UNREACHABLE"] * 2
+    assert [h for h, _ in listed] == sorted(h for h, v in listed if v == "FAIL") + sorted(
+        h for h, v in listed if v == "UNREACHABLE")
+    # problems grouped by check: one row per (check, verdict), however many hosts it hit
+    problems = head.split("## Problems by check", 1)[1].split("## By GPU model", 1)[0]
+    rows = [ln for ln in problems.splitlines() if ln.startswith("| ") and not ln.startswith("| check ")]
+    keys = [tuple(ln.split(" | ")[:2]) for ln in rows]
+    assert len(keys) == len(set(keys)) < 40
+    temperature = next(ln for ln in rows if ln.startswith("| health.temperature | FAIL |"))
+    assert "| 18 | 18 | NVIDIA H100 80GB HBM3 (18) |" in temperature and "… +8 more" in temperature
+    models = head.split("## By GPU model", 1)[1]
+    assert "| NVIDIA A100-SXM4-40GB | 100 | 100 | 100 pass |" in models
+    # details only for the hosts with a problem; one compact row for every other host, with its MIG layout
+    assert details.count("\n### ") == 20
+    others = details.split("## Other hosts", 1)[1]
+    assert len(re.findall(r"^\| gpu-\d{4}\.", others, re.MULTILINE)) == 980
+    assert others.count("| gpu0: MIG on: 1x 2g.10gb, 1x 3g.20gb |") == 100

@@ -199,8 +199,10 @@ class FakeFleet:
             self.interrupt_on = None
             raise KeyboardInterrupt
         ok = [h for h in hosts if h not in self.broken | self.down]
-        results = {"operations": [{"name": "g | op", "success": ok, "error": sorted(self.broken & set(hosts)),
-                                   "no_change": []}], "failed_hosts": sorted((self.broken | self.down) & set(hosts))}
+        results = {"operations": [{"name": "g | op", "success": [h for h in ok if h not in self.converged],
+                                   "error": sorted(self.broken & set(hosts)),
+                                   "no_change": [h for h in ok if h in self.converged]}],
+                   "failed_hosts": sorted((self.broken | self.down) & set(hosts))}
         stderr = "".join(f"    [{h}] Could not connect (timed out)\n" for h in self.down)
         return converge.PyinfraRun(1 if set(hosts) & (self.broken | self.down) else 0,
                                    {"plan": [], "results": results}, stderr)
@@ -288,10 +290,13 @@ def test_host_down_counts_as_a_failure_and_tolerated_failures_continue(fake, tmp
     assert "n2: converge: Could not connect (timed out)" in text and "untouched (0)" in text
 
 
-def test_already_converged_hosts_are_not_drained_or_converged(fake, tmp_path):
+def test_already_converged_hosts_are_not_drained_or_converged(fake, tmp_path, monkeypatch):
     fleet = fake(3, converged={"n2"})
-    rc, text = go(opts(tmp_path, fake.deploy, canary=1, waves="100%"))
-    assert rc == 0 and [c[1] for c in fleet.calls if c[0] == "run"] == [["n1"], ["n3"]]
+    drainer = BusyDrainer(set())
+    monkeypatch.setattr(run, "make_drainer", lambda spec, rid: drainer)
+    rc, text = go(opts(tmp_path, fake.deploy, canary=1, waves="100%", drain="command:true"))
+    assert rc == 0 and fleet.calls == [("dry", ["n1", "n2", "n3"]), ("run", ["n1"]), ("run", ["n3"])]
+    assert "n2" not in drainer.checks and drainer.resumed == ["n1", "n3"]
     assert "already converged (1): n2" in text
 
 
@@ -610,3 +615,68 @@ def test_a_wave_with_every_host_held_back_runs_pyinfra_on_nobody(fake, tmp_path,
     rc, text = go(opts(tmp_path, fake.deploy, canary=1, waves="100%", wait_for_jobs=0.02, poll_s=0.01))
     assert rc == 1 and "untouched (2): n2, n3" in text
     assert [c for c in fleet.calls if c[0] == "run"] == []  # not a pyinfra run without --limit (= every host)
+
+
+def test_one_wave_without_drain_is_its_own_validation_pass(fake, tmp_path):
+    fleet = fake(4)
+    rc, text = go(opts(tmp_path, fake.deploy, canary=0, waves="100%"))
+    # the wave's own pyinfra -y validates and preflights every host before any change: no separate pass
+    assert rc == 0 and fleet.calls == [("run", ["n1", "n2", "n3", "n4"])]
+    assert "changed (4)" in text
+    # any other shape keeps the separate whole-fleet pass first
+    for shape in (dict(canary=1, waves="100%"), dict(canary=0, waves="50%"), dict(canary=0, waves="100%", dry=True),
+                  dict(canary=0, waves="100%", max_unavailable="2")):
+        fleet.calls.clear()
+        go(opts(tmp_path / str(len(shape)) / str(shape.get("canary")), fake.deploy, **shape))
+        assert fleet.calls[0][0] == "dry", shape
+
+
+def test_one_wave_converged_hosts_change_nothing_and_are_reported(fake, tmp_path):
+    fleet = fake(3, converged={"n2"})
+    rc, text = go(opts(tmp_path, fake.deploy, canary=0, waves="100%"))
+    # no per-host plan first: n2 is in the wave, pyinfra changes nothing there
+    assert rc == 0 and fleet.calls == [("run", ["n1", "n2", "n3"])]
+    assert "changed (2): n1, n3" in text and "already converged (1): n2" in text
+
+
+def test_one_wave_bad_input_exits_2_with_nothing_changed_and_no_state_file(fake, tmp_path, monkeypatch):
+    fake(3)
+    error = ("--> Loading inventory...\n--> Preparing operations...\n--> pyinfra error: invalid configuration\n"
+             "  - n2: gpufleet_power_limit=900 W on GPU 0: outside this GPU's power limit range\n")
+    monkeypatch.setattr(converge, "run_pyinfra", lambda *a, **k: converge.PyinfraRun(1, None, error))
+    out = io.StringIO()
+    o = opts(tmp_path, fake.deploy, canary=0, waves="100%")
+    assert run.main(o, progress=out, echo=lambda _: None) == 2
+    assert "n2: gpufleet_power_limit=900 W" in out.getvalue() and "nothing was drained or changed" in out.getvalue()
+    assert not o.state_path().exists()  # the corrected command starts afresh, no --resume needed
+    # a run that crashed after execution began is no bad input: the wave's hosts fail, the state says so
+    crashed = "--> Beginning operation run...\n    [n1] Error: unexpected\n"
+    monkeypatch.setattr(converge, "run_pyinfra", lambda *a, **k: converge.PyinfraRun(1, None, crashed))
+    assert run.main(o, progress=io.StringIO(), echo=lambda _: None) == 1
+    assert st.load(o.state_path()).nodes["n1"].state == "failed"
+
+
+def test_a_new_rollout_runs_the_whole_fleet_pass_beside_the_inventory_order(fake, tmp_path, monkeypatch):
+    fleet = fake(4)
+    seen = []
+    real = fleet.run_pyinfra
+
+    def spy(inventory, deploy, hosts, **kwargs):
+        seen.append(hosts)
+        return real(inventory, deploy, hosts, **kwargs)
+
+    monkeypatch.setattr(converge, "run_pyinfra", spy)
+    o = opts(tmp_path, fake.deploy, canary=1, waves="100%", max_failures="0")
+    fleet.broken = {"n2"}
+    rc, _ = go(o)
+    # new rollout: the pass over every host of the inventory (no --limit) needs no order, so it runs beside it
+    assert rc == 1 and seen[0] is None and json.loads((tmp_path / "out" / "rollout.json").read_text())[
+        "preflight"][0]["hosts"] is None
+    fleet.broken.clear()
+    seen.clear()
+    o.resume = True
+    rc, _ = go(o)
+    assert rc == 0 and seen[0] == ["n2"]  # --resume: the hosts still to do, by name
+    monkeypatch.setattr(converge, "inventory_order", lambda inv, **_: ([], "cannot load the inventory inv.py"))
+    rc, _ = go(opts(tmp_path / "again", fake.deploy, canary=1))
+    assert rc == 2
