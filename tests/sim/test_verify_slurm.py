@@ -21,6 +21,7 @@ import secrets
 import shlex
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -99,7 +100,8 @@ def fleet(tmp_path_factory):
     fleet = bring_up(tmp_path_factory, ["rtx4090-1", "h100-sxm-8", "a100-40gb-1", "rtx4090-1"], driver="preinstalled")
     key = secrets.token_bytes(1024)
     etc_hosts = "".join(f"{h.address} {h.name}\n" for h in fleet.hosts)
-    for h in fleet.hosts:
+
+    def set_up(h) -> None:
         stage = h.dir / "root" / "var" / "tmp" / "slurm-setup"
         stage.mkdir(parents=True, exist_ok=True)
         for deb in debs:
@@ -116,6 +118,9 @@ def fleet(tmp_path_factory):
             "sed -i '/^127.0.1.1/d' /etc/hosts; cat hosts >> /etc/hosts; "
             "install -o munge -g munge -m 0400 munge.key /etc/munge/munge.key; systemctl restart munge; "
             "install -m 0644 slurm.conf cgroup.conf /etc/slurm/; " + role, timeout=180)
+
+    with ThreadPoolExecutor(len(fleet.hosts)) as pool:  # dpkg on the four hosts at once
+        list(pool.map(set_up, fleet.hosts))
     inventory = tmp_path_factory.mktemp("verify-slurm") / "inventory.py"
     inventory.write_text(INVENTORY.format(textfiles=TEXTFILES))
     fleet.gpu_inventory = inventory
@@ -172,9 +177,8 @@ def test_gres_stage_writes_what_slurmd_accepts_and_a_second_run_changes_nothing(
     assert second.returncode == 0, second.stdout
     total = grand_total(second.stdout)
     assert (total["success"], total["error"], total["no_change"]) == ("-", "-", "6"), second.stdout  # idempotent
-    # before: slurmd without gres.conf registered no GPU, so Slurm refused the node's configuration
-    assert all("INVAL" in fleet.before_gres[n]["State"] or fleet.before_gres[n].get("Gres") in (None, "(null)")
-               or "DRAIN" in fleet.before_gres[n]["State"] for n in COMPUTE), fleet.before_gres
+    # before: slurmd without gres.conf registered no GPU, so Slurm refused the node's registration (0 < 8 GPUs)
+    assert all("INVALID_REG" in fleet.before_gres[n]["State"] for n in COMPUTE), fleet.before_gres
     text = ssh(fleet, "node02", "cat /etc/slurm/gres.conf").stdout
     assert [line for line in text.splitlines() if not line.startswith("#")] == (
         ["AutoDetect=off"] + [f"Name=gpu Type=h100_80gb_hbm3 File=/dev/nvidia{i}" for i in range(8)])
@@ -208,7 +212,8 @@ def test_verify_via_slurm_gives_the_same_checks_as_over_ssh(fleet, tmp_path):
     # the nodes' textfiles, written by the second job, are this run's results; the probe left nothing behind
     for node in COMPUTE:
         prom = ssh(fleet, node, f"cat {TEXTFILES}/gpufleet_verify.prom").stdout
-        assert f'host="{node}"' in prom
+        assert prom == (tmp_path / "slurm" / "prometheus" / f"{node}.prom").read_text()
+        assert f'gpufleet_verify_last_run_timestamp_seconds{{hostname="{node}"}}' in prom
         assert ssh(fleet, node, "ls -d /tmp/gpufleet-probe.* 2>/dev/null; true").stdout.strip() == ""
     print(f"\nverify --via slurm over {len(COMPUTE)} nodes: {seconds:.1f} s")
 
