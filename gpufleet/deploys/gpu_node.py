@@ -86,11 +86,16 @@ def gpu_stages(config: NodeConfig, inventory_fact: dict) -> None:
         slurm_stage(config, plan)
 
 
-def slurm_stage(config: NodeConfig, plan: NodePlan) -> None:
-    """gres.conf from the node plan: its GPUs, and the MIG layout it applies (stage ``slurm``)."""
+def slurm_gres_args(config: NodeConfig, plan: NodePlan) -> dict:
+    """The arguments of ``slurm.gres_conf`` from the node plan: its GPUs, and the MIG layout it applies."""
     layout = plan.mig.layout if plan.mig is not None else {}
-    slurm.gres_conf(name="Slurm gres.conf", gpus=[gpu.display_name for gpu in plan.gpus],
-                    mig={index: dict(counts) for index, counts in layout.items() if counts}, mode=config.slurm_gres)
+    return {"gpus": [gpu.display_name for gpu in plan.gpus],
+            "mig": {index: dict(counts) for index, counts in layout.items() if counts}, "mode": config.slurm_gres}
+
+
+def slurm_stage(config: NodeConfig, plan: NodePlan) -> None:
+    """Slurm's gres.conf for this node (stage ``slurm``)."""
+    slurm.gres_conf(name="Slurm gres.conf", **slurm_gres_args(config, plan))
 
 
 def choose_gpu_exporter(setting: str, models: list, dcgm_offered: bool) -> str:

@@ -83,8 +83,8 @@ def gres_text(gpus: Sequence[str], mig: Mapping[int, Mapping[str, int]] | None =
                 lines.append(f"#   GPU {index}: {name}, MIG: {shown}")
             else:
                 lines.append(f"#   GPU {index}: {name}")
-        lines.append(f"# slurm.conf for this node (a type matches a substring of NVML's name): "
-                     f"Gres={_gres_line(counts)}")
+        lines.append("# slurm.conf for this node (a type matches a substring of NVML's name):")
+        lines.append(f"#   Gres={_gres_line(counts)}")
         lines.append("AutoDetect=nvml")
     return "\n".join(lines) + "\n"
 
