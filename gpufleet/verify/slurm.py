@@ -23,6 +23,10 @@ checks and reports as over SSH.
   ``unreachable`` (with srun's own message about it where there is one); a node whose output stops before its end
   marker was cut short (the time limit): its probe failed; output that holds no probe document is a probe failure
   with its last lines, as over SSH.
+* **A node whose slurmd is gone before Slurm noticed** (still ``idle`` in sinfo): srun cannot launch the task there
+  (``Task launch for StepId=... failed on node N``) and aborts the whole job step, the other nodes' tasks with it;
+  that node is unreachable with srun's message, and the nodes without a result run once more in a second job
+  without it (Slurm's own step-abort wait, about 30 s, comes on top).
 
 Node textfiles (``gpufleet_verify_textfile_dir``) are written by a second, equally bounded srun over the nodes
 that answered: each task takes its own file from the tar.gz on stdin and renames it into place.
@@ -257,6 +261,14 @@ def node_messages(stderr: str, node: str) -> list[str]:
     return [line.strip() for line in stderr.splitlines() if pattern.search(line)]
 
 
+_LAUNCH_FAILED_RE = re.compile(r"Task launch for \S+ failed on node ([^\s:]+)")
+
+
+def launch_failures(stderr: str) -> set[str]:
+    """Nodes on which srun says the job step could not be launched (it then aborts the step on every node)."""
+    return set(_LAUNCH_FAILED_RE.findall(stderr))
+
+
 def _tail(text: str, n: int = 2) -> str:
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     return " | ".join(lines[-n:])[-300:]
@@ -362,15 +374,23 @@ class SlurmVerify:
                 results[node] = NodeResult(node, unreachable=state.why())
             else:
                 usable.append(node)
-        if usable:
-            time_s = self.time_s or PROBE_TIMEOUT_S[bench]
-            argv = srun_argv(usable, self.job_name, time_s, task_script(bundle, pythons, bench), self.immediate_s)
-            start = time.monotonic()
-            code, out, err = self.run(argv, bundle_archive(bundle), time_s + self.immediate_s + SLACK_S)
-            self.job_seconds = time.monotonic() - start
+        time_s = self.time_s or PROBE_TIMEOUT_S[bench]
+        script, archive = task_script(bundle, pythons, bench), bundle_archive(bundle)
+        start = time.monotonic()
+        # A node whose slurmd does not take the task (dead, and Slurm has not noticed yet) aborts the whole job
+        # step, the other nodes' tasks with it: once, the nodes without a result run again without it.
+        for _attempt in range(2):
+            if not usable:
+                break
+            argv = srun_argv(usable, self.job_name, time_s, script, self.immediate_s)
+            code, out, err = self.run(argv, archive, time_s + self.immediate_s + SLACK_S)
             if code is None:
                 self.cancel()
-            results.update(gather(usable, code, out, err, time_s=time_s))
+            found = gather(usable, code, out, err, time_s=time_s)
+            results.update(found)
+            failed = launch_failures(err)
+            usable = [n for n in usable if failed and n not in failed and found[n].probe is None]
+        self.job_seconds = time.monotonic() - start
         return {node: results[node] for node in nodes}
 
     def cancel(self) -> None:

@@ -239,3 +239,25 @@ def test_drained_and_down_nodes_are_unreachable_with_slurms_reason_without_waiti
         ssh(fleet, "node04", "systemctl start slurmd")
         ssh(fleet, "node01", "scontrol update nodename=node03,node04 state=resume", check=False)
     wait_for("node03 and node04 to be idle again", lambda: all(sinfo(fleet)[n][0] == "idle" for n in COMPUTE))
+
+
+def test_a_node_whose_slurmd_died_unnoticed_is_unreachable_and_the_others_are_verified(fleet, tmp_path):
+    """slurmd stops on node04 while Slurm still lists it idle: the launch there fails and aborts the job step on
+    every node; verify runs the others again without it."""
+    ssh(fleet, "node04", "systemctl stop slurmd")
+    try:
+        assert sinfo(fleet)["node04"][0] == "idle"  # Slurm has not noticed
+        start = time.monotonic()
+        result = verify(fleet, tmp_path, "--via", via_slurm(fleet), timeout=300)
+        seconds = time.monotonic() - start
+        assert result.returncode == 1, result.stdout + result.stderr
+        hosts_ = {h["host"]: h for h in json.loads((tmp_path / "report.json").read_text())["hosts"]}
+        assert (hosts_["node02"]["status"], hosts_["node03"]["status"]) == ("ok", "ok"), result.stderr
+        assert hosts_["node04"]["status"] == "unreachable"
+        assert "srun: error: Task launch for StepId=" in hosts_["node04"]["error"]
+        assert "failed on node node04: " in hosts_["node04"]["error"]
+        print(f"\nverify --via slurm with slurmd dead on node04: {seconds:.1f} s")
+    finally:
+        ssh(fleet, "node04", "systemctl start slurmd")
+        ssh(fleet, "node01", "scontrol update nodename=node04 state=resume", check=False)
+    wait_for("node04 to be idle again", lambda: sinfo(fleet)["node04"][0] == "idle")

@@ -118,8 +118,8 @@ def test_sinfo_states_usable_or_why_not():
 class FakeSlurm:
     """A runner answering sinfo and srun like Slurm; records the command lines and srun's stdin."""
 
-    def __init__(self, sinfo: str, srun: tuple[int | None, str, str] = (0, "", "")):
-        self.sinfo, self.srun = sinfo, srun
+    def __init__(self, sinfo: str, *srun: tuple[int | None, str, str]):
+        self.sinfo, self.srun = sinfo, list(srun) or [(0, "", "")]
         self.calls: list[tuple[list[str], bytes | None, float]] = []
 
     def __call__(self, argv, stdin, timeout):
@@ -127,7 +127,7 @@ class FakeSlurm:
         if argv[0] == "sinfo":
             return 0, self.sinfo, ""
         if argv[0] == "srun":
-            return self.srun
+            return self.srun.pop(0) if len(self.srun) > 1 else self.srun[0]
         return 0, "", ""
 
 
@@ -161,6 +161,22 @@ def test_sinfo_failing_stops_verify_before_any_job():
 
     with pytest.raises(VerifyError, match="sinfo exited 1: sinfo: error: Unable to contact slurm controller"):
         vslurm.SlurmVerify(runner).probe(["node02"], vbundle.probe_bundle(), {"node02": "python3"}, "none")
+
+
+def test_a_node_that_fails_the_launch_aborts_the_step_so_the_others_run_again_without_it():
+    first = labelled({0: ["@@gpufleet-slurm begin node02"], 1: task_lines("node03", probe_output(PROBE))})
+    err = ("srun: error: Task launch for StepId=7.0 failed on node node04: Communication connection failure\n"
+           "srun: error: Application launch failed: Communication connection failure\n"
+           "srun: Job step aborted: Waiting up to 32 seconds for job step to finish.\n")
+    second = labelled({0: task_lines("node02", probe_output(PROBE))})
+    fake = FakeSlurm("node02|idle|none\nnode03|idle|none\nnode04|idle|none\n", (1, first, err), (0, second, ""))
+    nodes = ["node02", "node03", "node04"]
+    results = vslurm.SlurmVerify(fake).probe(nodes, vbundle.probe_bundle(), dict.fromkeys(nodes, "python3"), "none")
+    sruns = [argv for argv, _stdin, _timeout in fake.calls if argv[0] == "srun"]
+    assert [a[5] for a in sruns] == ["--nodelist=node02,node03,node04", "--nodelist=node02"]
+    assert results["node02"].probe == PROBE and results["node03"].probe == PROBE
+    assert results["node04"].unreachable == ("no output from its Slurm task: srun: error: Task launch for StepId=7.0 "
+                                             "failed on node node04: Communication connection failure")
 
 
 def test_srun_killed_after_its_bound_cancels_the_job_and_keeps_what_finished():
