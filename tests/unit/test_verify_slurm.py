@@ -271,3 +271,47 @@ def test_task_script_chooses_each_nodes_python():
         out = subprocess.run(["sh", "-c", assignment + '; echo "$py"'], capture_output=True, text=True,
                              env=dict(os.environ, SLURMD_NODENAME=node), check=True).stdout.strip()
         assert out == want
+
+
+# ------------------------------------------------------------------------------------------ the fleet run
+
+
+INVENTORY = """gpu_nodes = [("node02", {"gpufleet_stages": ["driver", "persistence"]}),
+             ("node03", {"gpufleet_stages": ["driver"], "gpufleet_verify_textfile_dir": False}),
+             ("node04", {"gpufleet_stages": ["driver"]})]
+"""
+
+
+def test_fleet_run_via_slurm_writes_the_same_reports_and_node_textfiles(tmp_path, monkeypatch):
+    (tmp_path / "inventory.py").write_text(INVENTORY)
+    probe = labelled({0: task_lines("node02", probe_output(PROBE)), 1: task_lines("node03", probe_output(PROBE))})
+    textfiles = labelled({0: task_lines("node02", ["ok"])})
+    fake = FakeSlurm("node02|idle|none\nnode03|mixed|none\nnode04|drained|admin\n", (0, probe, ""), (0, textfiles, ""))
+    monkeypatch.setattr(vslurm, "local_runner", lambda prefix: fake)
+    from gpufleet.verify import run as vrun  # noqa: PLC0415
+
+    progress = io.StringIO()
+    run = vrun.run_verify(str(tmp_path / "inventory.py"), out=tmp_path / "out", via="slurm", progress=progress,
+                          cwd=str(tmp_path))
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert [(h["host"], h["status"]) for h in report["hosts"]] == [
+        ("node02", "ok"), ("node03", "ok"), ("node04", "unreachable")]
+    assert report["meta"]["via"] == "slurm" and report["meta"]["slurm_job"] == run.fleet.meta["slurm_job"]
+    assert run.exit_code == 1  # node04 is unreachable
+    sruns = [argv for argv, _stdin, _timeout in fake.calls if argv[0] == "srun"]
+    assert [a[5] for a in sruns] == ["--nodelist=node02,node03", "--nodelist=node02"]  # node03: no textfile dir
+    with tarfile.open(fileobj=io.BytesIO(fake.calls[-1][1]), mode="r:gz") as tar:
+        assert tar.extractfile("node02.prom").read().decode() == (tmp_path / "out/prometheus/node02.prom").read_text()
+        assert tar.extractfile("node02.dir").read().decode() == "/var/lib/prometheus/node-exporter"
+    assert {r.name: r.textfile for r in run.hosts} == {
+        "node02": "/var/lib/prometheus/node-exporter/gpufleet_verify.prom", "node03": None, "node04": None}
+    assert "[3/3] node04  UNREACHABLE  Slurm node state drained (reason: admin)" in progress.getvalue()
+
+
+def test_bad_via_stops_verify_with_exit_code_2_before_anything(tmp_path):
+    from gpufleet.verify import run as vrun  # noqa: PLC0415
+
+    progress = io.StringIO()
+    assert vrun.main(str(tmp_path / "missing.py"), via="slurmm", progress=progress) == 2
+    assert progress.getvalue() == ("gpufleet verify: --via 'slurmm': allowed: ssh, slurm, slurm:PREFIX (e.g. "
+                                   "slurm:ssh root@slurm-ctl)\n")
