@@ -5,7 +5,8 @@ checks and reports as over SSH.
   ``--via "slurm:PREFIX"`` (e.g. ``slurm:ssh root@slurm-ctl``), exactly as rollout's ``--drain slurm:PREFIX``
   (:mod:`gpufleet.rollout.slurm`). The Slurm node name is the inventory host name, as for rollout.
 * **Which nodes**: ``sinfo -h -N -n LIST -o "%N|%T|%E"`` first. A node Slurm does not know, or that cannot take a
-  job now (down, drained or draining, failing, not responding ``*``, ...), is reported ``unreachable`` with Slurm's
+  job now (down, drained or draining, failing, not responding ``*``, every CPU in a job, ...), is reported
+  ``unreachable`` with Slurm's
   state and reason and left out of the job: a job naming it would wait or be refused.
 * **The job**: ``srun --job-name=gpufleet-verify-<id> -N n --ntasks-per-node=1 -w LIST --time=T --immediate=S
   --label --kill-on-bad-exit=0 sh -c TASK``. ``--time`` bounds the job by the probe's own timeout
@@ -68,8 +69,10 @@ NODE_MARK = "@@gpufleet-slurm"
 JOB_PREFIX = "gpufleet-verify"
 IMMEDIATE_S = 30  # srun --immediate: give up when Slurm cannot start the job within this long
 SLACK_S = 60  # on top of --time and --immediate before the srun command itself is killed
-# sinfo %T states (without the flag suffixes) of a node that takes a new job
-USABLE_STATES = ("idle", "mixed", "allocated", "completing", "planned")
+# sinfo %T states (without the flag suffixes) of a node that takes a new job now. Not "allocated" (every CPU is in a
+# job): a job naming it would wait for those jobs, and one busy node would hold up the whole fleet's verify.
+USABLE_STATES = ("idle", "mixed", "planned")
+BUSY_STATES = ("allocated", "completing")
 REMEDIATION = ("Slurm cannot run a job on this node: see its state and reason (sinfo -n NODE), fix and resume it, "
                "then rerun verify (the other nodes were verified)")
 
@@ -129,6 +132,8 @@ class NodeState:
     def why(self) -> str:
         state = self.state.rstrip("*")
         text = f"{state}, not responding" if self.state.endswith("*") else state
+        if state.rstrip("~#!%$@^-+") in BUSY_STATES and not self.reason:
+            return f"Slurm node state {text} (every CPU is in a job: verify through Slurm does not wait for them)"
         return f"Slurm node state {text}" + (f" (reason: {self.reason})" if self.reason else "")
 
 

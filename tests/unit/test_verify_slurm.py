@@ -108,7 +108,9 @@ def test_sinfo_states_usable_or_why_not():
         "node02|idle|none\nnode03|drained|admin: bad DIMM | ticket 42\nnode04|down*|Not responding\n"
         "node05|mixed|none\nnode06|idle*|none\nnode07|draining|gpufleet rollout r1\nnode08|allocated|none\n")
     usable = {name for name, state in nodes.items() if state.usable}
-    assert usable == {"node02", "node05", "node08"}
+    assert usable == {"node02", "node05"}
+    assert nodes["node08"].why() == ("Slurm node state allocated (every CPU is in a job: verify through Slurm does "
+                                     "not wait for them)")
     assert nodes["node03"].why() == "Slurm node state drained (reason: admin: bad DIMM | ticket 42)"
     assert nodes["node04"].why() == "Slurm node state down, not responding (reason: Not responding)"
     assert nodes["node06"].why() == "Slurm node state idle, not responding"
