@@ -6,8 +6,7 @@ checks and reports as over SSH.
   (:mod:`gpufleet.rollout.slurm`). The Slurm node name is the inventory host name, as for rollout.
 * **Which nodes**: ``sinfo -h -N -n LIST -o "%N|%T|%E"`` first. A node Slurm does not know, or that cannot take a
   job now (down, drained or draining, failing, not responding ``*``, every CPU in a job, ...), is reported
-  ``unreachable`` with Slurm's
-  state and reason and left out of the job: a job naming it would wait or be refused.
+  ``unreachable`` with Slurm's state and reason and left out of the job: a job naming it would wait or be refused.
 * **The job**: ``srun --job-name=gpufleet-verify-<id> -N n --ntasks-per-node=1 -w LIST --time=T --immediate=S
   --label --kill-on-bad-exit=0 sh -c TASK``. ``--time`` bounds the job by the probe's own timeout
   (:data:`gpufleet.verify.remote.PROBE_TIMEOUT_S`), ``--immediate`` gives up when Slurm cannot start it soon, and
