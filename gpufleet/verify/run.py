@@ -231,7 +231,7 @@ def _write_textfiles_slurm(engine: Any, runs: list[HostRun], settings: Mapping[s
                            fleet: FleetResult) -> None:
     """``--via slurm``: the node textfiles by a second Slurm job, on the nodes whose probe answered."""
     dirs = {r.name: settings[r.name].textfile_dir for r in runs
-            if r.result.status not in ("unreachable",) and settings[r.name].textfile_dir is not None}
+            if r.result.status != "unreachable" and settings[r.name].textfile_dir is not None}
     errors = engine.write_textfiles(fleet, dirs)
     for run in runs:
         if run.name in dirs:
