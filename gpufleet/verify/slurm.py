@@ -68,6 +68,7 @@ NODE_MARK = "@@gpufleet-slurm"
 JOB_PREFIX = "gpufleet-verify"
 IMMEDIATE_S = 30  # srun --immediate: give up when Slurm cannot start the job within this long
 SLACK_S = 60  # on top of --time and --immediate before the srun command itself is killed
+RETRY_WAIT_S = 90  # before the second job: Slurm releasing the nodes of an aborted job (SlurmdTimeout and more)
 # sinfo %T states (without the flag suffixes) of a node that takes a new job now. Not "allocated" (every CPU is in a
 # job): a job naming it would wait for those jobs, and one busy node would hold up the whole fleet's verify.
 USABLE_STATES = ("idle", "mixed", "planned")
@@ -383,9 +384,12 @@ class SlurmVerify:
         start = time.monotonic()
         # A node whose slurmd does not take the task (dead, and Slurm has not noticed yet) aborts the whole job
         # step, the other nodes' tasks with it: once, the nodes without a result run again without it.
-        for _attempt in range(2):
+        for attempt in range(2):
             if not usable:
                 break
+            if attempt:  # the aborted job still holds the nodes until Slurm has cleaned it up
+                self.cancel()
+                self.wait_until_usable(usable, RETRY_WAIT_S)
             argv = srun_argv(usable, self.job_name, time_s, script, self.immediate_s)
             code, out, err = self.run(argv, archive, time_s + self.immediate_s + SLACK_S)
             if code is None:
@@ -396,6 +400,16 @@ class SlurmVerify:
             usable = [n for n in usable if failed and n not in failed and found[n].probe is None]
         self.job_seconds = time.monotonic() - start
         return {node: results[node] for node in nodes}
+
+    def wait_until_usable(self, nodes: Sequence[str], bound_s: float) -> None:
+        """Until Slurm lists every node of ``nodes`` as able to take a job, at most ``bound_s`` (then the job runs
+        anyway and ``--immediate`` decides)."""
+        deadline = time.monotonic() + bound_s
+        while time.monotonic() < deadline:
+            states = self.node_states(nodes)
+            if all(n in states and states[n].usable for n in nodes):
+                return
+            time.sleep(1)
 
     def cancel(self) -> None:
         """The job outlived its bound: cancel it (srun was killed here; the job may still hold the nodes)."""

@@ -176,6 +176,9 @@ def test_a_node_that_fails_the_launch_aborts_the_step_so_the_others_run_again_wi
     results = vslurm.SlurmVerify(fake).probe(nodes, vbundle.probe_bundle(), dict.fromkeys(nodes, "python3"), "none")
     sruns = [argv for argv, _stdin, _timeout in fake.calls if argv[0] == "srun"]
     assert [a[5] for a in sruns] == ["--nodelist=node02,node03,node04", "--nodelist=node02"]
+    # between the two: the aborted job cancelled, and Slurm asked whether node02 takes a job again
+    assert [c[0][0] for c in fake.calls] == ["sinfo", "srun", "scancel", "sinfo", "srun"]
+    assert fake.calls[3][0][4] == "node02"
     assert results["node02"].probe == PROBE and results["node03"].probe == PROBE
     assert results["node04"].unreachable == ("no output from its Slurm task: srun: error: Task launch for StepId=7.0 "
                                              "failed on node node04: Communication connection failure")
