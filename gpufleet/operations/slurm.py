@@ -14,6 +14,11 @@ How the GPUs are named (one decision, :func:`gres_text`):
   file carries, as comments, the node's GPUs and MIG devices from the node plan and the matching slurm.conf
   ``Gres=`` (a MIG device's type is its profile, e.g. ``gpu:1g.10gb:7``, a substring of NVML's name).
 * ``auto`` (default): ``nvml`` on a node where the node plan's MIG layout enables MIG on a GPU, else ``files``.
+
+``File=/dev/nvidiaN`` takes N from nvidia-smi's index: the driver numbers its device files in PCI bus order, as
+nvidia-smi orders its indices, while every GPU is present. With a GPU fallen off the bus the file lists fewer GPUs
+(Slurm then drains the node for its lower GRES count, which is what a lost GPU deserves), but the remaining GPUs'
+device numbers are not known to nvidia-smi's query (only ``nvidia-smi -q``'s "Minor Number"): not handled yet.
 """
 
 from __future__ import annotations
