@@ -1,8 +1,8 @@
 """Converge a GPU node: the stages of ``deploys/gpu_node.py``, in order, each skippable by ``gpufleet_stages``.
 
 driver → persistence → power → mig → nccl → clocks → slurm (gres.conf) → exporters. The GPU stages need the GPUs'
-UUIDs and current state,
-which only the driver can tell: on a host whose driver is installed by this very run they are planned at
+UUIDs and current state, which only the driver can tell: on a host whose driver is installed by this very run they
+are planned at
 execution time, right after the driver stage, from fresh facts (a nested pyinfra step); on every later run
 they are planned up front like any operation, so a converged node reports no change. Their inputs are the node
 plan (:class:`gpufleet.plan.NodePlan`) resolved from the GPUs the driver lists.
