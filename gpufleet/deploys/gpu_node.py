@@ -2,10 +2,9 @@
 
 driver → persistence → power → mig → nccl → clocks → slurm (gres.conf) → exporters. The GPU stages need the GPUs'
 UUIDs and current state, which only the driver can tell: on a host whose driver is installed by this very run they
-are planned at
-execution time, right after the driver stage, from fresh facts (a nested pyinfra step); on every later run
-they are planned up front like any operation, so a converged node reports no change. Their inputs are the node
-plan (:class:`gpufleet.plan.NodePlan`) resolved from the GPUs the driver lists.
+are planned at execution time, right after the driver stage, from fresh facts (a nested pyinfra step); on every
+later run they are planned up front like any operation, so a converged node reports no change. Their inputs are the
+node plan (:class:`gpufleet.plan.NodePlan`) resolved from the GPUs the driver lists.
 
 Fact reads go through :mod:`gpufleet.facts.prefetch` (installed when the first host is prepared): each distinct
 read costs one SSH round trip until something changes the host, and the preflight facts of every host are read
