@@ -36,7 +36,10 @@ def _patch_for_gevent() -> None:
               help="benchmarks to run on each node after the probe (quick: <= 60 s per node on a real GPU)")
 @click.option("--out", type=click.Path(file_okay=False), default="gpufleet-verify", show_default=True,
               help="directory for report.html/.md/.json, junit.xml and the Prometheus textfiles")
-def verify(inventory: str, limit: tuple[str, ...], bench: str, out: str) -> None:
+@click.option("--via", default="ssh", show_default=True, metavar="ssh|slurm|slurm:PREFIX",
+              help="how the probe reaches the nodes: SSH from here, or one Slurm job (srun) run here or through "
+                   "PREFIX (e.g. slurm:ssh root@slurm-ctl)")
+def verify(inventory: str, limit: tuple[str, ...], bench: str, out: str, via: str) -> None:
     """Probe every GPU node of INVENTORY (a pyinfra inventory) in parallel, check it against its configuration and
     write the fleet report.
 
@@ -46,7 +49,7 @@ def verify(inventory: str, limit: tuple[str, ...], bench: str, out: str) -> None
     _patch_for_gevent()
     from .verify import run  # noqa: PLC0415
 
-    sys.exit(run.main(inventory, limit=list(limit), bench=bench, out=out, echo=click.echo))
+    sys.exit(run.main(inventory, limit=list(limit), bench=bench, out=out, echo=click.echo, via=via))
 
 
 @main.command()

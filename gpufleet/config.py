@@ -36,8 +36,12 @@ KEY_PREFIX = "gpufleet_"
 IGNORED_PREFIXES = ("gpufleet_sim_",)
 CONFIG_VERSION = 1
 
-STAGES = ("driver", "persistence", "power", "mig", "nccl", "clocks", "exporters")
+STAGES = ("driver", "persistence", "power", "mig", "nccl", "clocks", "exporters", "slurm")
 DEFAULT_STAGES = ("driver", "persistence", "power", "mig", "nccl", "exporters")
+# Stage ``slurm`` (gres.conf): ``files`` lists every GPU (Name=gpu Type=... File=/dev/nvidiaN), ``nvml`` lets
+# slurmd find them (AutoDetect=nvml: a slurmd built with NVML), ``auto`` is files, or nvml where a MIG layout is
+# configured (MIG devices' files exist only once the driver created the instances: gpufleet/operations/slurm.py).
+SLURM_GRES_MODES = ("auto", "files", "nvml")
 FLAVOURS = ("auto", "open", "proprietary")
 PACKAGE_STYLES = ("ubuntu", "nvidia")
 DEFAULT_DRIVER_BRANCH = "580"
@@ -255,6 +259,7 @@ class NodeConfig:
     nccl: NcclConfig = field(default_factory=NcclConfig)
     clocks: ClocksConfig = field(default_factory=ClocksConfig)
     exporters: ExportersConfig = field(default_factory=lambda: ExportersConfig())
+    slurm_gres: str = "auto"  # stage slurm: how gres.conf names the GPUs (SLURM_GRES_MODES)
 
     def stage_enabled(self, stage: str) -> bool:
         if stage not in STAGES:
@@ -930,6 +935,7 @@ _KEYS: dict[str, tuple[Any, Any]] = {
     "gpufleet_nccl": (_nccl, None),
     "gpufleet_clocks": (_clocks, None),
     "gpufleet_templates_dir": (_templates_dir, None),  # read by gpufleet.resources through host data
+    "gpufleet_slurm_gres": (_choice(SLURM_GRES_MODES), "auto"),
     **{key: (parser, default) for key, parser, default, _doc in EXPORTER_SETTINGS},
 }
 _MIG_KEYS = ("gpufleet_mig", "gpufleet_mig_config_file", "gpufleet_mig_config")
@@ -954,6 +960,19 @@ register_namespace("gpufleet_monitoring_")  # gpufleet/monitoring/config.py vali
 register_namespace("gpufleet_ssh_")
 
 
+
+
+def _slurm_gres_problem(ctx: _Ctx, values: Mapping[str, Any], mig: MigConfig | None) -> None:
+    stages = values["gpufleet_stages"]
+    mode = values["gpufleet_slurm_gres"]
+    if mode != "files" or stages is _INVALID or "slurm" not in stages or "mig" not in stages \
+            or not isinstance(mig, MigConfig):
+        return
+    if any(entry.mig_enabled for entry in mig.entries):
+        ctx.error("gpufleet_slurm_gres", mode, "auto or nvml on a host with a MIG layout (MIG devices are found by "
+                  "slurmd through NVML: AutoDetect=nvml)", "gres.conf files cannot name MIG devices")
+
+
 def _is_ours(key: Any) -> bool:
     if not isinstance(key, str) or not key.startswith(KEY_PREFIX):
         return False
@@ -973,6 +992,7 @@ def _collect(host_name: str, data: Mapping) -> tuple[NodeConfig | None, list[Con
         values[key] = default if raw is None else parser(ctx, key, raw)
     mig = _mig(ctx, ours)
     exporters = _exporters_config(ctx, values)
+    _slurm_gres_problem(ctx, values, mig)
     if ctx.errors:
         return None, ctx.errors
     config = NodeConfig(
@@ -997,6 +1017,7 @@ def _collect(host_name: str, data: Mapping) -> tuple[NodeConfig | None, list[Con
         nccl=values["gpufleet_nccl"] or NcclConfig(),
         clocks=values["gpufleet_clocks"] or ClocksConfig(),
         exporters=exporters,
+        slurm_gres=values["gpufleet_slurm_gres"],
     )
     return config, []
 

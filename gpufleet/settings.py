@@ -107,6 +107,9 @@ _DOCS: dict[str, tuple[str, str, str, str, str | None]] = {
     "gpufleet_verify_bench": ("`none` \\| `quick` \\| `full`", "verify",
                               "benchmarks of `pyinfra INVENTORY verify/gpu_node.py` (`gpufleet verify`: --bench)",
                               '"quick"', None),
+    "gpufleet_slurm_gres": ("`auto` \\| `files` \\| `nvml`", "slurm",
+                            "gres.conf: every GPU listed (files), AutoDetect=nvml (nvml), or files unless a MIG "
+                            "layout is configured (auto)", '"nvml"', None),
     # exporters: the doc is config.EXPORTER_SETTINGS' own (None here)
     "gpufleet_exporters_gpu": ("`auto` \\| `dcgm` \\| `nvml` \\| `none`", "exporters", None, '"nvml"', None),
     "gpufleet_exporters_gpu_listen": ("ADDRESS:PORT", "exporters", None, '"0.0.0.0:9400"', None),

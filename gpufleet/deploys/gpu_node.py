@@ -1,10 +1,10 @@
 """Converge a GPU node: the stages of ``deploys/gpu_node.py``, in order, each skippable by ``gpufleet_stages``.
 
-driver → persistence → power → mig → nccl → clocks → exporters. The GPU stages need the GPUs' UUIDs and current state,
-which only the driver can tell: on a host whose driver is installed by this very run they are planned at
-execution time, right after the driver stage, from fresh facts (a nested pyinfra step); on every later run
-they are planned up front like any operation, so a converged node reports no change. Their inputs are the node
-plan (:class:`gpufleet.plan.NodePlan`) resolved from the GPUs the driver lists.
+driver → persistence → power → mig → nccl → clocks → slurm (gres.conf) → exporters. The GPU stages need the GPUs'
+UUIDs and current state, which only the driver can tell: on a host whose driver is installed by this very run they
+are planned at execution time, right after the driver stage, from fresh facts (a nested pyinfra step); on every
+later run they are planned up front like any operation, so a converged node reports no change. Their inputs are the
+node plan (:class:`gpufleet.plan.NodePlan`) resolved from the GPUs the driver lists.
 
 Fact reads go through :mod:`gpufleet.facts.prefetch` (installed when the first host is prepared): each distinct
 read costs one SSH round trip until something changes the host, and the preflight facts and what the previous run
@@ -26,13 +26,13 @@ from gpufleet.facts.nvidia import GpuInventory
 from gpufleet.facts.packages import NvidiaPackages
 from gpufleet.facts.pci import NvidiaPciDevices
 from gpufleet.facts.system import OsInfo, SecureBoot
-from gpufleet.operations import clocks, driver, exporters, lock, mig, nccl, persistence, power
+from gpufleet.operations import clocks, driver, exporters, lock, mig, nccl, persistence, power, slurm
 from gpufleet.operations._systemd import refuse
 from gpufleet.plan import NodePlan, gpus_from_facts
 
 from ._inputs import checked_facts, node_config
 
-GPU_STAGES = ("persistence", "power", "mig", "nccl", "clocks")
+GPU_STAGES = ("persistence", "power", "mig", "nccl", "clocks", "slurm")
 # what preflight.gather_facts reads on every host: prefetched on all hosts when the first one is prepared
 PREFLIGHT_FACTS = (OsInfo, NvidiaPciDevices, SecureBoot, NvidiaPackages, GpuInventory)
 
@@ -81,6 +81,20 @@ def gpu_stages(config: NodeConfig, inventory_fact: dict) -> None:
         nccl.nccl_conf(name="/etc/nccl.conf", settings=dict(config.nccl.settings))
     if gpus and plan.clocks is not None:
         clocks.locked(name="GPU clocks", lock_mhz=plan.clocks.lock_mhz)
+    if gpus and config.stage_enabled("slurm"):
+        slurm_stage(config, plan)
+
+
+def slurm_gres_args(config: NodeConfig, plan: NodePlan) -> dict:
+    """The arguments of ``slurm.gres_conf`` from the node plan: its GPUs, and the MIG layout it applies."""
+    layout = plan.mig.layout if plan.mig is not None else {}
+    return {"gpus": [gpu.display_name for gpu in plan.gpus],
+            "mig": {index: dict(counts) for index, counts in layout.items() if counts}, "mode": config.slurm_gres}
+
+
+def slurm_stage(config: NodeConfig, plan: NodePlan) -> None:
+    """Slurm's gres.conf for this node (stage ``slurm``)."""
+    slurm.gres_conf(name="Slurm gres.conf", **slurm_gres_args(config, plan))
 
 
 def choose_gpu_exporter(setting: str, models: list, dcgm_offered: bool) -> str:

@@ -61,16 +61,22 @@ def prefixed(prefix: list[str]) -> Runner:
     return lambda argv: _run([*prefix, shlex.join(argv)])
 
 
-def parse_spec(spec: str) -> list[str]:
+def parse_spec(spec: str, option: str = "--drain") -> list[str]:
     """``slurm`` -> [] (local commands); ``slurm:ssh root@ctl`` -> ["ssh", "root@ctl"]."""
     text = spec.split(":", 1)[1] if ":" in spec else ""
     try:
         prefix = shlex.split(text)
     except ValueError as error:
-        raise DrainError(f"--drain {spec!r}: {error}") from None
+        raise DrainError(f"{option} {spec!r}: {error}") from None
     if ":" in spec and not prefix:
-        raise DrainError(f"--drain {spec!r}: slurm: needs a command prefix, e.g. slurm:ssh root@slurm-ctl")
+        raise DrainError(f"{option} {spec!r}: slurm: needs a command prefix, e.g. slurm:ssh root@slurm-ctl")
     return prefix
+
+
+def command_line(prefix: list[str], argv: list[str]) -> list[str]:
+    """What runs a Slurm command: ``argv`` itself, or ``prefix`` with the command as one shell-quoted argument (as
+    :func:`prefixed` runs it)."""
+    return [*prefix, shlex.join(argv)] if prefix else list(argv)
 
 
 @dataclass

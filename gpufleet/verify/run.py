@@ -227,6 +227,20 @@ def _write_textfiles(state: Any, runs: list[HostRun], settings: Mapping[str, Ver
     gevent.joinall(greenlets)
 
 
+def _write_textfiles_slurm(engine: Any, runs: list[HostRun], settings: Mapping[str, VerifySettings],
+                           fleet: FleetResult) -> None:
+    """``--via slurm``: the node textfiles by a second Slurm job, on the nodes whose probe answered."""
+    dirs = {r.name: settings[r.name].textfile_dir for r in runs
+            if r.result.status != "unreachable" and settings[r.name].textfile_dir is not None}
+    errors = engine.write_textfiles(fleet, dirs)
+    for run in runs:
+        if run.name in dirs:
+            if run.name in errors:
+                run.textfile_error = errors[run.name]
+            else:
+                run.textfile = f"{dirs[run.name]}/{TEXTFILE_NAME}"
+
+
 def _progress_line(run: HostRun, done: int, total: int) -> str:
     r = run.result
     width = len(str(total))
@@ -244,20 +258,31 @@ def _progress_line(run: HostRun, done: int, total: int) -> str:
 
 def run_verify(inventory_arg: str, *, limit: Iterable[str] | str | None = None, bench: str = "none",
                out: str | Path = DEFAULT_OUT, progress: TextIO | None = None, cwd: str | None = None,
-               write_textfiles: bool = True) -> VerifyRun:
-    """The whole ``gpufleet verify``; raises VerifyError when it cannot run (exit 2)."""
+               write_textfiles: bool = True, via: str = "ssh") -> VerifyRun:
+    """The whole ``gpufleet verify``; raises VerifyError when it cannot run (exit 2). ``via``: ``ssh``, or
+    ``slurm`` / ``slurm:PREFIX`` (:mod:`gpufleet.verify.slurm`: the probe as one Slurm job)."""
     start = time.monotonic()
     if bench not in BENCH_PROFILES:
         raise VerifyError(f"--bench {bench}: allowed: {', '.join(BENCH_PROFILES)}")
+    slurm_engine = _slurm_engine(via)
     progress = progress if progress is not None else sys.stderr
     state, hosts = load_inventory(inventory_arg, limit, cwd=cwd)
     with ctx_state.use(state), ctx_config.use(state.config), ctx_inventory.use(state.inventory):
         return _run_verify(state, hosts, inventory_arg, limit=limit, bench=bench, out=out, progress=progress,
-                           write_textfiles=write_textfiles, start=start)
+                           write_textfiles=write_textfiles, start=start, slurm_engine=slurm_engine)
+
+
+def _slurm_engine(via: str) -> Any:
+    """None for ``--via ssh``; the Slurm engine for ``slurm`` / ``slurm:PREFIX`` (VerifyError on a bad value)."""
+    from . import slurm  # noqa: PLC0415
+
+    prefix = slurm.parse_via(via)
+    return None if prefix is None else slurm.SlurmVerify(slurm.local_runner(prefix))
 
 
 def _run_verify(state: Any, hosts: list[Any], inventory_arg: str, *, limit: Iterable[str] | str | None, bench: str,
-                out: str | Path, progress: TextIO, write_textfiles: bool, start: float) -> VerifyRun:
+                out: str | Path, progress: TextIO, write_textfiles: bool, start: float,
+                slurm_engine: Any = None) -> VerifyRun:
     try:
         configs = validate_pyinfra_inventory(state.inventory)
         settings = validate_verify_inventory((h.name, h.data.dict()) for h in state.inventory)
@@ -270,15 +295,25 @@ def _run_verify(state: Any, hosts: list[Any], inventory_arg: str, *, limit: Iter
     if not targets:
         raise VerifyError(f"no GPU node to verify among {', '.join(h.name for h in hosts)} (every host has an "
                           "empty gpufleet_stages)")
-    runs = _verify_all(state, targets, configs, settings, bundle, bench, progress)
+    if slurm_engine is None:
+        runs = _verify_all(state, targets, configs, settings, bundle, bench, progress)
+    else:
+        from .slurm import verify_all as slurm_verify_all  # noqa: PLC0415
+
+        runs = slurm_verify_all(targets, configs, settings, bundle, bench, progress, slurm_engine)
     by_name = {run.name: run for run in runs}
     runs = [by_name[h.name] for h in targets]
     meta = fleet_meta("gpufleet verify", inventory_arg=inventory_arg, limit=split_limit(limit), skipped=skipped,
                       bundle=bundle, runs=runs, started=start)
+    if slurm_engine is not None:
+        meta["via"] = "slurm"
+        meta["slurm_job"] = slurm_engine.job_name
     fleet = build_fleet_result([r.result for r in runs], bench_profile=bench, meta=meta)
     paths = write_reports(fleet, out)
-    if write_textfiles:
+    if write_textfiles and slurm_engine is None:
         _write_textfiles(state, runs, settings, fleet, {h.name: h for h in targets})
+    elif write_textfiles:
+        _write_textfiles_slurm(slurm_engine, runs, settings, fleet)
     for run in runs:
         if run.textfile_error:
             progress.write(f"warning: {run.name}: node textfile not written: {run.textfile_error}\n")
@@ -360,11 +395,12 @@ def summary_text(run: VerifyRun, out: str | Path) -> str:
 
 
 def main(inventory_arg: str, *, limit: Iterable[str] | str | None = None, bench: str = "none",
-         out: str | Path = DEFAULT_OUT, echo: Callable[[str], Any] = print, progress: TextIO | None = None) -> int:
+         out: str | Path = DEFAULT_OUT, echo: Callable[[str], Any] = print, progress: TextIO | None = None,
+         via: str = "ssh") -> int:
     """``gpufleet verify``: run, print the summary, return the exit code (0, 1 or 2)."""
     progress = progress if progress is not None else sys.stderr
     try:
-        run = run_verify(inventory_arg, limit=limit, bench=bench, out=out, progress=progress)
+        run = run_verify(inventory_arg, limit=limit, bench=bench, out=out, progress=progress, via=via)
     except VerifyError as error:
         progress.write(f"gpufleet verify: {error}\n")
         progress.flush()

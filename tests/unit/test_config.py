@@ -89,25 +89,25 @@ BAD_INPUTS = [
     pytest.param(
         {"gpufleet_stages": ["power", "driver"]},
         "node01: gpufleet_stages=['power', 'driver']: stages out of order; allowed: a list of stages, in this "
-        "order: driver, persistence, power, mig, nccl, clocks, exporters",
+        "order: driver, persistence, power, mig, nccl, clocks, exporters, slurm",
         id="stages-order",
     ),
     pytest.param(
         {"gpufleet_stages": ["drivers", "power"]},
         "node01: gpufleet_stages[0]='drivers': unknown stage; allowed: driver, persistence, power, mig, nccl, "
-        "clocks, exporters (did you mean 'driver'?)",
+        "clocks, exporters, slurm (did you mean 'driver'?)",
         id="stages-unknown",
     ),
     pytest.param(
         {"gpufleet_stages": "driver"},
         "node01: gpufleet_stages='driver': not a list; allowed: a list of stages, in this order: driver, "
-        "persistence, power, mig, nccl, clocks, exporters",
+        "persistence, power, mig, nccl, clocks, exporters, slurm",
         id="stages-not-list",
     ),
     pytest.param(
         {"gpufleet_stages": ["driver", "driver"]},
         "node01: gpufleet_stages=['driver', 'driver']: stage 'driver' listed twice; allowed: a list of stages, in "
-        "this order: driver, persistence, power, mig, nccl, clocks, exporters; each stage once",
+        "this order: driver, persistence, power, mig, nccl, clocks, exporters, slurm; each stage once",
         id="stages-duplicate",
     ),
     pytest.param(

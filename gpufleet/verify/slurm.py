@@ -1,0 +1,469 @@
+"""``gpufleet verify --via slurm``: the probe runs on every node as ONE Slurm job, and its results go through the same
+checks and reports as over SSH.
+
+* **Where the Slurm commands run**: on the machine running verify (a Slurm client), or through a prefix with
+  ``--via "slurm:PREFIX"`` (e.g. ``slurm:ssh root@slurm-ctl``), exactly as rollout's ``--drain slurm:PREFIX``
+  (:mod:`gpufleet.rollout.slurm`). The Slurm node name is the inventory host name, as for rollout.
+* **Which nodes**: ``sinfo -h -N -n LIST -o "%N|%T|%E"`` first. A node Slurm does not know, or that cannot take a
+  job now (down, drained or draining, failing, not responding ``*``, every CPU in a job, ...), is reported
+  ``unreachable`` with Slurm's state and reason and left out of the job: a job naming it would wait or be refused.
+* **The job**: ``srun --job-name=gpufleet-verify-<id> -N n --ntasks-per-node=1 -w LIST --time=T --immediate=S
+  --label --kill-on-bad-exit=0 sh -c TASK``. ``--time`` bounds the job by the probe's own timeout
+  (:data:`gpufleet.verify.remote.PROBE_TIMEOUT_S`), ``--immediate`` gives up when Slurm cannot start it soon, and
+  the srun command itself is killed (and the job cancelled by name) when it outlives both: never a hang.
+* **How the probe reaches the nodes**: the probe bundle (the same files SSH verify installs, :mod:`.bundle`) is
+  piped as one tar.gz into srun's stdin, which srun broadcasts to every task; each task unpacks it into a fresh
+  ``mktemp -d`` directory, runs the probe there and removes it. No shared filesystem is assumed (many clusters have
+  none for root, and Slurm's ``sbcast``/``--bcast`` moves one executable file only, which would have to be copied
+  to the Slurm client first); nothing is left on the node; it works as any user that may run srun.
+* **The output**: each task prints ``@@gpufleet-slurm begin NODE`` (``$SLURMD_NODENAME``), the PCI section and the
+  probe's section (the SSH engine's own script, :func:`gpufleet.verify.remote.probe_script`), then
+  ``@@gpufleet-slurm end NODE``; ``--label`` prefixes every line with its task number, so interleaved output of
+  many nodes is taken apart line by line (:func:`split_tasks`). A node missing from the output is
+  ``unreachable`` (with srun's own message about it where there is one); a node whose output stops before its end
+  marker was cut short (the time limit): its probe failed; output that holds no probe document is a probe failure
+  with its last lines, as over SSH.
+* **A node whose slurmd is gone before Slurm noticed** (still ``idle`` in sinfo): srun cannot launch the task there
+  (``Task launch for StepId=... failed on node N``) and aborts the whole job step, the other nodes' tasks with it;
+  that node is unreachable with srun's message, and the nodes without a result run once more in a second job
+  without it (Slurm's own step-abort wait, about 30 s, comes on top).
+
+Node textfiles (``gpufleet_verify_textfile_dir``) are written by a second, equally bounded srun over the nodes
+that answered: each task takes its own file from the tar.gz on stdin and renames it into place.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import io
+import os
+import re
+import secrets
+import shlex
+import signal
+import subprocess
+import tarfile
+import time
+import zlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, TextIO
+
+from gpufleet.config import NodeConfig
+from gpufleet.report import render_prometheus
+from gpufleet.rollout.drain import DrainError
+from gpufleet.rollout.slurm import command_line, parse_spec
+
+from .bundle import ProbeBundle, VerifyError
+from .checks import evaluate_host, probe_failed_host, unreachable_host
+from .expected import expected_state
+from .model import FleetResult, HostResult
+from .remote import PROBE_TIMEOUT_S, TEXTFILE_NAME, ProbeFailed, parse_script_output, probe_document, probe_script
+from .settings import VerifySettings
+
+NODE_MARK = "@@gpufleet-slurm"
+JOB_PREFIX = "gpufleet-verify"
+IMMEDIATE_S = 30  # srun --immediate: give up when Slurm cannot start the job within this long
+SLACK_S = 60  # on top of --time and --immediate before the srun command itself is killed
+RETRY_WAIT_S = 90  # before the second job: Slurm releasing the nodes of an aborted job (SlurmdTimeout and more)
+# sinfo %T states (without the flag suffixes) of a node that takes a new job now. Not "allocated" (every CPU is in a
+# job): a job naming it would wait for those jobs, and one busy node would hold up the whole fleet's verify.
+USABLE_STATES = ("idle", "mixed", "planned")
+BUSY_STATES = ("allocated", "completing")
+REMEDIATION = ("Slurm cannot run a job on this node: see its state and reason (sinfo -n NODE), fix and resume it, "
+               "then rerun verify (the other nodes were verified)")
+
+# (argv, stdin bytes, timeout seconds) -> (returncode or None when it timed out, stdout, stderr)
+Runner = Callable[[list[str], bytes | None, float], tuple[int | None, str, str]]
+
+
+def parse_via(via: str) -> list[str] | None:
+    """``ssh`` -> None; ``slurm`` -> [] (local Slurm commands); ``slurm:PREFIX`` -> PREFIX as argv."""
+    if via == "ssh":
+        return None
+    if via == "slurm" or via.startswith("slurm:"):
+        try:
+            return parse_spec(via, option="--via")
+        except DrainError as error:
+            raise VerifyError(str(error)) from None
+    raise VerifyError(f"--via {via!r}: allowed: ssh, slurm, slurm:PREFIX (e.g. slurm:ssh root@slurm-ctl)")
+
+
+def local_runner(prefix: list[str]) -> Runner:
+    """Run a Slurm command here (or through ``prefix``), bounded; on timeout, what it printed until then."""
+
+    def run(argv: list[str], stdin: bytes | None, timeout: float) -> tuple[int | None, str, str]:
+        line = command_line(prefix, argv)
+        try:
+            proc = subprocess.Popen(line, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        except OSError as error:
+            return 127, "", f"{shlex.join(line)}: {error}"
+        try:
+            out, err = proc.communicate(stdin, timeout=timeout)
+            code: int | None = proc.returncode
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # its children too: they hold the output pipes open
+            out, err = proc.communicate()
+            code = None
+        return code, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+
+    return run
+
+
+# ------------------------------------------------------------------------------------------ which nodes
+
+
+@dataclass(frozen=True)
+class NodeState:
+    state: str  # sinfo %T, lower case, with its flag suffix (idle, drained, idle*, ...)
+    reason: str
+
+    @property
+    def usable(self) -> bool:
+        """Whether the node takes a new job now: not down, drained, draining, failing or not responding."""
+        base = self.state.rstrip("*~#!%$@^-+")
+        return base in USABLE_STATES and not self.state.endswith("*")
+
+    def why(self) -> str:
+        state = self.state.rstrip("*")
+        text = f"{state}, not responding" if self.state.endswith("*") else state
+        if state.rstrip("~#!%$@^-+") in BUSY_STATES and not self.reason:
+            return f"Slurm node state {text} (every CPU is in a job: verify through Slurm does not wait for them)"
+        return f"Slurm node state {text}" + (f" (reason: {self.reason})" if self.reason else "")
+
+
+def parse_sinfo_nodes(text: str) -> dict[str, NodeState]:
+    """Lines of ``sinfo -h -N -n LIST -o "%N|%T|%E"`` -> {node: state}; the reason may hold spaces and ``|``."""
+    nodes = {}
+    for line in text.splitlines():
+        name, sep, rest = line.strip().partition("|")
+        if not sep or not name:
+            continue
+        state, _, reason = rest.partition("|")
+        reason = reason.strip()
+        nodes[name] = NodeState(state.strip().lower(), "" if reason == "none" else reason)
+    return nodes
+
+
+# ------------------------------------------------------------------------------------------ the job
+
+
+def bundle_archive(bundle: ProbeBundle) -> bytes:
+    """The probe bundle as one tar.gz (flat: the file names of the probe directory), the job's stdin."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for f in bundle.files:
+            info = tar.gettarinfo(f.path, arcname=f.name)
+            info.uid = info.gid = 0
+            info.uname = info.gname = "root"
+            info.mtime = 0
+            info.mode = 0o644
+            with open(f.path, "rb") as handle:
+                tar.addfile(info, handle)
+    return buffer.getvalue()
+
+
+def python_assignment(pythons: Mapping[str, str]) -> str:
+    """Shell code setting ``py`` to the node's Python: one for all nodes, else a ``case`` on ``$SLURMD_NODENAME``
+    (the job is the same command on every node)."""
+    values = sorted(set(pythons.values())) or ["python3"]
+    common = max(values, key=lambda v: sum(1 for p in pythons.values() if p == v))
+    if len(values) == 1:
+        return f"py={shlex.quote(common)}"
+    arms = " ".join(f"{shlex.quote(node)}) py={shlex.quote(py)};;" for node, py in sorted(pythons.items())
+                    if py != common)
+    return f'case "$SLURMD_NODENAME" in {arms} *) py={shlex.quote(common)};; esac'
+
+
+def task_script(bundle: ProbeBundle, pythons: Mapping[str, str], bench: str) -> str:
+    """What each task runs (``sh -c``): markers, the bundle from stdin into a temporary directory, the SSH engine's
+    probe script there (``check_bundle=False``: the bundle was just unpacked)."""
+    script = probe_script(bundle, python="$py", bench=bench, remote_dir=".", check_bundle=False)
+    script = script.replace(shlex.quote("$py"), '"$py"')  # probe_script quotes the word: the shell expands it here
+    # (``gfdir``: the PCI section's sysfs loop uses ``d``)
+    # The output goes through gzip | base64: srun cuts long lines (a probe document is one) into separately
+    # labelled pieces, base64 lines are short; and 1000 nodes' output stays small.
+    return (
+        f'exec 2>&1; echo "{NODE_MARK} begin $SLURMD_NODENAME"; {{ {python_assignment(pythons)}; '
+        'gfdir=$(mktemp -d "${TMPDIR:-/tmp}/gpufleet-probe.XXXXXX") || exit 1; '
+        'if tar -xzf - -C "$gfdir"; then cd "$gfdir" && { ' + script + "; }; "
+        f'else echo "{NODE_MARK} bundle-failed"; fi; '
+        'cd /; rm -rf "$gfdir"; } 2>&1 | gzip -c | base64; '
+        f'echo "{NODE_MARK} end $SLURMD_NODENAME"'
+    )
+
+
+def time_limit(seconds: int) -> str:
+    """srun ``--time`` as ``MINUTES:SECONDS``."""
+    return f"{seconds // 60}:{seconds % 60:02d}"
+
+
+def srun_argv(nodes: Sequence[str], job_name: str, time_s: int, script: str, immediate_s: int = IMMEDIATE_S
+              ) -> list[str]:
+    return ["srun", f"--job-name={job_name}", f"--nodes={len(nodes)}", f"--ntasks={len(nodes)}",
+            "--ntasks-per-node=1", f"--nodelist={','.join(nodes)}", f"--time={time_limit(time_s)}",
+            f"--immediate={immediate_s}", "--label", "--kill-on-bad-exit=0", "sh", "-c", script]
+
+
+# ------------------------------------------------------------------------------------------ the output
+
+_LABEL_RE = re.compile(r"^\s*(\d+): ?(.*)$")
+
+
+@dataclass
+class TaskOutput:
+    node: str | None = None
+    encoded: list[str] = field(default_factory=list)  # base64 of the gzip of what the task printed
+    ended: bool = False
+
+    @cached_property
+    def lines(self) -> list[str]:
+        """What the task printed: as much as decodes (a task cut short leaves a truncated stream); lines that are
+        not our encoding as they came."""
+        text = "".join(line.strip() for line in self.encoded)
+        try:
+            raw = base64.b64decode(text[: len(text) - len(text) % 4], validate=True)
+            data = zlib.decompressobj(wbits=31).decompress(raw)
+        except (binascii.Error, ValueError, zlib.error):
+            return list(self.encoded)
+        return data.decode("utf-8", "replace").splitlines()
+
+    @property
+    def bundle_failed(self) -> bool:
+        return f"{NODE_MARK} bundle-failed" in self.lines
+
+
+def split_tasks(stdout: str) -> dict[str, TaskOutput]:
+    """srun ``--label`` output -> {node: its task's lines between the begin and end markers}. Lines without a task
+    label (srun's own) and tasks that never named their node are left out."""
+    tasks: dict[int, TaskOutput] = {}
+    for raw in stdout.splitlines():
+        match = _LABEL_RE.match(raw)
+        if not match:
+            continue
+        task = tasks.setdefault(int(match.group(1)), TaskOutput())
+        line = match.group(2)
+        if line.startswith(f"{NODE_MARK} "):
+            word, _, rest = line[len(NODE_MARK) + 1:].partition(" ")
+            if word == "begin" and task.node is None:
+                task.node = rest.strip()
+            elif word == "end":
+                task.ended = True
+            continue
+        if task.node is not None and not task.ended:
+            task.encoded.append(line)
+    return {t.node: t for t in tasks.values() if t.node}
+
+
+def node_messages(stderr: str, node: str) -> list[str]:
+    """srun's own lines (stderr) that name ``node``."""
+    pattern = re.compile(rf"(?<![\w.-]){re.escape(node)}(?![\w.-])")
+    return [line.strip() for line in stderr.splitlines() if pattern.search(line)]
+
+
+_LAUNCH_FAILED_RE = re.compile(r"Task launch for \S+ failed on node ([^\s:]+)")
+
+
+def launch_failures(stderr: str) -> set[str]:
+    """Nodes on which srun says the job step could not be launched (it then aborts the step on every node)."""
+    return set(_LAUNCH_FAILED_RE.findall(stderr))
+
+
+def _tail(text: str, n: int = 2) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return " | ".join(lines[-n:])[-300:]
+
+
+@dataclass
+class NodeResult:
+    """A node's outcome: a probe document with its PCI fact, or why not (``unreachable`` / ``probe_failed``)."""
+
+    node: str
+    probe: dict[str, Any] | None = None
+    pci: dict[str, Any] | None = None
+    unreachable: str | None = None
+    probe_failed: str | None = None
+
+
+def gather(nodes: Sequence[str], code: int | None, stdout: str, stderr: str, *, time_s: int) -> dict[str, NodeResult]:
+    """Each node's result from one srun's exit status and output (``code`` None: srun was killed after the bound)."""
+    tasks = split_tasks(stdout)
+    results = {}
+    for node in nodes:
+        result = NodeResult(node)
+        task = tasks.get(node)
+        if task is None:
+            said = node_messages(stderr, node)
+            if code is None:
+                why = f"no output from its Slurm task before srun was stopped ({time_s} s job limit passed)"
+            else:
+                why = "no output from its Slurm task"
+            detail = " | ".join(said[-2:]) if said else _tail(stderr)
+            result.unreachable = why + (f": {detail}" if detail else f" (srun exit status {code})")
+        elif task.bundle_failed:
+            unpacked = _tail(chr(10).join(task.lines))
+            result.probe_failed = f"the probe bundle could not be unpacked on the node: {unpacked}"
+        else:
+            out = parse_script_output(task.lines)
+            lines, rc = out.probe_lines, out.probe_rc
+            try:
+                if not task.ended or (lines is not None and rc is None):
+                    raise ProbeFailed(f"cut short by the Slurm job's end (time limit {time_s} s): "
+                                      f"{_tail(chr(10).join(task.lines)) or 'no output'}")
+                result.probe, result.pci = probe_document(lines, rc), out.pci
+            except ProbeFailed as error:
+                result.probe_failed = str(error)
+        results[node] = result
+    return results
+
+
+def host_result(result: NodeResult, config: NodeConfig) -> HostResult:
+    """The same checks as over SSH (:func:`gpufleet.verify.checks.evaluate_host` against the host's expected
+    state)."""
+    if result.unreachable is not None:
+        return slurm_unreachable(result.node, result.unreachable)
+    if result.probe_failed is not None or result.probe is None:
+        return probe_failed_host(result.node, result.probe_failed or "no probe document")
+    try:
+        return evaluate_host(result.node, result.probe, expected_state(config, result.probe, pci=result.pci))
+    except Exception as exc:  # noqa: BLE001 - one host's surprise must not stop the fleet's verify (as over SSH)
+        return probe_failed_host(result.node, f"{type(exc).__name__}: {exc}")
+
+
+def slurm_unreachable(node: str, reason: str) -> HostResult:
+    host = unreachable_host(node, reason)
+    for check in host.checks:
+        check.remediation = REMEDIATION
+    return host
+
+
+# ------------------------------------------------------------------------------------------ the run
+
+
+@dataclass
+class SlurmVerify:
+    """One ``--via slurm`` run: the node states, the job, each node's result."""
+
+    run: Runner
+    job_name: str = field(default_factory=lambda: f"{JOB_PREFIX}-{secrets.token_hex(4)}")
+    immediate_s: int = IMMEDIATE_S
+    time_s: int | None = None  # default: the probe's own timeout for the bench profile
+    states: dict[str, NodeState] = field(default_factory=dict)
+    job_seconds: float = 0.0
+
+    def node_states(self, nodes: Sequence[str]) -> dict[str, NodeState]:
+        code, out, err = self.run(["sinfo", "-h", "-N", "-n", ",".join(nodes), "-o", "%N|%T|%E"], None, 60)
+        if code != 0:
+            what = "did not answer within 60 s" if code is None else f"exited {code}"
+            raise VerifyError(f"sinfo {what}: {_tail(err or out) or 'no output'} (is this a Slurm client? "
+                              "--via slurm:PREFIX runs the Slurm commands through PREFIX)")
+        return parse_sinfo_nodes(out)
+
+    def probe(self, nodes: Sequence[str], bundle: ProbeBundle, pythons: Mapping[str, str], bench: str
+              ) -> dict[str, NodeResult]:
+        """Every node's result: Slurm's state first, then one srun over the nodes that can take it."""
+        self.states = self.node_states(nodes)
+        results: dict[str, NodeResult] = {}
+        usable = []
+        for node in nodes:
+            state = self.states.get(node)
+            if state is None:
+                results[node] = NodeResult(node, unreachable="not a node of this Slurm cluster (sinfo does not list "
+                                                             "it; the Slurm node name is the inventory host name)")
+            elif not state.usable:
+                results[node] = NodeResult(node, unreachable=state.why())
+            else:
+                usable.append(node)
+        time_s = self.time_s or PROBE_TIMEOUT_S[bench]
+        script, archive = task_script(bundle, pythons, bench), bundle_archive(bundle)
+        start = time.monotonic()
+        # A node whose slurmd does not take the task (dead, and Slurm has not noticed yet) aborts the whole job
+        # step, the other nodes' tasks with it: once, the nodes without a result run again without it.
+        for attempt in range(2):
+            if not usable:
+                break
+            if attempt:  # the aborted job still holds the nodes until Slurm has cleaned it up
+                self.cancel()
+                self.wait_until_usable(usable, RETRY_WAIT_S)
+            argv = srun_argv(usable, self.job_name, time_s, script, self.immediate_s)
+            code, out, err = self.run(argv, archive, time_s + self.immediate_s + SLACK_S)
+            if code is None:
+                self.cancel()
+            found = gather(usable, code, out, err, time_s=time_s)
+            results.update(found)
+            failed = launch_failures(err)
+            usable = [n for n in usable if failed and n not in failed and found[n].probe is None]
+        self.job_seconds = time.monotonic() - start
+        return {node: results[node] for node in nodes}
+
+    def wait_until_usable(self, nodes: Sequence[str], bound_s: float) -> None:
+        """Until Slurm lists every node of ``nodes`` as able to take a job, at most ``bound_s`` (then the job runs
+        anyway and ``--immediate`` decides)."""
+        deadline = time.monotonic() + bound_s
+        while time.monotonic() < deadline:
+            states = self.node_states(nodes)
+            if all(n in states and states[n].usable for n in nodes):
+                return
+            time.sleep(1)
+
+    def cancel(self) -> None:
+        """The job outlived its bound: cancel it (srun was killed here; the job may still hold the nodes)."""
+        self.run(["scancel", f"--name={self.job_name}"], None, 30)
+
+    def write_textfiles(self, fleet: FleetResult, dirs: Mapping[str, str]) -> dict[str, str]:
+        """Each node's Prometheus textfile into its directory (``{node: directory}``), atomically, by a second
+        srun; returns {node: error} for the nodes where it was not written."""
+        if not dirs:
+            return {}
+        nodes = list(dirs)
+        data = fleet.to_dict()
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+            for node, directory in dirs.items():
+                for name, text in ((f"{node}.prom", render_prometheus(data, host=node)), (f"{node}.dir", directory)):
+                    raw = text.encode("utf-8")
+                    info = tarfile.TarInfo(name)
+                    info.size, info.mode = len(raw), 0o644
+                    tar.addfile(info, io.BytesIO(raw))
+        script = (
+            f'exec 2>&1; echo "{NODE_MARK} begin $SLURMD_NODENAME"; {{ d=$(mktemp -d) || exit 1; '
+            'if tar -xzf - -C "$d" && t=$(cat "$d/$SLURMD_NODENAME.dir") && mkdir -p "$t" '
+            f'&& cp "$d/$SLURMD_NODENAME.prom" "$t/.{TEXTFILE_NAME}.tmp" && chmod 0644 "$t/.{TEXTFILE_NAME}.tmp" '
+            f'&& mv -f "$t/.{TEXTFILE_NAME}.tmp" "$t/{TEXTFILE_NAME}"; then echo ok; else echo failed; fi; '
+            f'rm -rf "$d"; }} 2>&1 | gzip -c | base64; echo "{NODE_MARK} end $SLURMD_NODENAME"'
+        )
+        argv = srun_argv(nodes, f"{self.job_name}-textfile", 120, script, self.immediate_s)
+        code, out, err = self.run(argv, buffer.getvalue(), 120 + self.immediate_s + SLACK_S)
+        if code is None:
+            self.cancel()
+        tasks = split_tasks(out)
+        errors = {}
+        for node in nodes:
+            task = tasks.get(node)
+            if task is None or task.lines[-1:] != ["ok"]:
+                errors[node] = (" | ".join(task.lines[-2:]) if task else "") or _tail(err) or "no output"
+        return errors
+
+
+def verify_all(hosts: Sequence[Any], configs: Mapping[str, NodeConfig], settings: Mapping[str, VerifySettings],
+               bundle: ProbeBundle, bench: str, progress: TextIO, slurm: SlurmVerify) -> list[Any]:
+    """The hosts' ``HostRun`` list, as :func:`gpufleet.verify.run._verify_all` returns it over SSH."""
+    from .run import HostRun, _progress_line  # noqa: PLC0415 - run imports this module
+
+    names = [h.name for h in hosts]
+    progress.write(f"gpufleet verify: {len(names)} host(s), bench {bench}, via Slurm (job {slurm.job_name})\n")
+    progress.flush()
+    results = slurm.probe(names, bundle, {n: settings[n].python for n in names}, bench)
+    runs = []
+    for done, name in enumerate(names, start=1):
+        run = HostRun(name=name, result=host_result(results[name], configs[name]),
+                      seconds=0.0 if results[name].unreachable and name not in slurm.states else slurm.job_seconds)
+        runs.append(run)
+        progress.write(_progress_line(run, done, len(names)) + "\n")
+    progress.flush()
+    return runs
