@@ -183,12 +183,13 @@ def gpu_node() -> None:
     lock.host_lock(name="gpufleet lock", seen=host.get_fact(HostLock)["seen"])
     driver_op = driver_stage(config, facts) if config.stage_enabled("driver") else None
     found = facts.gpu_inventory or {}
-    if not any(config.stage_enabled(stage) for stage in GPU_STAGES):
-        pass  # no GPU setting managed on this host
     # will_change (asked only when the GPUs do not answer: with -y it runs the driver operation once more to find
     # out): a driver that is installed but not loaded gets no deferred step (which pyinfra would count as a change
     # although nothing changes); the GPU stages are planned now and say why they wait
-    elif found.get("gpus") or driver_op is None or not driver_op.will_change:
+    driver_changes = not found.get("gpus") and driver_op is not None and driver_op.will_change
+    if not any(config.stage_enabled(stage) for stage in GPU_STAGES):
+        pass  # no GPU setting managed on this host
+    elif not driver_changes:
         gpu_stages(config, found)
     else:
         python.call(name="GPU settings (planned once the driver answers)", function=_gpu_stages_after_driver,
