@@ -15,46 +15,17 @@ import json
 import secrets
 import shlex
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 from conftest import BIN, REPO, bring_up, gpufleet, ssh
+from slurm_sim import SLURM_CONF_COMMON, fetch_debs, wait_for
 
 from gpufleet.sim import hosts
 from gpufleet.sim.gpu import state as gpu_state
 
-DEBS = Path("/var/cache/gpufleet-test-slurm-debs")
-PACKAGES = ["install-info", "libhwloc15", "liblua5.1-0", "libmunge2", "libnuma1", "libyaml-0-2", "munge",
-            "slurm-client", "slurm-wlm-basic-plugins", "slurmctld", "slurmd"]
 COMPUTE = ("node02", "node03", "node04")
-SLURM_CONF = """ClusterName=simfleet
-SlurmctldHost=node01
-SlurmUser=slurm
-AuthType=auth/munge
-CredType=cred/munge
-MpiDefault=none
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-JobCompType=jobcomp/none
-SwitchType=switch/none
-SchedulerType=sched/backfill
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-ReturnToService=2
-SlurmctldPidFile=/run/slurmctld.pid
-SlurmdPidFile=/run/slurmd.pid
-StateSaveLocation=/var/lib/slurm/slurmctld
-SlurmdSpoolDir=/var/lib/slurm/slurmd
-SlurmctldLogFile=/var/log/slurm/slurmctld.log
-SlurmdLogFile=/var/log/slurm/slurmd.log
-SlurmdTimeout=30
-InactiveLimit=0
-MinJobAge=30
-KillWait=5
-NodeName=node0[2-4] CPUs=1 RealMemory=256 State=UNKNOWN
+SLURM_CONF = SLURM_CONF_COMMON + """NodeName=node0[2-4] CPUs=1 RealMemory=256 State=UNKNOWN
 PartitionName=gpu Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """
 INVENTORY = """from gpufleet.sim.inventory import sim_groups
@@ -62,24 +33,6 @@ INVENTORY = """from gpufleet.sim.inventory import sim_groups
 gpu_nodes = [(name, dict(data, gpufleet_power_limit={watts}, gpufleet_stages=["driver", "power", "nccl"]))
              for name, data in sim_groups({{}})["gpu_nodes"] if name != "node01"]
 """
-
-
-def fetch_debs() -> list[Path]:
-    DEBS.mkdir(parents=True, exist_ok=True)
-    missing = [p for p in PACKAGES if not list(DEBS.glob(f"{p}_*.deb"))]
-    if missing:
-        result = subprocess.run(["apt-get", "download", *missing], cwd=DEBS, capture_output=True, text=True,
-                                timeout=300)
-        if result.returncode != 0:
-            pytest.fail(f"apt-get download of the Slurm packages failed: {result.stderr[-2000:]}")
-    return sorted(DEBS.glob("*.deb"))
-
-
-def wait_for(what: str, probe, timeout: float = 90) -> None:
-    deadline = time.monotonic() + timeout
-    while not probe():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
 
 
 @pytest.fixture(scope="module")

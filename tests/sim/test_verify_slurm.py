@@ -26,39 +26,13 @@ from pathlib import Path
 
 import pytest
 from conftest import BIN, REPO, bring_up, grand_total, ssh
-from test_rollout_slurm import fetch_debs, wait_for
+from slurm_sim import SLURM_CONF_COMMON, fetch_debs, wait_for
 
 from gpufleet.sim import hosts
 
 COMPUTE = ("node02", "node03", "node04")
 GPUS = {"node02": 8, "node03": 1, "node04": 1}
-SLURM_CONF = """ClusterName=simfleet
-SlurmctldHost=node01
-SlurmUser=slurm
-AuthType=auth/munge
-CredType=cred/munge
-MpiDefault=none
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-JobCompType=jobcomp/none
-SwitchType=switch/none
-SchedulerType=sched/backfill
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-ReturnToService=2
-SlurmctldPidFile=/run/slurmctld.pid
-SlurmdPidFile=/run/slurmd.pid
-StateSaveLocation=/var/lib/slurm/slurmctld
-SlurmdSpoolDir=/var/lib/slurm/slurmd
-SlurmctldLogFile=/var/log/slurm/slurmctld.log
-SlurmdLogFile=/var/log/slurm/slurmd.log
-SlurmdTimeout=30
-InactiveLimit=0
-MinJobAge=30
-KillWait=5
-GresTypes=gpu
+SLURM_CONF = SLURM_CONF_COMMON + """GresTypes=gpu
 NodeName=node02 CPUs=1 RealMemory=256 Gres=gpu:h100_80gb_hbm3:8 State=UNKNOWN
 NodeName=node03 CPUs=1 RealMemory=256 Gres=gpu:a100-sxm4-40gb:1 State=UNKNOWN
 NodeName=node04 CPUs=1 RealMemory=256 Gres=gpu:geforce_rtx_4090:1 State=UNKNOWN

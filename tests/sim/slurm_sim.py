@@ -1,0 +1,61 @@
+"""A real Slurm (Debian 12's slurmctld/slurmd 22.05 and munge) on simulated hosts, shared by the end-to-end modules
+that need one: the cached packages and slurm.conf's common part (recipe: /work/shared/reference/slurm-on-sim.md).
+The packages are fetched once with ``apt-get download`` into /var/cache/gpufleet-test-slurm-debs and installed into
+the hosts with dpkg (the hosts have no route to a Debian mirror)."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+DEBS = Path("/var/cache/gpufleet-test-slurm-debs")
+PACKAGES = ["install-info", "libhwloc15", "liblua5.1-0", "libmunge2", "libnuma1", "libyaml-0-2", "munge",
+            "slurm-client", "slurm-wlm-basic-plugins", "slurmctld", "slurmd"]
+SLURM_CONF_COMMON = """ClusterName=simfleet
+SlurmctldHost=node01
+SlurmUser=slurm
+AuthType=auth/munge
+CredType=cred/munge
+MpiDefault=none
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+SwitchType=switch/none
+SchedulerType=sched/backfill
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+ReturnToService=2
+SlurmctldPidFile=/run/slurmctld.pid
+SlurmdPidFile=/run/slurmd.pid
+StateSaveLocation=/var/lib/slurm/slurmctld
+SlurmdSpoolDir=/var/lib/slurm/slurmd
+SlurmctldLogFile=/var/log/slurm/slurmctld.log
+SlurmdLogFile=/var/log/slurm/slurmd.log
+SlurmdTimeout=30
+InactiveLimit=0
+MinJobAge=30
+KillWait=5
+"""
+
+
+def fetch_debs() -> list[Path]:
+    DEBS.mkdir(parents=True, exist_ok=True)
+    missing = [p for p in PACKAGES if not list(DEBS.glob(f"{p}_*.deb"))]
+    if missing:
+        result = subprocess.run(["apt-get", "download", *missing], cwd=DEBS, capture_output=True, text=True,
+                                timeout=300)
+        if result.returncode != 0:
+            pytest.fail(f"apt-get download of the Slurm packages failed: {result.stderr[-2000:]}")
+    return sorted(DEBS.glob("*.deb"))
+
+
+def wait_for(what: str, probe, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while not probe():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
