@@ -227,6 +227,20 @@ def test_sigterm_at_the_power_stage_exits_143(fleet):
     assert changed_hosts(out) == set(), out
 
 
+def test_sigint_at_the_power_stage_exits_130(fleet):
+    inv = inventory(fleet, power="72%")
+    rc, out, seconds = interrupt_at(fleet, inv, RTX, "nvidia-smi", " -pl ", signal.SIGINT)
+    print(f"SIGINT at the power stage: exit {rc} {seconds:.1f} s after the signal")
+    assert rc == 130, out
+    assert "gpufleet: interrupted by SIGINT while executing (exit 130)." in out
+    assert re.search(rf"^  {RTX}: .*GPU power limits", out, re.M), out
+    wait_locks_free(fleet)
+    converge(inv)
+    assert_converged(fleet, 72, mig_on=True)
+    _, out = converge(inv)
+    assert changed_hosts(out) == set(), out
+
+
 def test_sigkill_at_the_power_stage_is_repaired_by_the_rerun(fleet):
     inv = inventory(fleet, power="75%")
     rc, _, _ = interrupt_at(fleet, inv, RTX, "nvidia-smi", " -pl ", signal.SIGKILL)

@@ -15,6 +15,8 @@ import json
 import secrets
 import shlex
 import subprocess
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -25,6 +27,7 @@ from gpufleet.sim import hosts
 from gpufleet.sim.gpu import state as gpu_state
 
 COMPUTE = ("node02", "node03", "node04")
+JOB_RELEASE = "/tmp/gpufleet-test-release-job"
 SLURM_CONF = SLURM_CONF_COMMON + """NodeName=node0[2-4] CPUs=1 RealMemory=256 State=UNKNOWN
 PartitionName=gpu Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """
@@ -147,10 +150,27 @@ def test_running_job_keeps_the_node_draining_until_the_timeout_policy(fleet, tmp
 
 
 def test_rollout_waits_for_a_job_to_finish_then_changes_the_node(fleet, tmp_path):
-    ssh(fleet, "node01", "sbatch -w node02 -o /dev/null --wrap 'sleep 8'")
+    # the job ends only once the rollout has drained its node (however long the rollout's checks before the drain
+    # take on a loaded machine): it waits for a file the test writes when Slurm shows node02 draining
+    ssh(fleet, "node01", f"sbatch -w node02 -o /dev/null --wrap 'while [ ! -e {JOB_RELEASE} ]; do sleep 0.2; done'")
     wait_for("the job to run on node02", lambda: sinfo(fleet)["node02"][0] == "allocated")
-    result = rollout(fleet, tmp_path, 330, "--canary", "1", "--waves", "100%", "--wait-for-jobs", "120",
-                     "--verify", "none")
+
+    rollout_ended = threading.Event()
+
+    def release_the_job_once_draining() -> None:
+        wait_for("node02 to be draining",
+                 lambda: rollout_ended.is_set() or sinfo(fleet)["node02"][0] == "draining", timeout=300)
+        ssh(fleet, "node02", f"touch {JOB_RELEASE}")
+
+    with ThreadPoolExecutor(1) as pool:
+        released = pool.submit(release_the_job_once_draining)
+        try:
+            result = rollout(fleet, tmp_path, 330, "--canary", "1", "--waves", "100%", "--wait-for-jobs", "300",
+                             "--verify", "none")
+        finally:
+            rollout_ended.set()  # never leave the job (and the thread) waiting
+        released.result(timeout=300)
+    ssh(fleet, "node02", f"rm -f {JOB_RELEASE}")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "waiting for jobs on 1 node(s): node02" in result.stderr  # it was draining, not drained, at first
     assert [power_w(fleet, n) for n in COMPUTE] == [330, 330, 330]

@@ -95,7 +95,9 @@ def test_every_node_has_its_textfile_and_the_probe_installed(fleet):
         assert f'gpufleet_verify_host_up{{hostname="{name}"}} 1' in text
         assert not any(f'hostname="{other}"' in text for other in NODES if other != name)  # the node's own results
         assert ssh(fleet, name, f"stat -c %a {TEXTFILE}").stdout.strip() == "644"
-        assert ssh(fleet, name, f"ls -A $(dirname {TEXTFILE})").stdout.split() == ["gpufleet_verify.prom"]
+        # verify's file, written atomically (no temporary left), beside the converge's desired-state textfile
+        listing = set(ssh(fleet, name, f"ls -A $(dirname {TEXTFILE})").stdout.split())
+        assert listing - {"gpufleet_desired.prom"} == {"gpufleet_verify.prom"}, listing
         installed = ssh(fleet, name, "ls /opt/gpufleet/probe").stdout.split()
         assert {"probe.py", "bench.py", "pynvml.py"} <= set(installed)
 
