@@ -110,3 +110,14 @@ def grand_total(output: str) -> dict[str, str]:
     match = re.search(r"Grand total\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)", output)
     assert match, output
     return dict(zip(("hosts", "success", "error", "no_change"), match.groups(), strict=True))
+
+
+EXPORTER_UNITS = ("gpufleet-exporter", "dcgm-exporter", "nvidia-dcgm", "prometheus-node-exporter")
+
+
+def exporter_units(fleet, names) -> str:
+    """The exporter units' state and recent journal on ``names``: printed when a no-op run changed a host, so a CI log
+    says why (an exporter found not running)."""
+    command = ("systemctl show -p Id,ActiveState,SubState,NRestarts,ExecMainStatus " + " ".join(EXPORTER_UNITS)
+               + "; journalctl -b --no-pager -n 40 " + " ".join(f"-u {u}" for u in EXPORTER_UNITS))
+    return "\n".join(f"--- {n}:\n{ssh(fleet, n, command, check=False).stdout}" for n in sorted(names))

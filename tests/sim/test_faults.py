@@ -16,7 +16,7 @@ import subprocess
 import time
 
 import pytest
-from conftest import BIN, REPO, bring_up, grand_total, ssh
+from conftest import BIN, REPO, bring_up, exporter_units, grand_total, ssh
 
 from gpufleet.sim import faults, hosts
 from gpufleet.sim import repo as sim_repo
@@ -151,7 +151,7 @@ def test_sigint_at_the_driver_install_exits_130_naming_the_host_and_the_rerun_co
     print(f"rerun after SIGINT at the driver install: {time.monotonic() - start_s:.1f} s")
     assert_converged(fleet, 80, mig_on=True)
     _, out = converge(inv)
-    assert changed_hosts(out) == set(), out
+    assert changed_hosts(out) == set(), out + exporter_units(fleet, changed_hosts(out))
 
 
 def test_sigkill_at_the_driver_install_is_repaired_by_the_rerun(fleet):
@@ -181,7 +181,7 @@ def test_sigkill_at_the_driver_install_is_repaired_by_the_rerun(fleet):
     audit = ssh(fleet, A100, "dpkg --audit").stdout
     assert audit.strip() == "", audit  # no package left half-installed or unconfigured
     _, out = converge(inv)
-    assert changed_hosts(out) == set(), out
+    assert changed_hosts(out) == set(), out + exporter_units(fleet, changed_hosts(out))
 
 
 def installed_nvidia_packages(fleet, name: str) -> list[str]:
@@ -200,7 +200,7 @@ def test_sigint_at_a_mig_mode_change(fleet):
     converge(inv)
     assert_converged(fleet, 80, mig_on=False)
     _, out = converge(inv)
-    assert changed_hosts(out) == set(), out
+    assert changed_hosts(out) == set(), out + exporter_units(fleet, changed_hosts(out))
 
 
 def test_sigkill_at_a_mig_mode_change_is_repaired_by_the_rerun(fleet):
@@ -211,7 +211,7 @@ def test_sigkill_at_a_mig_mode_change_is_repaired_by_the_rerun(fleet):
     converge(inv)
     assert_converged(fleet, 80, mig_on=True)
     _, out = converge(inv)
-    assert changed_hosts(out) == set(), out
+    assert changed_hosts(out) == set(), out + exporter_units(fleet, changed_hosts(out))
 
 
 def test_sigterm_at_the_power_stage_exits_143(fleet):
@@ -224,7 +224,7 @@ def test_sigterm_at_the_power_stage_exits_143(fleet):
     converge(inv)
     assert_converged(fleet, 70, mig_on=True)
     _, out = converge(inv)
-    assert changed_hosts(out) == set(), out
+    assert changed_hosts(out) == set(), out + exporter_units(fleet, changed_hosts(out))
 
 
 def test_sigint_at_the_power_stage_exits_130(fleet):
@@ -238,7 +238,7 @@ def test_sigint_at_the_power_stage_exits_130(fleet):
     converge(inv)
     assert_converged(fleet, 72, mig_on=True)
     _, out = converge(inv)
-    assert changed_hosts(out) == set(), out
+    assert changed_hosts(out) == set(), out + exporter_units(fleet, changed_hosts(out))
 
 
 def test_sigkill_at_the_power_stage_is_repaired_by_the_rerun(fleet):
@@ -249,7 +249,7 @@ def test_sigkill_at_the_power_stage_is_repaired_by_the_rerun(fleet):
     converge(inv)
     assert_converged(fleet, 75, mig_on=True)
     _, out = converge(inv)
-    assert changed_hosts(out) == set(), out
+    assert changed_hosts(out) == set(), out + exporter_units(fleet, changed_hosts(out))
 
 
 # ------------------------------------------------------------------------------------------------- locking
@@ -271,7 +271,7 @@ def test_second_concurrent_converge_is_refused_per_host_naming_the_holder(fleet)
             assert re.search(rf"gpufleet: error: {name} is locked by another gpufleet run: controller \S+ pid "
                              rf"{first.pid}, started \S+, command: .*pyinfra -y {re.escape(inv)} .*gpu_node\.py; "
                              "nothing was changed on this host", out), out
-        assert changed_hosts(out) == set(), out
+        assert changed_hosts(out) == set(), out + exporter_units(fleet, changed_hosts(out))
         assert out.count("Error: executed 0 commands") == 3, out  # the lock operation, first on every host
     finally:
         for name in names:
@@ -287,7 +287,7 @@ def test_stale_lock_is_taken_over(fleet):
     _, out = converge(inventory(fleet, power="60%"))
     assert "took over a stale gpufleet lock (controller gone pid 1, started 2026-01-01T00:00:00Z, command: killed " \
            "run; that run is gone)" in out, out
-    assert changed_hosts(out) == set(), out
+    assert changed_hosts(out) == set(), out + exporter_units(fleet, changed_hosts(out))
     assert lock_free(fleet, RTX)
 
 
@@ -321,7 +321,7 @@ def test_host_lost_mid_run_fails_within_30_s_and_the_others_finish(fleet):
     assert changed_hosts(out) == {LOST}, out
     assert_converged(fleet, 65, mig_on=True)
     _, out = converge(inv)
-    assert changed_hosts(out) == set(), out
+    assert changed_hosts(out) == set(), out + exporter_units(fleet, changed_hosts(out))
 
 
 def test_verify_with_a_host_lost_during_the_probe_finishes_for_the_others(fleet, tmp_path):
@@ -357,7 +357,7 @@ def test_driver_installed_but_not_loaded_reports_no_change(fleet):
         _, out = converge(inventory(fleet, power="65%"))
     finally:
         faults.inject(fleet, RTX, "clear")
-    assert changed_hosts(out) == set(), out
+    assert changed_hosts(out) == set(), out + exporter_units(fleet, changed_hosts(out))
     assert grand_total(out)["success"] == "-", out
     assert "is installed but its kernel module is not loaded" in out, out
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-from conftest import BIN, REPO, bring_up, gpufleet, grand_total, ssh
+from conftest import BIN, REPO, bring_up, exporter_units, gpufleet, grand_total, ssh
 
 from gpufleet.sim import hosts
 from gpufleet.sim.gpu import state as gpu_state
@@ -117,8 +117,11 @@ def test_second_run_changes_nothing(fleet):
     assert total["success"] == "-" and total["error"] == "-", result.stdout
 
 
+NODE_NAMES = ("node01", "node02", "node03")
+
+
 def test_settings_come_back_after_reboot_without_a_deploy(fleet):
-    for name in ("node01", "node02", "node03"):
+    for name in NODE_NAMES:
         gpufleet("sim", "reboot", name)
     h100, state = gpus(fleet, "node01")
     assert [g["persistence"] for g in h100] == ["1"] * 8
@@ -127,8 +130,9 @@ def test_settings_come_back_after_reboot_without_a_deploy(fleet):
     assert a100[0]["power.limit_mw"] == "320000" and a100[0]["persistence"] == "1"
     rtx, _ = gpus(fleet, "node03")
     assert rtx[0]["power.limit_mw"] == "350000"
-    total = grand_total(run_gpu_node().stdout)
-    assert total["success"] == "-" and total["error"] == "-"
+    out = run_gpu_node().stdout
+    total = grand_total(out)
+    assert total["success"] == "-" and total["error"] == "-", out + exporter_units(fleet, NODE_NAMES)
 
 
 def test_power_limit_changed_behind_our_back_is_restored(fleet):
