@@ -54,6 +54,20 @@ def fetch_debs() -> list[Path]:
     return sorted(DEBS.glob("*.deb"))
 
 
+def stage_setup_files(host, debs: list[Path], munge_key: bytes, slurm_conf: str, etc_hosts: str) -> Path:
+    """Put what a host's Slurm set-up needs into its /var/tmp/slurm-setup (written from outside, through the host's
+    root directory); return that directory."""
+    stage = host.dir / "root" / "var" / "tmp" / "slurm-setup"
+    stage.mkdir(parents=True, exist_ok=True)
+    for deb in debs:
+        (stage / deb.name).write_bytes(deb.read_bytes())
+    (stage / "munge.key").write_bytes(munge_key)
+    (stage / "slurm.conf").write_text(slurm_conf)
+    (stage / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\n")
+    (stage / "hosts").write_text(etc_hosts)
+    return stage
+
+
 def wait_for(what: str, probe, timeout: float = 90) -> None:
     deadline = time.monotonic() + timeout
     while not probe():

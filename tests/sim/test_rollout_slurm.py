@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 from conftest import BIN, REPO, bring_up, gpufleet, ssh
-from slurm_sim import SLURM_CONF_COMMON, fetch_debs, wait_for
+from slurm_sim import SLURM_CONF_COMMON, fetch_debs, stage_setup_files, wait_for
 
 from gpufleet.sim import hosts
 from gpufleet.sim.gpu import state as gpu_state
@@ -45,14 +45,7 @@ def fleet(tmp_path_factory):
     key = secrets.token_bytes(1024)
     etc_hosts = "".join(f"{h.address} {h.name}\n" for h in fleet.hosts)
     for h in fleet.hosts:
-        stage = h.dir / "root" / "var" / "tmp" / "slurm-setup"
-        stage.mkdir(parents=True, exist_ok=True)
-        for deb in debs:
-            (stage / deb.name).write_bytes(deb.read_bytes())
-        (stage / "munge.key").write_bytes(key)
-        (stage / "slurm.conf").write_text(SLURM_CONF)
-        (stage / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\n")
-        (stage / "hosts").write_text(etc_hosts)
+        stage_setup_files(h, debs, key, SLURM_CONF, etc_hosts)
         role = ("systemctl enable --now slurmctld && systemctl disable --now slurmd" if h.name == "node01" else
                 "systemctl disable --now slurmctld; systemctl enable slurmd && systemctl restart slurmd")
         ssh(fleet, h.name, "set -e; cd /var/tmp/slurm-setup; DEBIAN_FRONTEND=noninteractive dpkg -i *.deb >/dev/null; "

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 from conftest import BIN, REPO, bring_up, grand_total, ssh
-from slurm_sim import SLURM_CONF_COMMON, fetch_debs, wait_for
+from slurm_sim import SLURM_CONF_COMMON, fetch_debs, stage_setup_files, wait_for
 
 from gpufleet.sim import hosts
 
@@ -76,14 +76,7 @@ def fleet(tmp_path_factory):
     etc_hosts = "".join(f"{h.address} {h.name}\n" for h in fleet.hosts)
 
     def set_up(h) -> None:
-        stage = h.dir / "root" / "var" / "tmp" / "slurm-setup"
-        stage.mkdir(parents=True, exist_ok=True)
-        for deb in debs:
-            (stage / deb.name).write_bytes(deb.read_bytes())
-        (stage / "munge.key").write_bytes(key)
-        (stage / "slurm.conf").write_text(SLURM_CONF)
-        (stage / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\n")
-        (stage / "hosts").write_text(etc_hosts)
+        stage = stage_setup_files(h, debs, key, SLURM_CONF, etc_hosts)
         (stage / "fakegpu.conf").write_text(fake_gpu_devices(GPUS.get(h.name, 0)))
         role = ("systemctl enable --now slurmctld && systemctl disable --now slurmd" if h.name == "node01" else
                 "cp fakegpu.conf /etc/tmpfiles.d/ && systemd-tmpfiles --create --boot /etc/tmpfiles.d/fakegpu.conf; "
