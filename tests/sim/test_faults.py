@@ -118,6 +118,20 @@ def assert_converged(fleet, percent: float, mig_on: bool) -> None:
             assert state["gpu.0.mig.current"] == ("1" if mig_on else "0"), (name, state)
 
 
+def assert_rerun_converges(fleet, inv: str, percent: float, mig_on: bool) -> None:
+    """Once the interrupted run has ended on the hosts: the rerun converges them, and the run after it changes
+    nothing."""
+    wait_locks_free(fleet)
+    converge(inv)
+    assert_converged(fleet, percent, mig_on)
+    assert_no_change(fleet, inv)
+
+
+def assert_no_change(fleet, inv: str) -> None:
+    _, out = converge(inv)
+    assert changed_hosts(out) == set(), out + exporter_units(fleet, changed_hosts(out))
+
+
 def interrupt_at(fleet, inv: str, host: str, program: str, match: str, signum: int) -> tuple[int, str, float]:
     """Run the converge, send ``signum`` once ``program`` (args containing ``match``) is about to run on ``host``;
     return (exit status, output, seconds from the signal to the exit)."""
@@ -150,8 +164,7 @@ def test_sigint_at_the_driver_install_exits_130_naming_the_host_and_the_rerun_co
     converge(inv)
     print(f"rerun after SIGINT at the driver install: {time.monotonic() - start_s:.1f} s")
     assert_converged(fleet, 80, mig_on=True)
-    _, out = converge(inv)
-    assert changed_hosts(out) == set(), out + exporter_units(fleet, changed_hosts(out))
+    assert_no_change(fleet, inv)
 
 
 def test_sigkill_at_the_driver_install_is_repaired_by_the_rerun(fleet):
@@ -180,8 +193,7 @@ def test_sigkill_at_the_driver_install_is_repaired_by_the_rerun(fleet):
     assert installed_nvidia_packages(fleet, A100) == driver_packages
     audit = ssh(fleet, A100, "dpkg --audit").stdout
     assert audit.strip() == "", audit  # no package left half-installed or unconfigured
-    _, out = converge(inv)
-    assert changed_hosts(out) == set(), out + exporter_units(fleet, changed_hosts(out))
+    assert_no_change(fleet, inv)
 
 
 def installed_nvidia_packages(fleet, name: str) -> list[str]:
@@ -196,22 +208,14 @@ def test_sigint_at_a_mig_mode_change(fleet):
     print(f"SIGINT at the MIG mode change: exit {rc} {seconds:.1f} s after the signal")
     assert rc == 130, out
     assert re.search(rf"^  {A100}: .*MIG layout", out, re.M), out
-    wait_locks_free(fleet)
-    converge(inv)
-    assert_converged(fleet, 80, mig_on=False)
-    _, out = converge(inv)
-    assert changed_hosts(out) == set(), out + exporter_units(fleet, changed_hosts(out))
+    assert_rerun_converges(fleet, inv, 80, mig_on=False)
 
 
 def test_sigkill_at_a_mig_mode_change_is_repaired_by_the_rerun(fleet):
     inv = inventory(fleet, mig=MIG_ON)
     rc, out, _ = interrupt_at(fleet, inv, A100, "nvidia-smi", " -mig ", signal.SIGKILL)
     assert rc == -signal.SIGKILL
-    wait_locks_free(fleet)
-    converge(inv)
-    assert_converged(fleet, 80, mig_on=True)
-    _, out = converge(inv)
-    assert changed_hosts(out) == set(), out + exporter_units(fleet, changed_hosts(out))
+    assert_rerun_converges(fleet, inv, 80, mig_on=True)
 
 
 def test_sigterm_at_the_power_stage_exits_143(fleet):
@@ -220,11 +224,7 @@ def test_sigterm_at_the_power_stage_exits_143(fleet):
     print(f"SIGTERM at the power stage: exit {rc} {seconds:.1f} s after the signal")
     assert rc == 143, out
     assert re.search(rf"^  {RTX}: .*GPU power limits", out, re.M), out
-    wait_locks_free(fleet)
-    converge(inv)
-    assert_converged(fleet, 70, mig_on=True)
-    _, out = converge(inv)
-    assert changed_hosts(out) == set(), out + exporter_units(fleet, changed_hosts(out))
+    assert_rerun_converges(fleet, inv, 70, mig_on=True)
 
 
 def test_sigint_at_the_power_stage_exits_130(fleet):
@@ -234,22 +234,14 @@ def test_sigint_at_the_power_stage_exits_130(fleet):
     assert rc == 130, out
     assert "gpufleet: interrupted by SIGINT while executing (exit 130)." in out
     assert re.search(rf"^  {RTX}: .*GPU power limits", out, re.M), out
-    wait_locks_free(fleet)
-    converge(inv)
-    assert_converged(fleet, 72, mig_on=True)
-    _, out = converge(inv)
-    assert changed_hosts(out) == set(), out + exporter_units(fleet, changed_hosts(out))
+    assert_rerun_converges(fleet, inv, 72, mig_on=True)
 
 
 def test_sigkill_at_the_power_stage_is_repaired_by_the_rerun(fleet):
     inv = inventory(fleet, power="75%")
     rc, _, _ = interrupt_at(fleet, inv, RTX, "nvidia-smi", " -pl ", signal.SIGKILL)
     assert rc == -signal.SIGKILL
-    wait_locks_free(fleet)
-    converge(inv)
-    assert_converged(fleet, 75, mig_on=True)
-    _, out = converge(inv)
-    assert changed_hosts(out) == set(), out + exporter_units(fleet, changed_hosts(out))
+    assert_rerun_converges(fleet, inv, 75, mig_on=True)
 
 
 # ------------------------------------------------------------------------------------------------- locking
@@ -320,8 +312,7 @@ def test_host_lost_mid_run_fails_within_30_s_and_the_others_finish(fleet):
     _, out = converge(inv)
     assert changed_hosts(out) == {LOST}, out
     assert_converged(fleet, 65, mig_on=True)
-    _, out = converge(inv)
-    assert changed_hosts(out) == set(), out + exporter_units(fleet, changed_hosts(out))
+    assert_no_change(fleet, inv)
 
 
 def test_verify_with_a_host_lost_during_the_probe_finishes_for_the_others(fleet, tmp_path):
