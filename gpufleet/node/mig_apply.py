@@ -34,11 +34,17 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 LAYOUT = "/etc/gpufleet/mig-layout.json"
 STATUS = os.environ.get("GPUFLEET_MIG_STATUS", "/run/gpufleet/mig-reboot-required")
 SMI = "nvidia-smi"
 MODES = ("Enabled", "Disabled")
+# Holders started again must stay up this long before the run goes on: a consumer started right after its server
+# (dcgm-exporter after nv-hostengine, which is not listening yet) fails once and is back after its RestartSec; a
+# run that ended before would leave it down, and the next run would find it so.
+SETTLE_S = 3.0
+SETTLE_TIMEOUT_S = 60.0
 
 # |   0  MIG 1g.10gb         19        7          0:1     |
 _GI_ROW = re.compile(r"^\|\s*(\d+)\s+MIG\s+(\S+)\s+(\d+)\s+(\d+)\s+\d+:\d+\s*\|$")
@@ -136,6 +142,23 @@ def is_active(unit: str) -> bool:
     return run("systemctl", "is-active", "--quiet", unit)[0] == 0
 
 
+def wait_settled(units: list[str], steady: float = SETTLE_S, timeout: float = SETTLE_TIMEOUT_S,
+                 clock=time.monotonic, sleep=time.sleep) -> list[str]:
+    """Wait until every unit of ``units`` has been active ``steady`` seconds in a row; the units still not active
+    at ``timeout``."""
+    deadline = clock() + timeout
+    since = None
+    while True:
+        down = [unit for unit in units if not is_active(unit)]
+        now = clock()
+        since = None if down else (now if since is None else since)
+        if not down and now - since >= steady:
+            return []
+        if now >= deadline:
+            return down
+        sleep(0.5)
+
+
 def _switch_one(index: int, gpu: dict, enable: bool) -> str | None:
     """Set one GPU's MIG mode (holders already stopped); None when it is in effect, else why not."""
     want = mode_word(enable)
@@ -209,13 +232,18 @@ def switch_modes(targets: dict[int, bool], holders: list[str]) -> tuple[dict[int
             if why:
                 reasons[index] = why
     finally:
+        started = []
         for unit in reversed(stopped):
             rc, out = run("systemctl", "start", unit)
             if rc == 0:
+                started.append(unit)
                 log(f"started {unit} again")
             else:
                 restarted = False
                 log(f"error: could not start {unit} again: {out}")
+        for unit in wait_settled(started):
+            restarted = False
+            log(f"error: {unit} did not stay up after its start")
     return reasons, restarted
 
 

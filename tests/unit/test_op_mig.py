@@ -577,7 +577,7 @@ def test_node_script_is_standard_library_python_3_7():
     source = APPLIER_SRC.read_text()
     assert source.startswith("#!/usr/bin/env python3\n")
     imports = {line.split()[1].split(".")[0] for line in source.splitlines() if line.startswith(("import ", "from "))}
-    assert imports <= {"__future__", "json", "os", "re", "subprocess", "sys"}
+    assert imports <= {"__future__", "json", "os", "re", "subprocess", "sys", "time"}
     ast.parse(source, feature_version=(3, 7))
 
 
