@@ -12,10 +12,11 @@ is the one asked for is not touched. A GPU a compute process runs on is not touc
 the holder units that are active are stopped (in the order given), each GPU's mode is set (``nvidia-smi -i N
 -mig 1|0``; MIG instances are destroyed first when disabling: the driver refuses otherwise), a GPU whose new
 mode is only *pending* is reset (``nvidia-smi -r -i N``), and the stopped units are started again (reverse
-order), whatever happened. A GPU still not in the asked-for mode needs a reboot: it is listed, with the reason,
+order), whatever happened, and must then stay up for ``$GPUFLEET_MIG_SETTLE_S`` seconds in a row (3; 60 s at
+most). A GPU still not in the asked-for mode needs a reboot: it is listed, with the reason,
 in /run/gpufleet/mig-reboot-required (``INDEX<TAB>PCI BUS ID<TAB>REASON`` lines; the file is removed when no
 GPU needs one). Exit status 0, also when a GPU needs a reboot; 1 when nvidia-smi cannot list the GPUs or a
-stopped unit did not start again.
+stopped unit did not start again or stay up.
 
 ``apply`` reads the layout file written by gpufleet (JSON: ``{"version": 1, "holder_services": [units],
 "gpus": [{"pci_bus_id": "00000000:18:00.0", "mig_enabled": true, "create": [9, 14, 19, 19], ...}]}``; GPUs
@@ -43,7 +44,7 @@ MODES = ("Enabled", "Disabled")
 # Holders started again must stay up this long before the run goes on: a consumer started right after its server
 # (dcgm-exporter after nv-hostengine, which is not listening yet) fails once and is back after its RestartSec; a
 # run that ended before would leave it down, and the next run would find it so.
-SETTLE_S = 3.0
+SETTLE_S = float(os.environ.get("GPUFLEET_MIG_SETTLE_S", "3"))
 SETTLE_TIMEOUT_S = 60.0
 
 # |   0  MIG 1g.10gb         19        7          0:1     |

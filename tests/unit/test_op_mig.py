@@ -515,7 +515,9 @@ class Node:
         self.status = tmp_path / "run" / "mig-reboot-required"
         self.env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "GPUFLEET_SIM_STATE": str(self.state),
                     "GPUFLEET_SIM_DRIVER_VERSION_FILE": str(tmp_path / "driver-version"),
-                    "GPUFLEET_MIG_STATUS": str(self.status)}
+                    "GPUFLEET_MIG_STATUS": str(self.status),
+                    # the fake systemctl's units never fail: the wait for them to stay up is tested on its own
+                    "GPUFLEET_MIG_SETTLE_S": "0"}
         self.procs: list[subprocess.Popen] = []
 
     def sh(self, *argv: str) -> subprocess.CompletedProcess:
