@@ -9,21 +9,37 @@ How: :class:`Session` drives pyinfra's API the way ``pyinfra_cli`` does for ``py
 (``pyinfra.is_cli``: operations are hashed by their call site in the deploy, as under ``pyinfra``), the working
 directory on ``sys.path``, ``config.py`` executed, the inventory loaded with ``pyinfra_cli.inventory.make_inventory``,
 the deploy file prepared with ``pyinfra_cli.util.load_deploy_file``, executed with ``pyinfra.api.operations.run_ops``.
-Each run (the whole-fleet pass, each wave) is its own pyinfra ``State`` with a freshly loaded ``Inventory``, as each
-``pyinfra`` process was: the deploy's per-run caches, the fact memo (:mod:`gpufleet.facts.prefetch`), the SSH bounds
-(:mod:`gpufleet.connection`) and the host locks are per ``State`` and start clean. What carries over is the SSH
+Each run that plans (the whole-fleet pass; each wave with a drain) is its own pyinfra ``State`` with a freshly
+loaded ``Inventory``, as each ``pyinfra`` process was: the deploy's per-run caches, the fact memo
+(:mod:`gpufleet.facts.prefetch`), the SSH bounds (:mod:`gpufleet.connection`) and the host locks are per ``State``
+and start clean. What carries over is the SSH
 connection: a host connected by an earlier run of the session (the whole-fleet pass) adopts that connection (the
 connector object moves to the new run's ``Host``); a host without one, or whose connection is no longer active,
-connects as ``pyinfra.api.connect.connect_all`` would. After a run that executed, its hosts are disconnected, which
+connects as ``pyinfra.api.connect.connect_all`` would (an adopted connection is first checked with one SSH channel
+opened and closed, within the host's connect timeout). After a wave executed, its hosts are disconnected, which
 releases their gpufleet lock (held by an SSH channel until the connection ends) when their wave ends, as at the end
 of a ``pyinfra`` process.
 
-**Plan freshness.** Every wave is planned again, in its own ``State``, just before it executes: the deploy runs for
-the wave's hosts after their drain and after the earlier waves' gates, with every fact read then (the fact memo's
-read-ahead makes that one round trip per host). What the whole-fleet pass planned is used only to validate and
-preflight every host before any change and to leave hosts with nothing to change out of the waves; a wave never
-executes a plan made before its drain (draining is what frees the GPUs a MIG change needs). The same holds with
-``--drain none``: one code path, no plan that could be stale.
+**Plan freshness.** The whole-fleet pass plans every host (validation, preflight, what each would change) before
+any drain or change. What a wave then executes depends on ``--drain``:
+
+* With a drain (``slurm``, ``command:``), every wave is planned again just before it executes, in its own ``State``:
+  the deploy runs for the wave's hosts after their drain and after the earlier waves' gates, every fact read then
+  (the fact memo's read-ahead: one round trip per host). Draining is what frees the GPUs a MIG change needs and
+  ends the jobs whose processes the operations check; a plan made before the drain is never executed.
+* With ``--drain none``, the waves execute the pass's plan (``Session.run(..., keep_plan=True)``), each wave its own
+  hosts' operations in the pass's ``State``. This is safe because (1) nothing the rollout does between the pass and
+  a host's wave touches that host: no drain or resume, the earlier waves change only their own hosts and their
+  gates probe only those; (2) what the plan fixes is the deploy-level decision: which operations run, with which
+  arguments, from the host's configuration and the GPUs the driver listed (models, UUIDs, indices: the node plan)
+  and the preflight verdict, which change only with the inventory, the driver or the hardware, as in the window
+  between any pyinfra run's preparation and its execution; (3) every operation decides what to send when its wave
+  executes, from facts read then: pyinfra runs an operation's body (a generator) at execution, and the rollout first
+  forgets every read the pass made on the wave's hosts and reads again what their operations read
+  (:func:`gpufleet.facts.prefetch.refresh`); (4) a host another gpufleet run (or the boot-time MIG apply) changed
+  in between is seen by the host lock's generation check when the wave takes the lock, which makes the run read
+  that host's facts again. It saves preparing every host twice (the deploy's code and all its fact reads), which
+  is most of a wave's cost on the benchmark's hosts.
 
 **Results.** :meth:`Session.run` returns the :class:`~gpufleet.rollout.converge.PyinfraRun` a ``pyinfra --json``
 process would have given: the document built with pyinfra's own ``build_plan_json`` / ``build_results_json`` and
@@ -156,6 +172,30 @@ def _alive(connector, timeout: float) -> bool:
     return True
 
 
+def _probe(state, connectors: dict) -> dict:
+    """{host: whether its connection answers} for ``connectors`` ({host: connector}), checked in parallel."""
+    import gevent  # noqa: PLC0415
+
+    checks = {h: state.pool.spawn(_alive, connector, _connect_timeout(h)) for h, connector in connectors.items()}
+    gevent.joinall(list(checks.values()))
+    return {h: check.get() for h, check in checks.items()}
+
+
+def _only(results: dict, names: set) -> dict:
+    """pyinfra's results document cut to the hosts ``names`` (a kept plan's State holds every host of the plan)."""
+    operations = []
+    totals = {"hosts": 0, "success": 0, "error": 0, "no_change": 0}
+    for op in results["operations"]:
+        op = dict(op, **{k: [h for h in op[k] if h in names] for k in ("success", "error", "no_change")})
+        op["hosts"] = len(op["success"]) + len(op["error"]) + len(op["no_change"])
+        if op["hosts"]:
+            operations.append(op)
+            for key in totals:
+                totals[key] += op[key] if key == "hosts" else len(op[key])
+    return {"operations": operations, "totals": totals,
+            "failed_hosts": [h for h in results["failed_hosts"] if h in names]}
+
+
 def _connect_timeout(host) -> float:
     """The host's ``gpufleet_ssh_connect_timeout`` (validated by the deploy in the whole-fleet pass)."""
     from gpufleet import connection  # noqa: PLC0415
@@ -181,6 +221,7 @@ class Session:
         self.cwd = cwd or os.getcwd()
         self.interruption: str | None = None  # the hosts mid-change when a run was interrupted
         self._connections: dict[str, Any] = {}  # host name -> connector kept connected for the host's wave
+        self._planned: tuple[Any, Any, Any] | None = None  # (State, Inventory, Config) of a plan kept for the waves
         # Every State and Inventory of the session stays referenced until close(): per-run caches are keyed by
         # them (the host lock's by id(state)); a later run getting a freed one's id would share its entries.
         self._runs: list[tuple[Any, Any]] = []
@@ -211,12 +252,17 @@ class Session:
         """The inventory's hosts in pyinfra's order (as ``pyinfra INVENTORY debug-inventory`` lists them)."""
         return list(self.hosts), None
 
-    def run(self, hosts: list[str] | None, *, plan: bool) -> PyinfraRun:
+    def run(self, hosts: list[str] | None, *, plan: bool, keep_plan: bool = False) -> PyinfraRun:
         """One pyinfra run over ``hosts`` (None: every host of the inventory): ``plan``: connect and prepare (as
         ``pyinfra --dry``: the deploy validates and preflights every host, the operations say what they would
         change), the connections kept for a later run; else prepare and execute (as ``pyinfra -y``), then
         disconnect. Returns what ``pyinfra --json`` would have printed, and its log. ``KeyboardInterrupt`` stops the
-        run at once (see the module docstring) and is raised again."""
+        run at once (see the module docstring) and is raised again.
+
+        ``keep_plan`` (with ``plan``): the later runs do not prepare again, they execute this plan for their hosts
+        (``--drain none`` only: see the module docstring)."""
+        if not plan and self._planned is not None:
+            return self._execute_planned(list(hosts or ()))
         from pyinfra.api import State  # noqa: PLC0415
         from pyinfra.api.operations import run_ops  # noqa: PLC0415
         from pyinfra.api.state import StateStage  # noqa: PLC0415
@@ -264,7 +310,10 @@ class Session:
             if failed_in is None or (not plan and failed_in in (StateStage.Connect, StateStage.Execute)):
                 payload = {"plan": build_plan_json(state), "results": None if plan else build_results_json(state)}
         rc = 0 if payload is not None and not state.failed_hosts else 1
-        if plan and payload is not None:
+        if plan and payload is not None and keep_plan:
+            state.check_for_changes = False  # from here it executes, as pyinfra -y: no second change detection
+            self._planned = (state, inventory, config)
+        elif plan and payload is not None:
             self._keep(state)
         else:
             self._disconnect(state)
@@ -277,6 +326,9 @@ class Session:
         for connector in self._connections.values():
             _close(connector)
         self._connections.clear()
+        if self._planned is not None:
+            self._disconnect(self._planned[0])
+            self._planned = None
         pyinfra.is_cli = self._was_cli
         self._logger.removeHandler(self._log)
         self._logger.setLevel(self._logger_was[0])
@@ -328,12 +380,11 @@ class Session:
 
         hosts = [h for h in inventory if state.is_host_in_limit(h)]
         kept = {h: self._connections.pop(h.name) for h in hosts if h.name in self._connections}
-        checks = {h: state.pool.spawn(_alive, connector, _connect_timeout(h)) for h, connector in kept.items()}
-        gevent.joinall(list(checks.values()))
+        alive = _probe(state, kept)
         fresh = []
         for host in hosts:
             connector = kept.get(host)
-            if connector is not None and checks[host].get():
+            if connector is not None and alive[host]:
                 connector.state, connector.host = state, host
                 host.connector = connector
                 host.connected = True
@@ -354,14 +405,72 @@ class Session:
                 failed.add(host)
         state.fail_hosts(failed, activated_count=len(hosts))
 
+    def _execute_planned(self, hosts: list[str]) -> PyinfraRun:
+        """Execute the kept plan for ``hosts`` (hosts of the plan): their operations only, each deciding on facts
+        read now (the plan's reads of these hosts are forgotten first), over the plan's connections (one that no
+        longer answers is made again; a host that cannot be reached fails); then disconnect them."""
+        from pyinfra.api.operations import run_ops  # noqa: PLC0415
+        from pyinfra.api.state import StateStage  # noqa: PLC0415
+        from pyinfra.context import ctx_config, ctx_inventory, ctx_state  # noqa: PLC0415
+        from pyinfra_cli.prints import build_results_json  # noqa: PLC0415
+
+        from gpufleet import interruption  # noqa: PLC0415
+        from gpufleet.facts import prefetch  # noqa: PLC0415
+
+        start = time.monotonic()
+        self._log.take()
+        state, inventory, config = self._planned
+        planned = {h.name: h for h in state.activated_hosts}
+        if not hosts or any(name not in planned for name in hosts):
+            raise ValueError(f"not hosts of the plan: {', '.join(n for n in hosts if n not in planned) or 'none'}")
+        wave = [planned[name] for name in hosts]
+        with ctx_state.use(state), ctx_inventory.use(inventory), ctx_config.use(config):
+            state.active_hosts = {h for h in wave if h not in state.failed_hosts}  # the wave's hosts, no other
+            try:
+                self._revive(state, wave)
+                if state.current_stage < StateStage.Execute:
+                    state.set_stage(StateStage.Execute)
+                # every operation decides on what its host says now: the plan's reads are forgotten, and what the
+                # operations read while being prepared is read again, in one round trip per host
+                prefetch.refresh(state, [h for h in wave if h in state.active_hosts])
+                self._logger.info("--> Beginning operation run...")
+                run_ops(state)
+            except KeyboardInterrupt:
+                self.interruption = interruption.report(state, signal.SIGINT)
+                state.pool.kill(block=True, timeout=5)
+                raise
+            except Exception as error:  # noqa: BLE001 - e.g. "No hosts remaining!": the results say who failed
+                self._log_error(error)
+            results = _only(build_results_json(state), set(hosts))
+        failed = set(results["failed_hosts"])
+        self._disconnect(state, wave)
+        return PyinfraRun(rc=1 if failed else 0, payload={"plan": [], "results": results}, stderr=self._log.take(),
+                          seconds=time.monotonic() - start)
+
+    def _revive(self, state, wave: list) -> None:
+        """Connect again the hosts of ``wave`` whose connection no longer answers; fail those that cannot be."""
+        import gevent  # noqa: PLC0415
+
+        alive = _probe(state, {h: h.connector for h in wave if h.connected})
+        dead = [h for h in wave if h not in state.failed_hosts and not alive.get(h)]
+        for host in dead:
+            if host.connected:
+                self._logger.info(f"{host.print_prefix}connection lost since the plan: connecting again")
+                try:
+                    host.disconnect()
+                except Exception:  # noqa: BLE001,S110 - a connection that is gone: connecting again is what matters
+                    pass
+        gevent.joinall([state.pool.spawn(host.connect) for host in dead])
+        state.fail_hosts({h for h in dead if not h.connected}, activated_count=len(wave))
+
     def _keep(self, state) -> None:
         for host in state.activated_hosts:
             if host.connected:
                 self._connections[host.name] = host.connector
 
-    def _disconnect(self, state) -> None:
+    def _disconnect(self, state, hosts: list | None = None) -> None:
         import gevent  # noqa: PLC0415
 
-        hosts = [h for h in state.activated_hosts if h.connected]
+        hosts = [h for h in (state.activated_hosts if hosts is None else hosts) if h.connected]
         if hosts:
             gevent.joinall([state.pool.spawn(host.disconnect) for host in hosts])

@@ -355,13 +355,15 @@ def single_wave(opts: RolloutOptions, parsed: Parsed, todo: list[str], canary: i
     return first >= len(todo) and (room is None or room >= len(todo))
 
 
-def _preflight(engine, records: list[dict[str, Any]], hosts: list[str] | None, progress: TextIO
-               ) -> dict[str, list[str]]:
+def _preflight(engine, records: list[dict[str, Any]], hosts: list[str] | None, progress: TextIO,
+               keep_plan: bool = False) -> dict[str, list[str]]:
     """Validation + preflight of every host still to do (``None``: every host of the inventory), before any
     drain or change: the deploy prepared as by ``pyinfra --dry`` (the deploy validates every host's configuration
     and runs preflight while pyinfra prepares the hosts, before any operation). Returns {host: [operations that
-    would change it]}; raises BadInput on any problem. Its time is appended to ``records``."""
-    run = engine.run(hosts, plan=True)
+    would change it]}; raises BadInput on any problem. Its time is appended to ``records``. ``keep_plan``: the
+    waves execute this plan instead of planning again (in-process, ``--drain none``: see
+    :mod:`gpufleet.rollout.inprocess`)."""
+    run = engine.run(hosts, plan=True, keep_plan=keep_plan)
     record = {"hosts": None if hosts is None else len(hosts), "seconds": round(run.seconds, 3)}
     if run.rc != 0 or run.payload is None:
         raise BadInput("validation / preflight failed, nothing was drained or changed:\n" + run.error_text(40))
@@ -461,7 +463,8 @@ def _rollout(opts: RolloutOptions, parsed: Parsed, state: RolloutState | None, e
                     "before any change")
         else:
             # a new rollout: every host of the inventory (the same hosts as todo, without a --limit per host)
-            planned = _preflight(engine, state.preflight, todo if opts.resume else None, progress) if todo else {}
+            planned = _preflight(engine, state.preflight, todo if opts.resume else None, progress,
+                                 keep_plan=opts.drain == "none" and not opts.dry) if todo else {}
     except BadInput as error:
         progress.write(f"gpufleet rollout: {error}\n")
         return EXIT_BAD_INPUT

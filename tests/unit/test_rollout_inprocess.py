@@ -76,6 +76,32 @@ def test_the_pass_plans_every_host_and_each_wave_is_planned_again_when_it_runs(f
     assert pyinfra.is_cli is False  # put back as it was
 
 
+def test_a_kept_plan_is_executed_wave_by_wave_without_planning_again(files):
+    """``--drain none``: the waves execute the whole-fleet pass's plan (the deploy is not prepared again: the value
+    read in the pass is the one applied), each wave its own hosts only, over the pass's connections."""
+    tmp_path, deploy, connects = files
+    session = inprocess.Session(str(tmp_path / "inventory.py"), deploy())
+    try:
+        plan = session.run(None, plan=True, keep_plan=True)
+        assert converge.planned_changes(plan) == {h: ["apply value"] for h in HOSTS}
+        first = session.run(["@fake/a"], plan=False)
+        (tmp_path / "value.txt").write_text("two\n")  # not seen: the plan was made in the pass
+        second = session.run(["@fake/b", "@fake/c"], plan=False)
+        assert first.payload["results"] == {
+            "operations": [dict(first.payload["results"]["operations"][0], hosts=1, success=["@fake/a"], error=[],
+                                no_change=[])],
+            "totals": {"hosts": 1, "success": 1, "error": 0, "no_change": 0}, "failed_hosts": []}
+        assert second.payload["results"]["operations"][0]["success"] == ["@fake/b", "@fake/c"]
+        assert (first.rc, second.rc) == (0, 0)
+        assert executed(session) == {"@fake/a": ["apply one @fake/a"], "@fake/b": ["apply one @fake/b"],
+                                     "@fake/c": ["apply one @fake/c"]}
+        with pytest.raises(ValueError, match="not hosts of the plan: @fake/x"):
+            session.run(["@fake/x"], plan=False)
+    finally:
+        session.close()
+    assert sorted(connects) == sorted(HOSTS)
+
+
 def test_a_pyinfra_error_while_preparing_is_reported_as_the_cli_prints_it_and_nothing_runs(files):
     tmp_path, deploy, _ = files
     bad = deploy(DEPLOY + "from gpufleet.deploys._inputs import InputError\n"
