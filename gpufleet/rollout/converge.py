@@ -173,8 +173,10 @@ class Subprocess:
     def order(self) -> tuple[list[str], str | None]:
         return inventory_order(self.inventory)
 
-    def run(self, hosts: list[str] | None, *, plan: bool, keep_plan: bool = False) -> PyinfraRun:
-        """``keep_plan`` is for the in-process engine: every wave here is a pyinfra process that plans anew."""
+    def run(self, hosts: list[str] | None, *, plan: bool, keep_plan: bool = False, refresh: bool = True
+            ) -> PyinfraRun:
+        """``keep_plan`` and ``refresh`` are for the in-process engine: every wave here is a pyinfra process that
+        plans anew on facts read then."""
         return run_pyinfra(self.inventory, self.deploy, hosts, dry=plan)
 
     def close(self) -> None:

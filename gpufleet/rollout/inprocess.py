@@ -34,12 +34,17 @@ any drain or change. What a wave then executes depends on ``--drain``:
   arguments, from the host's configuration and the GPUs the driver listed (models, UUIDs, indices: the node plan)
   and the preflight verdict, which change only with the inventory, the driver or the hardware, as in the window
   between any pyinfra run's preparation and its execution; (3) every operation decides what to send when its wave
-  executes, from facts read then: pyinfra runs an operation's body (a generator) at execution, and the rollout first
-  forgets every read the pass made on the wave's hosts and reads again what their operations read
+  executes (pyinfra runs an operation's body, a generator, at execution) from the host's facts as the fact memo
+  keeps them: its rule is that a read stays valid until something touches the host, and held into execution only
+  when execution follows preparation at once (``-y``). The waves follow the pass at once when no verify gate runs
+  between them (``--verify none``: the rollout's hosts are then in the situation of one ``pyinfra -y`` run whose
+  operations run in turns), so the pass's reads stand; once a gate has run (a wait: probes, benchmarks), each wave
+  first forgets the pass's reads of its hosts and reads again what their operations read, one round trip per host
   (:func:`gpufleet.facts.prefetch.refresh`); (4) a host another gpufleet run (or the boot-time MIG apply) changed
   in between is seen by the host lock's generation check when the wave takes the lock, which makes the run read
-  that host's facts again. It saves preparing every host twice (the deploy's code and all its fact reads), which
-  is most of a wave's cost on the benchmark's hosts.
+  that host's facts again. The whole-fleet pass already decides on its reads which hosts need no change at all
+  (they are never in a wave), in both cases. Keeping the plan saves preparing every host twice (the deploy's code
+  and its fact reads, on the hosts too), which was most of a wave's cost on the benchmark's hosts.
 
 **Results.** :meth:`Session.run` returns the :class:`~gpufleet.rollout.converge.PyinfraRun` a ``pyinfra --json``
 process would have given: the document built with pyinfra's own ``build_plan_json`` / ``build_results_json`` and
@@ -252,7 +257,8 @@ class Session:
         """The inventory's hosts in pyinfra's order (as ``pyinfra INVENTORY debug-inventory`` lists them)."""
         return list(self.hosts), None
 
-    def run(self, hosts: list[str] | None, *, plan: bool, keep_plan: bool = False) -> PyinfraRun:
+    def run(self, hosts: list[str] | None, *, plan: bool, keep_plan: bool = False, refresh: bool = True
+            ) -> PyinfraRun:
         """One pyinfra run over ``hosts`` (None: every host of the inventory): ``plan``: connect and prepare (as
         ``pyinfra --dry``: the deploy validates and preflights every host, the operations say what they would
         change), the connections kept for a later run; else prepare and execute (as ``pyinfra -y``), then
@@ -260,9 +266,10 @@ class Session:
         run at once (see the module docstring) and is raised again.
 
         ``keep_plan`` (with ``plan``): the later runs do not prepare again, they execute this plan for their hosts
-        (``--drain none`` only: see the module docstring)."""
+        (``--drain none`` only: see the module docstring); ``refresh`` (executing such a plan): read the hosts'
+        facts again first (the caller waited since the plan was made), else the plan's reads stand."""
         if not plan and self._planned is not None:
-            return self._execute_planned(list(hosts or ()))
+            return self._execute_planned(list(hosts or ()), refresh)
         from pyinfra.api import State  # noqa: PLC0415
         from pyinfra.api.operations import run_ops  # noqa: PLC0415
         from pyinfra.api.state import StateStage  # noqa: PLC0415
@@ -405,10 +412,11 @@ class Session:
                 failed.add(host)
         state.fail_hosts(failed, activated_count=len(hosts))
 
-    def _execute_planned(self, hosts: list[str]) -> PyinfraRun:
-        """Execute the kept plan for ``hosts`` (hosts of the plan): their operations only, each deciding on facts
-        read now (the plan's reads of these hosts are forgotten first), over the plan's connections (one that no
-        longer answers is made again; a host that cannot be reached fails); then disconnect them."""
+    def _execute_planned(self, hosts: list[str], refresh: bool) -> PyinfraRun:
+        """Execute the kept plan for ``hosts`` (hosts of the plan): their operations only (with ``refresh``, each
+        deciding on facts read now: the plan's reads of these hosts are forgotten and read again first), over the
+        plan's connections (one that no longer answers is made again; a host that cannot be reached fails); then
+        disconnect them."""
         from pyinfra.api.operations import run_ops  # noqa: PLC0415
         from pyinfra.api.state import StateStage  # noqa: PLC0415
         from pyinfra.context import ctx_config, ctx_inventory, ctx_state  # noqa: PLC0415
@@ -430,9 +438,8 @@ class Session:
                 self._revive(state, wave)
                 if state.current_stage < StateStage.Execute:
                     state.set_stage(StateStage.Execute)
-                # every operation decides on what its host says now: the plan's reads are forgotten, and what the
-                # operations read while being prepared is read again, in one round trip per host
-                prefetch.refresh(state, [h for h in wave if h in state.active_hosts])
+                if refresh:  # the operations decide on what their hosts say now, not when the plan was made
+                    prefetch.refresh(state, [h for h in wave if h in state.active_hosts])
                 self._logger.info("--> Beginning operation run...")
                 run_ops(state)
             except KeyboardInterrupt:

@@ -110,6 +110,7 @@ class Controller:
     engine: Any = None  # runs the passes and waves: inprocess.Session, or converge.Subprocess (the fallback)
     start: float = field(default_factory=time.monotonic)
     validating_wave: bool = False  # the next converge is also the whole-fleet validation (see single_wave)
+    gated: bool = False  # a verify gate ran in this process (the rollout waited since its whole-fleet pass)
 
     # ---------------------------------------------------------------------------------------------- plumbing
 
@@ -189,7 +190,9 @@ class Controller:
         for n in names:
             self.node(n).move(CONVERGING)
         self.save()
-        run = self.engine.run(names, plan=False)
+        # a kept plan (--drain none) is executed on its own reads while the waves follow one another at once, as
+        # a pyinfra -y run's operations do; after a verify gate (a wait) the wave's hosts are read again first
+        run = self.engine.run(names, plan=False, refresh=self.gated)
         if self.validating_wave:
             self.validating_wave = False
             if not run.executed():
@@ -214,6 +217,7 @@ class Controller:
         bench = VERIFY_GATES[self.opts.verify]
         if bench is None or not names:
             return names, None
+        self.gated = True
         from gpufleet.verify import run as verify_run  # noqa: PLC0415 (only when a gate runs)
 
         out = Path(self.opts.out) / f"wave-{wave_index:03d}-verify"
