@@ -7,9 +7,11 @@ driver/power/nccl) applies a new power limit each time, so every run has the sam
 
 * plain: ``pyinfra -y INVENTORY deploys/gpu_node.py`` (one run over every host);
 * rollout, one wave: ``gpufleet rollout --canary 0 --waves 100% --verify none --drain none`` (the controller's
-  own cost: inventory order, the state file, the reports; the wave's own run is the whole-fleet validation);
-* rollout, canary + waves: ``--canary 1 --waves 25%`` (the whole-fleet ``--dry`` pass, beside the inventory order,
-  then five pyinfra runs, each connecting to its wave).
+  own cost: the state file, the reports; the wave's own run is the whole-fleet validation);
+* rollout, canary + waves: ``--canary 1 --waves 25%`` (pyinfra in the rollout's process: the whole-fleet pass, then
+  five waves, each planned again and executed over the connections the pass made);
+* the same, subprocess: ``GPUFLEET_ROLLOUT_INPROCESS=off`` (the fallback: ``pyinfra debug-inventory``, the
+  whole-fleet ``--dry`` pass, then a ``pyinfra`` process per wave, each connecting to its hosts), for comparison.
 
 Each rollout's breakdown (its whole-fleet pass, each wave's converge) is printed from its own progress and report.
 
@@ -49,11 +51,11 @@ gpu_nodes = [(name, dict(data, gpufleet_power_limit={watts}, gpufleet_stages=["d
 """
 
 
-def timed(argv: list[str]) -> tuple[float, float, subprocess.CompletedProcess]:
+def timed(argv: list[str], env: dict | None = None) -> tuple[float, float, subprocess.CompletedProcess]:
     """(wall s, CPU s of the command and its children, result)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=3600)
+    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=3600, env=env)
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -85,8 +87,10 @@ def main() -> int:
     t0 = time.perf_counter()
     fleet = hosts.up(args.hosts, ["rtx4090-1"], driver="preinstalled", inventory=work / "sim.py", force=True,
                      log=lambda *_: None)
-    print(f"{args.hosts} simulated hosts up in {time.perf_counter() - t0:.1f} s")
-    results: dict[str, list[tuple[float, float]]] = {"plain": [], "rollout-1-wave": [], "rollout-canary-waves": []}
+    print(f"{args.hosts} simulated hosts up in {time.perf_counter() - t0:.1f} s; load average "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} (the machine may be shared: runs are interleaved)")
+    results: dict[str, list[tuple[float, float]]] = {"plain": [], "rollout-1-wave": [], "rollout-canary-waves": [],
+                                                     "rollout-canary-waves-subprocess": []}
     watts = 300
     try:
         # first converge (persistence/nccl files etc.) so that every measured run changes only the power limit
@@ -107,7 +111,8 @@ def main() -> int:
                         ["--canary", "1", "--waves", "25%"]
                     argv = [str(BIN / "gpufleet"), "rollout", str(inv), "deploys/gpu_node.py", *shape, "--verify",
                             "none", "--drain", "none", "--out", str(work / f"out-{kind}-{run}")]
-                wall, cpu, proc = timed(argv)
+                env = dict(os.environ, GPUFLEET_ROLLOUT_INPROCESS="off") if kind.endswith("-subprocess") else None
+                wall, cpu, proc = timed(argv, env)
                 assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
                 assert power_limits(fleet) == {watts}, power_limits(fleet)  # the change really landed everywhere
                 results[kind].append((wall, cpu))
@@ -131,7 +136,8 @@ def main() -> int:
     summary["projected_1000_hosts_min_linear_wall"] = linear
     print(json.dumps(summary, indent=1))
     print(f"overhead over plain pyinfra: one wave {summary['overhead_x']['rollout-1-wave']}x, canary + 25% waves "
-          f"{summary['overhead_x']['rollout-canary-waves']}x (target <= 1.3x)")
+          f"{summary['overhead_x']['rollout-canary-waves']}x (target <= 1.3x); the same with pyinfra subprocesses "
+          f"(the fallback) {summary['overhead_x']['rollout-canary-waves-subprocess']}x")
     print(f"PROJECTION (not measured) for 1000 hosts, from the measured per-host cost: controller CPU on {cores} "
           f"core(s) (a lower bound): plain {projected['plain']} min, rollout one wave {projected['rollout-1-wave']} "
           f"min, canary + 25% waves {projected['rollout-canary-waves']} min; wall time scaled linearly (an upper "

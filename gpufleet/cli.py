@@ -21,7 +21,8 @@ main.add_command(sim)
 
 def _patch_for_gevent() -> None:
     """Patch the standard library for gevent before pyinfra (and paramiko, whose transport is a thread) is imported,
-    as pyinfra's own CLI does. Only ``gpufleet verify`` calls it: an import never patches anything."""
+    as pyinfra's own CLI does. Only ``gpufleet verify`` and ``gpufleet rollout`` call it: an import never patches
+    anything."""
     from gevent import monkey  # noqa: PLC0415
 
     if not monkey.is_module_patched("socket"):
@@ -92,9 +93,10 @@ def rollout(inventory: str, deploy: str, canary: int, waves: str | None, batch: 
     # Ctrl-C stops a rollout (state saved, exit 130, --resume goes on) even where the caller started it with SIGINT
     # ignored, as a shell does for a background job of a script or CI job.
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    # Not patched for gevent: under gevent, Python runs the SIGINT handler only when a greenlet wakes, and the rollout
-    # waits on drain hooks and pyinfra runs that may be silent for minutes; unpatched, the verify gate probes the
-    # wave's hosts one after another (seconds each).
+    # Patched for gevent: the rollout runs pyinfra in this process (gpufleet.rollout.inprocess), and the verify gate
+    # probes a wave's hosts in parallel. gevent's loop checks for signals while it waits, so Ctrl-C still raises
+    # KeyboardInterrupt at once while the rollout waits on a drain hook, a host or a subprocess.
+    _patch_for_gevent()
     from .rollout import run  # noqa: PLC0415
 
     opts = run.RolloutOptions(inventory=inventory, deploy=deploy, canary=canary, waves=waves or batch or "25%",

@@ -89,3 +89,10 @@ def install(state) -> bool:
         signal.signal(signum, lambda signum, _frame: handle(signum))
     _installed[state] = gevent.spawn(tick)
     return True
+
+
+def leave_to_caller(state) -> None:
+    """For a program that runs pyinfra in its own process and handles SIGINT itself (``gpufleet rollout``, see
+    :mod:`gpufleet.rollout.inprocess`): :func:`install` leaves ``state``'s run alone, and the caller names the
+    hosts mid-change with :func:`report` before it saves what it must."""
+    _installed[state] = None

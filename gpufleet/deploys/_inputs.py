@@ -12,6 +12,8 @@ touched, and a half-edited inventory must not block a fix rolled out to the host
 
 from __future__ import annotations
 
+import weakref
+
 from pyinfra import logger
 from pyinfra.api.exceptions import PyinfraError
 
@@ -24,13 +26,15 @@ class InputError(PyinfraError):
     """Bad input: pyinfra prints the message without a traceback and nothing is changed."""
 
 
-_configs: dict[int, dict[str, NodeConfig]] = {}
-_prepared: dict[int, dict[str, preflight.PreflightResult]] = {}
+# Per run (pyinfra State): one process may run several (``gpufleet rollout`` runs each wave in its own State), and
+# pyinfra's ``inventory`` is the same context proxy in all of them.
+_configs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # State -> {host: NodeConfig}
+_prepared: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # State -> {host: PreflightResult}
 
 
 def node_config(host, inventory) -> NodeConfig:
     """This host's validated configuration; the first call validates every host of the run (activated)."""
-    key = id(inventory)
+    key = inventory.state
     if key not in _configs:
         try:
             _configs[key] = validate_inventory((h.name, h.data.dict()) for h in inventory.iter_activated_hosts())
@@ -45,7 +49,7 @@ def checked_facts(host, inventory, config: NodeConfig) -> tuple[preflight.HostFa
     When this is the last host to be prepared and any host failed, raise with every host's errors.
     """
     facts = preflight.gather_facts(host)
-    results = _prepared.setdefault(id(inventory), {})
+    results = _prepared.setdefault(inventory.state, {})
     results[host.name] = preflight.run_preflight(host.name, config, facts)
     results[host.name].errors.extend(check_driver_repository(host, config, facts))
     for warning in results[host.name].warnings:

@@ -584,3 +584,17 @@ def invalidate(state, host) -> None:
     memo = _memos.get(state)
     if memo is not None:
         memo.invalidate(state.inventory.get_host(host.name))
+
+
+def refresh(state, hosts) -> None:
+    """Forget ``hosts``' reads and read again now, in one remote command per host, what their operations read while
+    being prepared (where the memo is installed; ``hosts`` active and connected). For a run that executes its
+    prepared hosts in turns, long after preparing them (``gpufleet rollout --drain none`` executes its waves from
+    one plan): each turn's operations then decide on what their hosts say at that time, at the cost of one round
+    trip per host."""
+    memo = _memos.get(state)
+    if memo is None:
+        return
+    for host in hosts:
+        memo.invalidate(host)
+        memo.read_ahead([host], list(memo._memo(host).op_reads.values()))

@@ -1,4 +1,7 @@
-"""Run the deploy with pyinfra as a subprocess and read its per-host result from ``--json``.
+"""Read a pyinfra run's per-host result from its ``--json`` document; and the rollout's fallback engine, which runs
+the deploy with ``pyinfra --json`` as a subprocess (:class:`Subprocess`) where pyinfra cannot run in the rollout's
+own process (:mod:`gpufleet.rollout.inprocess`, which gives the same document). ``gpufleet drift`` runs
+``pyinfra --dry --json`` with :func:`run_pyinfra` too.
 
 pyinfra's own host order is a set, so the rollout decides the order and gives pyinfra one wave at a time
 (``--limit`` per host). ``pyinfra --json`` prints the plan (``--dry``: the operations that would change each host)
@@ -155,3 +158,26 @@ def inventory_order(inventory: str, *, cwd: str | None = None) -> tuple[list[str
         run = PyinfraRun(rc=proc.returncode, payload=None, stderr=proc.stderr)
         return [], f"cannot load the inventory {inventory}:\n{run.error_text()}"
     return [h["name"] for h in data], None
+
+
+class Subprocess:
+    """The rollout's runs as ``pyinfra --json`` processes: the order from ``pyinfra debug-inventory``, each pass and
+    wave a process of its own (the same interface as :class:`gpufleet.rollout.inprocess.Session`)."""
+
+    name = "subprocess"
+    interruption = None  # the pyinfra process reports its hosts mid-change itself
+
+    def __init__(self, inventory: str, deploy: str) -> None:
+        self.inventory, self.deploy = inventory, deploy
+
+    def order(self) -> tuple[list[str], str | None]:
+        return inventory_order(self.inventory)
+
+    def run(self, hosts: list[str] | None, *, plan: bool, keep_plan: bool = False, refresh: bool = True
+            ) -> PyinfraRun:
+        """``keep_plan`` and ``refresh`` are for the in-process engine: every wave here is a pyinfra process that
+        plans anew on facts read then."""
+        return run_pyinfra(self.inventory, self.deploy, hosts, dry=plan)
+
+    def close(self) -> None:
+        return None

@@ -12,12 +12,11 @@ from __future__ import annotations
 import sys
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from . import converge, report, waves
+from . import converge, inprocess, report, waves
 from .drain import Drainer, DrainError, make_drainer
 from .state import (
     ACTIVE,
@@ -108,8 +107,10 @@ class Controller:
     state: RolloutState
     drainer: Drainer
     progress: TextIO
+    engine: Any = None  # runs the passes and waves: inprocess.Session, or converge.Subprocess (the fallback)
     start: float = field(default_factory=time.monotonic)
     validating_wave: bool = False  # the next converge is also the whole-fleet validation (see single_wave)
+    gated: bool = False  # a verify gate ran in this process (the rollout waited since its whole-fleet pass)
 
     # ---------------------------------------------------------------------------------------------- plumbing
 
@@ -189,7 +190,9 @@ class Controller:
         for n in names:
             self.node(n).move(CONVERGING)
         self.save()
-        run = converge.run_pyinfra(self.opts.inventory, self.opts.deploy, names, dry=False)
+        # a kept plan (--drain none) is executed on its own reads while the waves follow one another at once, as
+        # a pyinfra -y run's operations do; after a verify gate (a wait) the wave's hosts are read again first
+        run = self.engine.run(names, plan=False, refresh=self.gated)
         if self.validating_wave:
             self.validating_wave = False
             if not run.executed():
@@ -214,6 +217,7 @@ class Controller:
         bench = VERIFY_GATES[self.opts.verify]
         if bench is None or not names:
             return names, None
+        self.gated = True
         from gpufleet.verify import run as verify_run  # noqa: PLC0415 (only when a gate runs)
 
         out = Path(self.opts.out) / f"wave-{wave_index:03d}-verify"
@@ -355,13 +359,15 @@ def single_wave(opts: RolloutOptions, parsed: Parsed, todo: list[str], canary: i
     return first >= len(todo) and (room is None or room >= len(todo))
 
 
-def _preflight(opts: RolloutOptions, records: list[dict[str, Any]], hosts: list[str] | None, progress: TextIO
-               ) -> dict[str, list[str]]:
+def _preflight(engine, records: list[dict[str, Any]], hosts: list[str] | None, progress: TextIO,
+               keep_plan: bool = False) -> dict[str, list[str]]:
     """Validation + preflight of every host still to do (``None``: every host of the inventory), before any
-    drain or change: the deploy with ``pyinfra --dry`` (the deploy validates every host's configuration and runs
-    preflight while pyinfra prepares the hosts, before any operation). Returns {host: [operations that would
-    change it]}; raises BadInput on any problem. Its time is appended to ``records``."""
-    run = converge.run_pyinfra(opts.inventory, opts.deploy, hosts, dry=True)
+    drain or change: the deploy prepared as by ``pyinfra --dry`` (the deploy validates every host's configuration
+    and runs preflight while pyinfra prepares the hosts, before any operation). Returns {host: [operations that
+    would change it]}; raises BadInput on any problem. Its time is appended to ``records``. ``keep_plan``: the
+    waves execute this plan instead of planning again (in-process, ``--drain none``: see
+    :mod:`gpufleet.rollout.inprocess`)."""
+    run = engine.run(hosts, plan=True, keep_plan=keep_plan)
     record = {"hosts": None if hosts is None else len(hosts), "seconds": round(run.seconds, 3)}
     if run.rc != 0 or run.payload is None:
         raise BadInput("validation / preflight failed, nothing was drained or changed:\n" + run.error_text(40))
@@ -373,20 +379,18 @@ def _preflight(opts: RolloutOptions, records: list[dict[str, Any]], hosts: list[
     return converge.planned_changes(run)
 
 
-def _order_and_preflight(opts: RolloutOptions, records: list[dict[str, Any]], progress: TextIO
-                         ) -> tuple[list[str], str | None, Any]:
-    """For a new rollout that certainly needs the separate whole-fleet pass (a canary, or a drain): the inventory's
-    order (``pyinfra debug-inventory``) and the pass over every host of the inventory (the hosts still to do of
-    a new rollout), both pyinfra processes run at once: the pass does not need the order. Returns (order, error,
-    the pass's future: its planned changes or its BadInput)."""
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpufleet-preflight")
+def open_engine(opts: RolloutOptions, progress: TextIO):
+    """pyinfra in this process where :func:`inprocess.supported` says so (one start-up and one SSH connection per
+    host for the whole rollout), else ``pyinfra --json`` as a subprocess per pass and wave. Raises BadInput when the
+    inventory cannot be loaded."""
+    reason = inprocess.supported()
+    if reason is not None:
+        progress.write(f"gpufleet rollout: pyinfra runs as a subprocess per pass and wave ({reason})\n")
+        return converge.Subprocess(opts.inventory, opts.deploy)
     try:
-        future = pool.submit(_preflight, opts, records, None, progress)
-        order, error = converge.inventory_order(opts.inventory)
-        future.exception()  # wait: the pass's pyinfra is never left running behind the rollout
-    finally:
-        pool.shutdown(wait=True)
-    return order, error, future
+        return inprocess.Session(opts.inventory, opts.deploy)
+    except inprocess.InventoryError as error:
+        raise BadInput(str(error)) from None
 
 
 def main(opts: RolloutOptions, *, progress: TextIO | None = None, echo=print) -> int:
@@ -398,7 +402,7 @@ def main(opts: RolloutOptions, *, progress: TextIO | None = None, echo=print) ->
         progress.write(f"gpufleet rollout: {error}\n")
         return EXIT_BAD_INPUT
     path = opts.state_path()
-    early, records = None, []  # the whole-fleet pass, when run beside the inventory's order, and its record
+    state = None
     if opts.resume:
         try:
             state = load_state(path)
@@ -409,15 +413,27 @@ def main(opts: RolloutOptions, *, progress: TextIO | None = None, echo=print) ->
             progress.write(f"gpufleet rollout: --resume: {path} is the rollout of {state.inventory} with "
                            f"{state.deploy}, not {opts.inventory} with {opts.deploy}\n")
             return EXIT_BAD_INPUT
-    else:
-        if path.exists() and not opts.dry:
-            progress.write(f"gpufleet rollout: {path} exists (an earlier rollout): --resume to continue it, or "
-                           "remove it / give another --state to start a new one\n")
-            return EXIT_BAD_INPUT
-        if opts.canary > 0 or opts.drain != "none" or opts.dry:  # never the single wave: the pass is needed
-            order, error, early = _order_and_preflight(opts, records, progress)
-        else:
-            order, error = converge.inventory_order(opts.inventory)
+    elif path.exists() and not opts.dry:
+        progress.write(f"gpufleet rollout: {path} exists (an earlier rollout): --resume to continue it, or "
+                       "remove it / give another --state to start a new one\n")
+        return EXIT_BAD_INPUT
+    try:
+        engine = open_engine(opts, progress)
+    except BadInput as error:
+        progress.write(f"gpufleet rollout: {error}\n")
+        return EXIT_BAD_INPUT
+    try:
+        return _rollout(opts, parsed, state, engine, progress, echo)
+    finally:
+        engine.close()
+
+
+def _rollout(opts: RolloutOptions, parsed: Parsed, state: RolloutState | None, engine, progress: TextIO,
+             echo) -> int:
+    """The rollout of ``state`` (``--resume``) or of a new one (None), its pyinfra runs made by ``engine``."""
+    path = opts.state_path()
+    if state is None:
+        order, error = engine.order()
         if error:
             progress.write(f"gpufleet rollout: {error}\n")
             return EXIT_BAD_INPUT
@@ -426,9 +442,8 @@ def main(opts: RolloutOptions, *, progress: TextIO | None = None, echo=print) ->
             return EXIT_BAD_INPUT
         state = RolloutState.new(time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + uuid.uuid4().hex[:6],
                                  opts.inventory, opts.deploy, opts.recorded(), order)
-        state.preflight.extend(records)
     drainer = make_drainer(opts.drain, state.rollout_id)
-    ctl = Controller(opts, parsed, state, drainer, progress)
+    ctl = Controller(opts, parsed, state, drainer, progress, engine=engine)
     # Nodes caught mid-phase by an interruption start over (converging again is idempotent); their drain record
     # is kept, so they are resumed in the scheduler once they pass.
     for name in state.by_state(*ACTIVE):
@@ -450,10 +465,10 @@ def main(opts: RolloutOptions, *, progress: TextIO | None = None, echo=print) ->
             planned = None
             ctl.say("one wave over every host, no drain: its pyinfra run validates and preflights every host "
                     "before any change")
-        elif early is not None:
-            planned = early.result()
         else:
-            planned = _preflight(opts, state.preflight, todo, progress) if todo else {}
+            # a new rollout: every host of the inventory (the same hosts as todo, without a --limit per host)
+            planned = _preflight(engine, state.preflight, todo if opts.resume else None, progress,
+                                 keep_plan=opts.drain == "none" and not opts.dry) if todo else {}
     except BadInput as error:
         progress.write(f"gpufleet rollout: {error}\n")
         return EXIT_BAD_INPUT
@@ -485,6 +500,8 @@ def main(opts: RolloutOptions, *, progress: TextIO | None = None, echo=print) ->
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         state.status = "interrupted"
+        if engine.interruption:  # the wave's pyinfra run was stopped in this process: which hosts it had mid-change
+            progress.write(engine.interruption + "\n")
         ctl.save()
         echo(report.summary_text(state, opts))
         report.write(state, opts)

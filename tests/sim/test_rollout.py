@@ -194,3 +194,26 @@ def test_without_drain_one_wave_converges_every_host_and_reports(fleet, tmp_path
     report = ro.report()
     assert report["preflight"] == [] and [w["hosts"] for w in report["waves"]] == [list(NODES)]
     assert "node04" in (ro.out / "rollout.html").read_text()
+
+
+def test_without_drain_the_waves_execute_the_pass_plan_over_one_connection_per_host(fleet, tmp_path):
+    ro = Rollout(tmp_path, 350)
+    before = {n: ssh_logins(fleet, n) for n in NODES}
+    result = ro.run("--canary", "1", "--waves", "2", "--verify", "none", drain="none")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert [power_w(fleet, n) for n in NODES] == [350] * 4
+    assert "changed (4): node01, node02, node03, node04" in result.stdout
+    assert [w["hosts"] for w in ro.report()["waves"]] == [["node01"], ["node02", "node03"], ["node04"]]
+    # one SSH login per host for the whole rollout (the pass's connection, used by the host's wave), plus the query
+    assert {n: ssh_logins(fleet, n) for n in NODES} == {n: before[n] + 2 for n in NODES}
+
+
+def test_without_drain_after_a_gate_each_wave_reads_its_hosts_again_and_converges(fleet, tmp_path):
+    ro = Rollout(tmp_path, 360)
+    before = {n: ssh_logins(fleet, n) for n in NODES}
+    result = ro.run("--canary", "1", "--waves", "100%", "--verify", "quick", drain="none")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert [power_w(fleet, n) for n in NODES] == [360] * 4
+    assert "changed (4): node01, node02, node03, node04" in result.stdout
+    # the rollout's one connection per host, the verify gate's own, and the query
+    assert {n: ssh_logins(fleet, n) for n in NODES} == {n: before[n] + 3 for n in NODES}

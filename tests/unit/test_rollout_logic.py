@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.rollout import converge, report, run, waves
+from gpufleet.rollout import converge, inprocess, report, run, waves
 from gpufleet.rollout import state as st
 from gpufleet.rollout.drain import CommandDrainer, DrainError, make_drainer
 
@@ -223,6 +223,7 @@ class FakeFleet:
 def fake(monkeypatch, tmp_path):
     def make(n=6, **kwargs):
         fleet = FakeFleet([f"n{i}" for i in range(1, n + 1)], **kwargs)
+        monkeypatch.setenv(inprocess.SWITCH, "off")  # the subprocess engine, whose pyinfra this fakes
         monkeypatch.setattr(converge, "run_pyinfra", fleet.run_pyinfra)
         monkeypatch.setattr(converge, "inventory_order", lambda inv, **_: (list(fleet.hosts), None))
         monkeypatch.setattr(run.Controller, "phase_verify", lambda self, names, i: fleet.gate(self, names, i))
