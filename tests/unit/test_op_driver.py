@@ -4,6 +4,8 @@ quoting, RHEL 9), and the private facts it parses."""
 from __future__ import annotations
 
 import hashlib
+import shutil
+import subprocess
 
 import pytest
 from pyinfra.api import OperationError, OperationValueError, State
@@ -611,9 +613,31 @@ def test_apt_cache_policy_parses_installed_candidate_and_version_table():
             "versions": [{"version": "570.172.08-1", "priority": -1}],
         },
     }
-    assert (
-        driver._AptCachePolicy().command(("linux-headers-6.1 x",)) == "LC_ALL=C apt-cache policy 'linux-headers-6.1 x'"
+    assert driver._AptCachePolicy().command(("nvidia-driver-580-open", "nvidia-fabricmanager-580")) == (
+        'set --; set -- "$@" nvidia-driver-580-open; set -- "$@" nvidia-fabricmanager-580; '
+        'if [ $# -gt 0 ]; then LC_ALL=C apt-cache policy "$@"; fi'
     )
+    # a name with a regex character is asked for only where apt knows it (else apt-cache scans every name)
+    assert driver._AptCachePolicy().command(("linux-headers-6.1 x",)) == (
+        "set --; if apt-cache pkgnames 'linux-headers-6.1 x' | grep -qxF -e 'linux-headers-6.1 x'; "
+        "then set -- \"$@\" 'linux-headers-6.1 x'; fi; if [ $# -gt 0 ]; then LC_ALL=C apt-cache policy \"$@\"; fi"
+    )
+
+
+@pytest.mark.skipif(shutil.which("apt-cache") is None, reason="needs apt-cache (a Debian/Ubuntu machine)")
+def test_apt_cache_policy_command_answers_as_plain_apt_cache_policy():
+    """The real apt-cache of this machine: the guarded command prints exactly what ``apt-cache policy`` prints
+    for a known name with a dot, a known plain name and an unknown kernel's headers."""
+    known = subprocess.run(["apt-cache", "pkgnames", "python3."], capture_output=True, text=True).stdout.split()
+    names = (*sorted(known)[:1], "bash", "linux-headers-0.0.0-gpufleet-none")
+    command = driver._AptCachePolicy().command(names)
+    guarded = subprocess.run(["sh", "-c", command], capture_output=True, text=True)
+    plain = subprocess.run(["sh", "-c", "LC_ALL=C apt-cache policy " + " ".join(names)], capture_output=True,
+                           text=True)
+    assert (guarded.returncode, guarded.stdout) == (plain.returncode, plain.stdout)
+    parsed = driver._AptCachePolicy().process(guarded.stdout.splitlines())
+    assert "bash" in parsed and "linux-headers-0.0.0-gpufleet-none" not in parsed
+    assert not known or sorted(known)[0] in parsed
 
 
 def test_holds_and_versionlocks_and_availability_facts():
