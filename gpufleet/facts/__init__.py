@@ -7,7 +7,7 @@ explicitly (see ``_sections``), so a bare server (no driver, no pciutils, no mok
 | --- | --- | --- |
 | ``GpuInventory`` | nvidia | ``nvidia-smi --query-gpu=... --format=csv`` |
 | ``MigState`` | mig | ``nvidia-smi mig -lgi`` + ``-lci`` |
-| ``NvidiaPackages`` | packages | ``dpkg-query -W`` + ``apt-mark showhold`` / ``rpm -qa`` + ``dnf versionlock list`` |
+| ``NvidiaPackages`` | packages | ``dpkg-query -W`` (holds: its ``h``) / ``rpm -qa`` + ``dnf versionlock list`` |
 | ``PackageHolds`` | packages | ``apt-mark showhold`` / ``dnf versionlock list`` (dnf4 and dnf5) |
 | ``UnitStates`` | systemd | ``systemctl show -p Id -p LoadState ... UNIT...`` |
 | ``ManagedState`` | files | stat + sha1 (+ contents) of files, and ``UnitStates``'s command, in one read |
