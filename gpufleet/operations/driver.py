@@ -18,11 +18,12 @@ from pyinfra.api import FactBase, OperationValueError, operation
 from pyinfra.facts.apt import noninteractive_apt
 from pyinfra.facts.dnf import DnfEnabledModules
 from pyinfra.facts.rpm import RpmPackages
-from pyinfra.facts.server import Arch, KernelVersion, LinuxDistribution, RebootRequired, Which
+from pyinfra.facts.server import Arch, KernelVersion, RebootRequired, Which
 from pyinfra.operations import files, server
 
 from gpufleet.facts.nvidia import GpuInventory
 from gpufleet.facts.packages import NvidiaPackages, PackageHolds
+from gpufleet.facts.system import Distribution
 from gpufleet.facts.systemd import UnitStates, unknown_unit
 
 from . import _packaging as pkg
@@ -289,7 +290,7 @@ def nvidia_repository(repo_url: str | None = None, keyring_url: str | None = Non
             repo_url="https://mirror.example.internal/nvidia/ubuntu2404/x86_64/",
         )
     """
-    distro = host.get_fact(LinuxDistribution)
+    distro = host.get_fact(Distribution)
     try:
         fam = _family(distro)
         repo_url, keyring_url = _resolve_repository(repo_url, keyring_url, distro, fam)
@@ -663,7 +664,7 @@ def nvidia_driver(
     if packages_style is not None and packages_style not in pkg.STYLES:
         raise OperationValueError(f"packages_style {packages_style!r}: expected one of {', '.join(pkg.STYLES)}")
 
-    distro = host.get_fact(LinuxDistribution)
+    distro = host.get_fact(Distribution)
     try:
         fam = _family(distro)
         repo_url, keyring_url = _resolve_repository(repo_url, keyring_url, distro, fam)

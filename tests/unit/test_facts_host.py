@@ -9,6 +9,7 @@ import pwd
 import subprocess
 
 import pytest
+from pyinfra.facts.server import LinuxDistribution
 from pyinfra_harness import fixture, wrap
 
 from gpufleet.facts import (
@@ -22,6 +23,7 @@ from gpufleet.facts import (
     upstream_version,
 )
 from gpufleet.facts.packages import parse_versionlock
+from gpufleet.facts.system import Distribution
 
 # ------------------------------------------------------------------------------------------------ packages
 
@@ -275,3 +277,14 @@ def test_managed_state_command_runs_here(tmp_path):
     assert fact["contents"] == {str(tmp_path / "a.conf"): "one\n", str(tmp_path / "absent"): None}
     assert fact["units"] == {}
 
+
+
+@pytest.mark.parametrize("release", ["os_release_ubuntu_2204.txt", "os_release_rocky_9.txt"])
+def test_distribution_is_pyinfras_linux_distribution_parsed_once(release):
+    """The same dict as pyinfra's LinuxDistribution for the same output; a copy per read."""
+    output = ["/etc/os-release", *fixture(release).splitlines(), "---"]
+    first, second = Distribution().process(output), Distribution().process(output)
+    assert first == second == LinuxDistribution().process(output) and first["name"]
+    first["release_meta"]["ID"] = "changed"
+    assert Distribution().process(output) == LinuxDistribution().process(output)
+    assert Distribution().command() == LinuxDistribution().command()

@@ -12,11 +12,12 @@ from pyinfra.api import OperationError, OperationValueError, State
 from pyinfra.facts.dnf import DnfEnabledModules
 from pyinfra.facts.files import Directory, File, Sha1File
 from pyinfra.facts.rpm import RpmPackages
-from pyinfra.facts.server import Arch, KernelVersion, LinuxDistribution, RebootRequired, Which
+from pyinfra.facts.server import Arch, KernelVersion, RebootRequired, Which
 from pyinfra_harness import run_operation, wrap
 
 from gpufleet.facts.nvidia import GpuInventory
 from gpufleet.facts.packages import NvidiaPackages, PackageHolds
+from gpufleet.facts.system import Distribution
 from gpufleet.facts.systemd import UnitStates
 from gpufleet.operations import _packaging, driver
 
@@ -122,7 +123,7 @@ def apt_facts(managed: dict[str, str] | None = None, installed=None, holds=(), e
         return None
 
     return host_facts({
-        LinuxDistribution: DEBIAN,
+        Distribution: DEBIAN,
         File: file,
         Sha1File: lambda path: sha1(managed[path]) if path in managed else None,
         Which: lambda command: {"curl": "/usr/bin/curl", "update-initramfs": "/usr/sbin/update-initramfs"}.get(command),
@@ -309,7 +310,7 @@ def test_reboot_required_flag_means_reboot_pending():
 )
 def test_open_and_proprietary_package_names_per_style(distro, style, flavour, package):
     commands, _ = run(
-        apt_facts(extra={LinuxDistribution: distro}), flavour=flavour, packages_style=style, nvswitch=False
+        apt_facts(extra={Distribution: distro}), flavour=flavour, packages_style=style, nvswitch=False
     )
     install = next(c for c in commands if "--allow-change-held-packages" in c)
     assert install.endswith(f" {package}=580.95.05-1")
@@ -391,7 +392,7 @@ def test_branch_missing_while_executing_fails_only_this_host(monkeypatch):
 
 def test_unsupported_distribution_while_executing_fails_only_this_host(monkeypatch):
     monkeypatch.setattr(State, "is_executing", True)
-    commands, _ = run(apt_facts(extra={LinuxDistribution: {"name": "Alpine", "major": 3,
+    commands, _ = run(apt_facts(extra={Distribution: {"name": "Alpine", "major": 3,
                                                            "release_meta": {"ID": "alpine"}}}))
     assert commands == [
         "echo 'gpufleet: error: unsupported distribution '\"'\"'Alpine'\"'\"': the NVIDIA driver operations support "
@@ -477,11 +478,11 @@ def test_branch_may_be_an_int():
 
 def test_unsupported_distribution_is_refused():
     with pytest.raises(OperationError, match="unsupported distribution 'Alpine'"):
-        run(apt_facts(extra={LinuxDistribution: {"name": "Alpine", "major": 3, "release_meta": {"ID": "alpine"}}}))
+        run(apt_facts(extra={Distribution: {"name": "Alpine", "major": 3, "release_meta": {"ID": "alpine"}}}))
 
 
 def test_default_repository_is_nvidias_for_the_release_and_cpu():
-    facts = apt_facts(extra={LinuxDistribution: UBUNTU, Arch: "aarch64"})
+    facts = apt_facts(extra={Distribution: UBUNTU, Arch: "aarch64"})
     commands, _ = run(facts, repo_url=None, nvswitch=False)
     base = "https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2404/sbsa"
     assert next(c for c in commands if c.startswith("curl ")).startswith(f"curl -sSLf {base}/3bf863cc.pub -o ")
@@ -500,7 +501,7 @@ def test_nvidia_repository_operation_alone():
 
 def dnf_facts(extra: dict | None = None):
     return host_facts({
-        LinuxDistribution: ROCKY,
+        Distribution: ROCKY,
         Arch: "x86_64",
         File: lambda path: None,
         Which: lambda command: "/usr/bin/dracut" if command == "dracut" else None,
