@@ -122,6 +122,7 @@ class _HostMemo:
     channels: BoundedSemaphore = field(default_factory=lambda: BoundedSemaphore(PER_HOST_CHANNELS))
     # the deploy's reads this run, in order: key -> (command, connector arguments); saved for the next run
     learned: dict[tuple, tuple[str, dict]] = field(default_factory=dict)
+    remembered: list | None = None  # what the cache held for this host when this run read it (None: not read)
 
 
 class FactMemo:
@@ -179,7 +180,8 @@ class FactMemo:
             if memo.learned:
                 reads = [{"command": text, "arguments": kwargs}
                          for text, kwargs in list(memo.learned.values())[:MAX_LEARNED]]
-                _write_json(_learned_path(cache_dir, host), reads)
+                if reads != memo.remembered:  # a converged host's run reads what the last one did: nothing to write
+                    _write_json(_learned_path(cache_dir, host), reads)
 
     def invalidate(self, host) -> None:
         """Forget every read of ``host``: from now on its facts are read again."""
@@ -291,7 +293,9 @@ class FactMemo:
             collected = self._collect(host, call)
             if collected is not None:
                 reads.setdefault(collected.key, (collected.text, collected.kwargs))
-        for text, kwargs in _load_learned(cache_dir, host) if cache_dir is not None else ():
+        remembered = _load_learned(cache_dir, host) if cache_dir is not None else []
+        self._memo(host).remembered = [{"command": text, "arguments": kwargs} for text, kwargs in remembered]
+        for text, kwargs in remembered:
             key = _cache_key((text,), kwargs)
             if key is not None:
                 reads.setdefault(key, (text, kwargs))

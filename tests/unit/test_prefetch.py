@@ -557,3 +557,35 @@ def test_pyinfra_overheads_are_trimmed_without_changing_what_pyinfra_sees(state,
     prefetch.trim_pyinfra_overhead(state)
     assert inspect.getmodule(prefetch.install) is prefetch
     assert inspect.modulesbyfile.get(prefetch.__file__) != prefetch.NOT_A_MODULE
+
+
+def _run_reading(tmp_path, *words: str) -> None:
+    """One run on a new State of h1: executes, reads ``words`` (Word facts), remembers them in ``tmp_path``."""
+    inventory = Inventory((["h1"], {}))
+    for host in inventory:
+        host.connector_cls = FakeConnector
+    state = State(inventory, Config())
+    state.check_for_changes = False
+    for host in state.inventory:
+        host.connected = True
+        state.activate_host(host)
+    state.set_stage(StateStage.Prepare)
+    memo = prefetch.install(state, cache_dir=tmp_path)
+    gevent.joinall(memo.greenlets, raise_error=True)
+    state.set_stage(StateStage.Execute)
+    for word in words:
+        state.inventory.get_host("h1").get_fact(Word, word)
+    memo.save(tmp_path)
+
+
+def test_reads_are_written_again_only_when_they_changed(tmp_path, monkeypatch):
+    written = []
+    write_json = prefetch._write_json
+    monkeypatch.setattr(prefetch, "_write_json", lambda path, data: written.append(path) or write_json(path, data))
+    _run_reading(tmp_path, "x", "y")
+    _run_reading(tmp_path, "x", "y")  # a converged host: the same reads, nothing to write
+    assert written == [tmp_path / "reads" / "h1.json"]
+    _run_reading(tmp_path, "x", "z")
+    assert len(written) == 2
+    saved = (tmp_path / "reads" / "h1.json").read_text()
+    assert "read z" in saved and "read y" not in saved
