@@ -2,8 +2,9 @@
 
     .venv/bin/python benchmarks/scale.py [--hosts 100,300,1000] [--shards N] [--record]
 
-1. Record (once; cached in build/scale-recording.json, ``--record`` redoes it): a few simulated hosts are brought
-   up with a preinstalled driver and converged with deploys/gpu_node.py, then run again (a no-op: gpufleet learns
+1. Record (once; cached in build/scale-recording.json; redone with ``--record``, or when the read-ahead command or
+   the code of gpufleet's facts and operations changed): a few simulated hosts are brought up with a preinstalled
+   driver and converged with deploys/gpu_node.py, then run again (a no-op: gpufleet learns
    which facts a converged host needs, see gpufleet/facts/prefetch.py); then a further no-op run records every
    command the hosts answer and the real answer (benchmarks/_record_noop.py), and the reads it read ahead. The
    simulated fleet is brought down.
@@ -105,10 +106,16 @@ def record(path: Path) -> None:
 
 
 def _read_ahead_shape() -> str:
-    """The read-ahead command's shape: a recording made with another one would not be answered."""
+    """The read-ahead command's shape and a digest of the code that writes the remote commands (facts, operations):
+    a recording made with other commands would not be answered."""
+    import hashlib  # noqa: PLC0415
+
     from gpufleet.facts.prefetch import read_ahead_script  # noqa: PLC0415
 
-    return read_ahead_script(["COMMAND"])
+    digest = hashlib.sha1()
+    for path in sorted([*REPO.glob("gpufleet/facts/*.py"), *REPO.glob("gpufleet/operations/*.py")]):
+        digest.update(path.read_bytes())
+    return f"{read_ahead_script(['COMMAND'])}\n# commands: {digest.hexdigest()}"
 
 
 def _stale(path: Path) -> bool:

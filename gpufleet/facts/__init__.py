@@ -7,12 +7,13 @@ explicitly (see ``_sections``), so a bare server (no driver, no pciutils, no mok
 | --- | --- | --- |
 | ``GpuInventory`` | nvidia | ``nvidia-smi --query-gpu=... --format=csv`` |
 | ``MigState`` | mig | ``nvidia-smi mig -lgi`` + ``-lci`` |
-| ``NvidiaPackages`` | packages | ``dpkg-query -W`` + ``apt-mark showhold`` / ``rpm -qa`` + ``dnf versionlock list`` |
+| ``NvidiaPackages`` | packages | ``dpkg-query -W`` (holds: its ``h``) / ``rpm -qa`` + ``dnf versionlock list`` |
 | ``PackageHolds`` | packages | ``apt-mark showhold`` / ``dnf versionlock list`` (dnf4 and dnf5) |
 | ``UnitStates`` | systemd | ``systemctl show -p Id -p LoadState ... UNIT...`` |
 | ``ManagedState`` | files | stat + sha1 (+ contents) of files, and ``UnitStates``'s command, in one read |
 | ``NvidiaPciDevices`` | pci | ``lspci -n -D -d 10de:`` (sysfs when lspci is missing) |
 | ``SecureBoot``, ``OsInfo`` | system | ``mokutil --sb-state``; ``/etc/os-release`` + ``uname -r`` |
+| ``Distribution`` | system | pyinfra's ``LinuxDistribution`` (``/etc/*-release``), parsed once per distinct output |
 """
 
 from .files import ManagedState
@@ -20,10 +21,11 @@ from .mig import MigState, instances_by_gpu
 from .nvidia import GpuInventory
 from .packages import NvidiaPackages, PackageHolds, upstream_version
 from .pci import NvidiaPciDevices
-from .system import OsInfo, SecureBoot
+from .system import Distribution, OsInfo, SecureBoot
 from .systemd import UnitStates
 
 __all__ = [
+    "Distribution",
     "GpuInventory",
     "ManagedState",
     "MigState",

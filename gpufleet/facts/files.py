@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 
 from pyinfra.api import FactBase, OperationValueError
@@ -9,6 +10,8 @@ from pyinfra.api import FactBase, OperationValueError
 from .systemd import parse_units, show_command, split_units
 
 _SEP = "\t"
+# sha1sum's line: HASH, two spaces, the path; a leading backslash where it escaped one in the path (\\ for \)
+_SHA1_LINE = re.compile(r"^(\\?)([0-9a-f]{40})  (.*)$")
 
 
 def check_path(path: str) -> str:
@@ -57,14 +60,15 @@ class ManagedState(FactBase):
         parts = ["LC_ALL=C; export LC_ALL"]
         if paths:
             quoted = " ".join(shlex.quote(p) for p in paths)
+            # regular files are collected and stat'd and hashed together: two processes per read, not five per file
             parts.append(
-                f"for p in {quoted}; do "
+                f"set --; for p in {quoted}; do "
                 "if [ -L \"$p\" ]; then printf 'link\\t%s\\t%s\\n' \"$p\" \"$(readlink \"$p\")\"; "
                 "elif [ -d \"$p\" ]; then printf 'dir\\t%s\\n' \"$p\"; "
-                "elif [ -f \"$p\" ]; then printf 'file\\t%s\\t%s\\t%s\\n' \"$p\" "
-                "\"$(stat -c '%a\t%U\t%G' \"$p\")\" \"$(sha1sum < \"$p\" | cut -c1-40)\"; "
+                "elif [ -f \"$p\" ]; then set -- \"$@\" \"$p\"; "
                 "elif [ -e \"$p\" ]; then printf 'other\\t%s\\n' \"$p\"; "
-                "else printf 'absent\\t%s\\n' \"$p\"; fi; done"
+                "else printf 'absent\\t%s\\n' \"$p\"; fi; done; "
+                "if [ $# -gt 0 ]; then stat -c 'file\t%n\t%a\t%U\t%G' -- \"$@\"; sha1sum -- \"$@\"; fi"
             )
         if read:
             quoted = " ".join(shlex.quote(p) for p in read)
@@ -83,9 +87,15 @@ class ManagedState(FactBase):
         files: dict[str, dict | None] = {}
         contents: dict[str, str | None] = {}
         reading: str | None = None
+        sha1s: dict[str, str] = {}
         for line in file_lines:
             if reading is not None and line.startswith("|"):
                 contents[reading] = (contents[reading] or "") + line[1:] + "\n"
+                continue
+            hashed = _SHA1_LINE.match(line)
+            if hashed:
+                escaped, sha1, path = hashed.groups()
+                sha1s[path.replace("\\\\", "\\") if escaped else path] = sha1
                 continue
             kind, _, rest = line.partition(_SEP)
             fields = rest.split(_SEP)
@@ -101,7 +111,10 @@ class ManagedState(FactBase):
                 files[fields[0]] = _entry(kind)
             elif kind == "link" and len(fields) == 2:
                 files[fields[0]] = _entry("link", target=fields[1])
-            elif kind == "file" and len(fields) == 5:
-                path, mode, user, group, sha1 = fields
-                files[path] = _entry("file", mode=mode, user=user, group=group, sha1=sha1)
+            elif kind == "file" and len(fields) == 4:
+                path, mode, user, group = fields
+                files[path] = _entry("file", mode=mode, user=user, group=group)
+        for path, entry in files.items():
+            if entry is not None and entry["type"] == "file":
+                entry["sha1"] = sha1s.get(path)
         return {"files": files, "contents": contents, "units": parse_units(unit_lines)}

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import copy
+import functools
 import shlex
 
 from pyinfra.api import FactBase
+from pyinfra.facts.server import LinuxDistribution
 
 from ._sections import first_line, join, parse_sections, section
 
@@ -155,3 +158,20 @@ class SecureBoot(FactBase):
         if efi is not None and efi.ok and first_line(efi.lines) == "bios":
             result.update(state="unsupported", source="firmware")
         return result
+
+
+class Distribution(LinuxDistribution):
+    """
+    pyinfra's ``LinuxDistribution`` (the same command and dict), parsed once per distinct output: pyinfra's parser
+    writes the release files into a temporary directory for the ``distro`` package to read back (~3 ms per read),
+    gpufleet's operations read the fact up to three times per host, and a fleet's hosts mostly print the same
+    files. Each read gets its own copy.
+    """
+
+    def process(self, output):
+        return copy.deepcopy(_parsed_distribution(tuple(output)))
+
+
+@functools.lru_cache(maxsize=64)
+def _parsed_distribution(output: tuple[str, ...]) -> dict:
+    return LinuxDistribution().process(list(output))

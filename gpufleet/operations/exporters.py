@@ -14,10 +14,10 @@ import shlex
 from pyinfra import host
 from pyinfra.api import StringCommand, operation
 from pyinfra.api.command import FileUploadCommand
-from pyinfra.facts.server import LinuxDistribution
 from pyinfra.operations import apt
 
 from gpufleet.exporter import BUNDLE_NAME, bundle
+from gpufleet.facts.system import Distribution
 
 from ._systemd import SETTINGS_DIR, UNIT_DIR, get_state, put_file, refuse, remove_file, render, systemctl
 
@@ -168,7 +168,7 @@ def _stop_and_disable(status: dict, unit: str):
 
 
 def _require_apt():
-    distro = host.get_fact(LinuxDistribution) or {}
+    distro = host.get_fact(Distribution) or {}
     family = (distro.get("release_meta") or {}).get("ID_LIKE", "") + " " + (distro.get("name") or "")
     if not any(word in family.lower() for word in ("debian", "ubuntu")):
         yield from refuse(f"{host.name}: the exporters stage installs Debian/Ubuntu packages; "

@@ -72,14 +72,15 @@ printf '%s\\n' "$previous" | grep -v '^generation=' | grep . | sed 's/^/stale /'
 echo '{HELD} end'
 cat >/dev/null
 waited=0
-while [ -n "${{SSH_CONNECTION:-}}" ] && [ "$waited" -lt {DRAIN_MAX_S} ]; do
-  others=
+connection=${{SSH_CONNECTION:-}}
+while [ -n "$connection" ] && [ "$waited" -lt {DRAIN_MAX_S} ]; do
+  set --
   for environ in /proc/[0-9]*/environ; do
-    pid=${{environ#/proc/}}; pid=${{pid%/environ}}
-    [ "$pid" = "$$" ] && continue
-    if grep -qzxF "SSH_CONNECTION=$SSH_CONNECTION" "$environ" 2>/dev/null; then others=$pid; break; fi
+    [ "$environ" = "/proc/$$/environ" ] || set -- "$@" "$environ"
   done
-  [ -z "$others" ] && break
+  [ $# -gt 0 ] || break
+  # one grep for all processes (not one per process); it runs without SSH_CONNECTION, so it never finds itself
+  (unset SSH_CONNECTION; exec grep -qzxF "SSH_CONNECTION=$connection" "$@") 2>/dev/null || break
   sleep 1; waited=$((waited + 1))
 done
 echo "generation=$generation" > {lock_file}

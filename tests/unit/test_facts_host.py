@@ -2,40 +2,50 @@
 
 from __future__ import annotations
 
+import grp
+import hashlib
+import os
+import pwd
 import subprocess
 
 import pytest
+from pyinfra.facts.server import LinuxDistribution
 from pyinfra_harness import fixture, wrap
 
 from gpufleet.facts import (
+    ManagedState,
     NvidiaPackages,
     NvidiaPciDevices,
     OsInfo,
+    PackageHolds,
     SecureBoot,
     UnitStates,
     upstream_version,
 )
 from gpufleet.facts.packages import parse_versionlock
+from gpufleet.facts.system import Distribution
 
 # ------------------------------------------------------------------------------------------------ packages
 
 
 def test_packages_dpkg_with_holds():
-    fact = NvidiaPackages().process(
-        wrap("dpkg", fixture("dpkg_query_ubuntu_580.txt"), 0) + wrap("apt-holds", fixture("apt_mark_showhold.txt")))
+    """Holds are dpkg's hold selection (``hi``), which ``apt-mark hold`` sets: the packages apt-mark lists."""
+    fact = NvidiaPackages().process(wrap("dpkg", fixture("dpkg_query_ubuntu_580.txt"), 0))
     assert fact["manager"] == "dpkg" and fact["error"] is None
     assert fact["packages"] == {
         "libnvidia-compute-580-server": {"version": "580.95.05-0ubuntu1", "status": "ii", "installed": True,
                                          "held": False},
-        "nvidia-driver-580-server-open": {"version": "580.95.05-0ubuntu1", "status": "ii", "installed": True,
+        "nvidia-driver-580-server-open": {"version": "580.95.05-0ubuntu1", "status": "hi", "installed": True,
                                           "held": True},
         "nvidia-fabricmanager-580": {"version": "580.95.05-1", "status": "hi", "installed": True, "held": True},
     }
     assert fact["held"] == ["nvidia-driver-580-server-open", "nvidia-fabricmanager-580"]
+    assert fact["held"] == sorted(PackageHolds().process(wrap("apt-holds", fixture("apt_mark_showhold.txt"))
+                                                         + wrap("versionlock", None)))
 
 
 def test_packages_dpkg_nothing_installed():
-    fact = NvidiaPackages().process(wrap("dpkg", "", 1) + wrap("apt-holds", ""))
+    fact = NvidiaPackages().process(wrap("dpkg", "", 1))
     assert fact == {"manager": "dpkg", "packages": {}, "held": [], "error": None}
 
 
@@ -76,7 +86,7 @@ def test_upstream_version():
 def test_packages_command_shape():
     command = NvidiaPackages().command()
     assert "dpkg-query -W -f='${db:Status-Abbrev}\\t${Package}\\t${Version}\\n' 'nvidia-*'" in command
-    assert "apt-mark showhold" in command and "rpm -qa" in command and "dnf -q versionlock list" in command
+    assert "apt-mark" not in command and "rpm -qa" in command and "dnf -q versionlock list" in command
 
 
 # ------------------------------------------------------------------------------------------------ systemd
@@ -236,3 +246,45 @@ def test_package_patterns_cover_every_name_the_driver_operation_decides_on():
     for name in names:
         assert pkg.is_apt_driver_selector(name) or pkg.is_apt_fabricmanager(name) or pkg.is_apt_driver_component(name)
         assert any(fnmatch(name, pattern) for pattern in DEB_PATTERNS), name
+
+
+def test_managed_state_command_runs_here(tmp_path):
+    """ManagedState's command on this machine: every kind of path, files stat'd and hashed together (a name with
+    a space and one with a backslash among them), contents and what is absent."""
+    files = {tmp_path / "a.conf": b"one\n", tmp_path / "b c.conf": b"two\n", tmp_path / "back\\slash": b"",
+             tmp_path / "mode600": b"secret\n"}
+    for path, data in files.items():
+        path.write_bytes(data)
+    (tmp_path / "mode600").chmod(0o600)
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "link").symlink_to("/lib/systemd/system/x.service")
+    os.mkfifo(tmp_path / "fifo")
+    paths = (*[str(p) for p in files], str(tmp_path / "dir"), str(tmp_path / "link"), str(tmp_path / "fifo"),
+             str(tmp_path / "absent"))
+    command = ManagedState().command(paths=paths, read=(str(tmp_path / "a.conf"), str(tmp_path / "absent")))
+    result = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
+    fact = ManagedState().process(result.stdout.splitlines())
+    user, group = pwd.getpwuid(os.getuid()).pw_name, grp.getgrgid(os.getgid()).gr_name
+    entry = {"mode": None, "user": None, "group": None, "sha1": None, "target": None}
+    assert fact["files"] == {
+        **{str(p): {**entry, "type": "file", "mode": f"{p.stat().st_mode & 0o7777:o}",
+                    "user": user, "group": group, "sha1": hashlib.sha1(data).hexdigest()} for p, data in files.items()},
+        str(tmp_path / "dir"): {**entry, "type": "dir"},
+        str(tmp_path / "link"): {**entry, "type": "link", "target": "/lib/systemd/system/x.service"},
+        str(tmp_path / "fifo"): {**entry, "type": "other"},
+        str(tmp_path / "absent"): None,
+    }
+    assert fact["contents"] == {str(tmp_path / "a.conf"): "one\n", str(tmp_path / "absent"): None}
+    assert fact["units"] == {}
+
+
+
+@pytest.mark.parametrize("release", ["os_release_ubuntu_2204.txt", "os_release_rocky_9.txt"])
+def test_distribution_is_pyinfras_linux_distribution_parsed_once(release):
+    """The same dict as pyinfra's LinuxDistribution for the same output; a copy per read."""
+    output = ["/etc/os-release", *fixture(release).splitlines(), "---"]
+    first, second = Distribution().process(output), Distribution().process(output)
+    assert first == second == LinuxDistribution().process(output) and first["name"]
+    first["release_meta"]["ID"] = "changed"
+    assert Distribution().process(output) == LinuxDistribution().process(output)
+    assert Distribution().command() == LinuxDistribution().command()

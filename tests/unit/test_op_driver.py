@@ -4,17 +4,20 @@ quoting, RHEL 9), and the private facts it parses."""
 from __future__ import annotations
 
 import hashlib
+import shutil
+import subprocess
 
 import pytest
 from pyinfra.api import OperationError, OperationValueError, State
 from pyinfra.facts.dnf import DnfEnabledModules
 from pyinfra.facts.files import Directory, File, Sha1File
 from pyinfra.facts.rpm import RpmPackages
-from pyinfra.facts.server import Arch, KernelVersion, LinuxDistribution, RebootRequired, Which
+from pyinfra.facts.server import Arch, KernelVersion, RebootRequired, Which
 from pyinfra_harness import run_operation, wrap
 
 from gpufleet.facts.nvidia import GpuInventory
 from gpufleet.facts.packages import NvidiaPackages, PackageHolds
+from gpufleet.facts.system import Distribution
 from gpufleet.facts.systemd import UnitStates
 from gpufleet.operations import _packaging, driver
 
@@ -120,7 +123,7 @@ def apt_facts(managed: dict[str, str] | None = None, installed=None, holds=(), e
         return None
 
     return host_facts({
-        LinuxDistribution: DEBIAN,
+        Distribution: DEBIAN,
         File: file,
         Sha1File: lambda path: sha1(managed[path]) if path in managed else None,
         Which: lambda command: {"curl": "/usr/bin/curl", "update-initramfs": "/usr/sbin/update-initramfs"}.get(command),
@@ -307,7 +310,7 @@ def test_reboot_required_flag_means_reboot_pending():
 )
 def test_open_and_proprietary_package_names_per_style(distro, style, flavour, package):
     commands, _ = run(
-        apt_facts(extra={LinuxDistribution: distro}), flavour=flavour, packages_style=style, nvswitch=False
+        apt_facts(extra={Distribution: distro}), flavour=flavour, packages_style=style, nvswitch=False
     )
     install = next(c for c in commands if "--allow-change-held-packages" in c)
     assert install.endswith(f" {package}=580.95.05-1")
@@ -389,7 +392,7 @@ def test_branch_missing_while_executing_fails_only_this_host(monkeypatch):
 
 def test_unsupported_distribution_while_executing_fails_only_this_host(monkeypatch):
     monkeypatch.setattr(State, "is_executing", True)
-    commands, _ = run(apt_facts(extra={LinuxDistribution: {"name": "Alpine", "major": 3,
+    commands, _ = run(apt_facts(extra={Distribution: {"name": "Alpine", "major": 3,
                                                            "release_meta": {"ID": "alpine"}}}))
     assert commands == [
         "echo 'gpufleet: error: unsupported distribution '\"'\"'Alpine'\"'\"': the NVIDIA driver operations support "
@@ -475,11 +478,11 @@ def test_branch_may_be_an_int():
 
 def test_unsupported_distribution_is_refused():
     with pytest.raises(OperationError, match="unsupported distribution 'Alpine'"):
-        run(apt_facts(extra={LinuxDistribution: {"name": "Alpine", "major": 3, "release_meta": {"ID": "alpine"}}}))
+        run(apt_facts(extra={Distribution: {"name": "Alpine", "major": 3, "release_meta": {"ID": "alpine"}}}))
 
 
 def test_default_repository_is_nvidias_for_the_release_and_cpu():
-    facts = apt_facts(extra={LinuxDistribution: UBUNTU, Arch: "aarch64"})
+    facts = apt_facts(extra={Distribution: UBUNTU, Arch: "aarch64"})
     commands, _ = run(facts, repo_url=None, nvswitch=False)
     base = "https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2404/sbsa"
     assert next(c for c in commands if c.startswith("curl ")).startswith(f"curl -sSLf {base}/3bf863cc.pub -o ")
@@ -498,7 +501,7 @@ def test_nvidia_repository_operation_alone():
 
 def dnf_facts(extra: dict | None = None):
     return host_facts({
-        LinuxDistribution: ROCKY,
+        Distribution: ROCKY,
         Arch: "x86_64",
         File: lambda path: None,
         Which: lambda command: "/usr/bin/dracut" if command == "dracut" else None,
@@ -611,9 +614,31 @@ def test_apt_cache_policy_parses_installed_candidate_and_version_table():
             "versions": [{"version": "570.172.08-1", "priority": -1}],
         },
     }
-    assert (
-        driver._AptCachePolicy().command(("linux-headers-6.1 x",)) == "LC_ALL=C apt-cache policy 'linux-headers-6.1 x'"
+    assert driver._AptCachePolicy().command(("nvidia-driver-580-open", "nvidia-fabricmanager-580")) == (
+        'set --; set -- "$@" nvidia-driver-580-open; set -- "$@" nvidia-fabricmanager-580; '
+        'if [ $# -gt 0 ]; then LC_ALL=C apt-cache policy "$@"; fi'
     )
+    # a name with a regex character is asked for only where apt knows it (else apt-cache scans every name)
+    assert driver._AptCachePolicy().command(("linux-headers-6.1 x",)) == (
+        "set --; if apt-cache pkgnames 'linux-headers-6.1 x' | grep -qxF -e 'linux-headers-6.1 x'; "
+        "then set -- \"$@\" 'linux-headers-6.1 x'; fi; if [ $# -gt 0 ]; then LC_ALL=C apt-cache policy \"$@\"; fi"
+    )
+
+
+@pytest.mark.skipif(shutil.which("apt-cache") is None, reason="needs apt-cache (a Debian/Ubuntu machine)")
+def test_apt_cache_policy_command_answers_as_plain_apt_cache_policy():
+    """The real apt-cache of this machine: the guarded command prints exactly what ``apt-cache policy`` prints
+    for a known name with a dot, a known plain name and an unknown kernel's headers."""
+    known = subprocess.run(["apt-cache", "pkgnames", "python3."], capture_output=True, text=True).stdout.split()
+    names = (*sorted(known)[:1], "bash", "linux-headers-0.0.0-gpufleet-none")
+    command = driver._AptCachePolicy().command(names)
+    guarded = subprocess.run(["sh", "-c", command], capture_output=True, text=True)
+    plain = subprocess.run(["sh", "-c", "LC_ALL=C apt-cache policy " + " ".join(names)], capture_output=True,
+                           text=True)
+    assert (guarded.returncode, guarded.stdout) == (plain.returncode, plain.stdout)
+    parsed = driver._AptCachePolicy().process(guarded.stdout.splitlines())
+    assert "bash" in parsed and "linux-headers-0.0.0-gpufleet-none" not in parsed
+    assert not known or sorted(known)[0] in parsed
 
 
 def test_holds_and_versionlocks_and_availability_facts():

@@ -8,10 +8,11 @@ import hashlib
 import pytest
 from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.files import File
-from pyinfra.facts.server import Date, LinuxDistribution
+from pyinfra.facts.server import Date
 from pyinfra_harness import managed_state, run_operation
 
 from gpufleet.exporter import bundle
+from gpufleet.facts.system import Distribution
 from gpufleet.operations import exporters
 from gpufleet.operations._systemd import ManagedState
 
@@ -131,7 +132,7 @@ def apt_host(managed: dict, installed: dict | None = None, units: dict | None = 
     from datetime import datetime
     stamp = {"mtime": datetime(2026, 12, 3, 11, 0, 0)} if installed else None
     return {
-        LinuxDistribution: distro,
+        Distribution: distro,
         DebPackages: dict(installed or {}),
         Date: datetime(2026, 12, 3, 12, 0, 0),
         File: lambda path: stamp if "update-success-stamp" in path else None,

@@ -7,10 +7,12 @@ No test sleeps to order events: a command named in the connector's ``gates`` ann
 
 from __future__ import annotations
 
+import inspect
 import re
 import shlex
 import socket
 import subprocess
+import typing
 from collections import defaultdict
 
 import gevent
@@ -530,3 +532,60 @@ def test_reads_with_secrets_are_not_remembered(state, tmp_path):
     saved = (tmp_path / "reads" / "h1.json").read_text()
     assert "read z" in saved and "read x" not in saved and "read y" not in saved
     assert "hunter2" not in saved and "s3cret" not in saved
+
+
+def test_pyinfra_overheads_are_trimmed_without_changing_what_pyinfra_sees(state, tmp_path):
+    """all_global_arguments answers as pyinfra's own (a fresh list each call); the deploy file pyinfra executes
+    is looked up by inspect as before (no module: None, same frame info) but from the cache; a module's file is
+    left to inspect."""
+    from pyinfra.api import arguments
+
+    expected = list(typing.get_type_hints(arguments.AllArguments).items())
+    deploy = tmp_path / "deploy.py"
+    deploy.write_text("import inspect\nframe = inspect.currentframe()\n")
+    state.current_exec_filename = str(deploy)
+    prefetch.install(state)
+    assert arguments.all_global_arguments() == expected
+    assert arguments.all_global_arguments() is not arguments.all_global_arguments()
+    assert inspect.modulesbyfile[str(deploy)] == prefetch.NOT_A_MODULE
+    scope = {"__file__": str(deploy)}
+    exec(compile(deploy.read_text(), str(deploy), "exec"), scope)  # as pyinfra_cli.util.exec_file does
+    assert inspect.getmodule(scope["frame"], str(deploy)) is None
+    info = inspect.getframeinfo(scope["frame"])
+    assert (info.filename, info.lineno, info.code_context) == (str(deploy), 2, ["frame = inspect.currentframe()\n"])
+    state.current_exec_filename = prefetch.__file__
+    prefetch.trim_pyinfra_overhead(state)
+    assert inspect.getmodule(prefetch.install) is prefetch
+    assert inspect.modulesbyfile.get(prefetch.__file__) != prefetch.NOT_A_MODULE
+
+
+def _run_reading(tmp_path, *words: str) -> None:
+    """One run on a new State of h1: executes, reads ``words`` (Word facts), remembers them in ``tmp_path``."""
+    inventory = Inventory((["h1"], {}))
+    for host in inventory:
+        host.connector_cls = FakeConnector
+    state = State(inventory, Config())
+    state.check_for_changes = False
+    for host in state.inventory:
+        host.connected = True
+        state.activate_host(host)
+    state.set_stage(StateStage.Prepare)
+    memo = prefetch.install(state, cache_dir=tmp_path)
+    gevent.joinall(memo.greenlets, raise_error=True)
+    state.set_stage(StateStage.Execute)
+    for word in words:
+        state.inventory.get_host("h1").get_fact(Word, word)
+    memo.save(tmp_path)
+
+
+def test_reads_are_written_again_only_when_they_changed(tmp_path, monkeypatch):
+    written = []
+    write_json = prefetch._write_json
+    monkeypatch.setattr(prefetch, "_write_json", lambda path, data: written.append(path) or write_json(path, data))
+    _run_reading(tmp_path, "x", "y")
+    _run_reading(tmp_path, "x", "y")  # a converged host: the same reads, nothing to write
+    assert written == [tmp_path / "reads" / "h1.json"]
+    _run_reading(tmp_path, "x", "z")
+    assert len(written) == 2
+    saved = (tmp_path / "reads" / "h1.json").read_text()
+    assert "read z" in saved and "read y" not in saved
