@@ -274,13 +274,15 @@ def test_second_concurrent_converge_is_refused_per_host_naming_the_holder(fleet)
 
 
 def test_stale_lock_is_taken_over(fleet):
+    # the previous run's holder releases a moment after that run ends, rewriting the lock file: plant after it
+    wait_locks_free(fleet, [RTX])
     ssh(fleet, RTX, "printf 'controller=gone\\npid=1\\nstarted=2026-01-01T00:00:00Z\\ncommand=killed run\\n"
                     "remote_pid=999999\\n' > /run/gpufleet/host.lock")
     _, out = converge(inventory(fleet, power="60%"))
     assert "took over a stale gpufleet lock (controller gone pid 1, started 2026-01-01T00:00:00Z, command: killed " \
            "run; that run is gone)" in out, out
     assert changed_hosts(out) == set(), out + exporter_units(fleet, changed_hosts(out))
-    assert lock_free(fleet, RTX)
+    wait_locks_free(fleet, [RTX])  # this run's holder released it
 
 
 # ----------------------------------------------------------------------------------------- lost host
