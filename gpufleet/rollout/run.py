@@ -472,6 +472,10 @@ def _rollout(opts: RolloutOptions, parsed: Parsed, state: RolloutState | None, e
     except BadInput as error:
         progress.write(f"gpufleet rollout: {error}\n")
         return EXIT_BAD_INPUT
+    except KeyboardInterrupt:  # before any drain or change: nothing to resume but what was there
+        progress.write("gpufleet rollout: interrupted during the whole-fleet validation and preflight: nothing was "
+                       "drained or changed" + (f"; {path} is as it was\n" if opts.resume else "\n"))
+        return EXIT_INTERRUPTED
     unchanged = [n for n in todo if planned is not None and n not in planned]
     need = [n for n in todo if planned is None or n in planned]
     if opts.dry:

@@ -339,6 +339,24 @@ def test_interrupt_then_resume_never_touches_done_hosts(fake, tmp_path):
     assert st.load(o.state_path()).status == "finished"
 
 
+def test_interrupt_during_the_whole_fleet_pass_exits_130_with_nothing_drained_or_saved(fake, tmp_path, monkeypatch):
+    fleet = fake(3)
+
+    def interrupted(inventory, deploy, hosts, *, dry, **_):
+        fleet.calls.append(("dry" if dry else "run", list(hosts or fleet.hosts)))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(converge, "run_pyinfra", interrupted)
+    drained = []
+    monkeypatch.setattr(run.Drainer, "drain", lambda self, n, r: drained.append(n))
+    o = opts(tmp_path, fake.deploy, canary=1, waves="2")
+    out = io.StringIO()
+    assert run.main(o, progress=out, echo=lambda _: None) == 130
+    assert "interrupted during the whole-fleet validation and preflight: nothing was drained or changed" \
+        in out.getvalue()
+    assert fleet.calls == [("dry", ["n1", "n2", "n3"])] and drained == [] and not o.state_path().exists()
+
+
 def test_max_unavailable_counts_failed_hosts_left_drained(fake, tmp_path, monkeypatch):
     fleet = fake(6, gate_fails={"n2"})
     monkeypatch.setattr(run.Drainer, "drain", lambda self, n, r: True)
