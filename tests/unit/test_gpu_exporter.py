@@ -155,18 +155,13 @@ def test_mig_layout_match_extra_and_no_desired_values(env, tmp_path):
 def test_serves_http_on_the_listen_address(env):
     root, pyz = env
     write_state(root, "h100-sxm-8")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen(["/usr/bin/python3", str(pyz), "--listen", f"127.0.0.1:{port}",
-                             "--settings-dir", str(root / "none")], env=node_env(root),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc, url = _serve(root, pyz)
     try:
         assert "listening on 127.0.0.1:" in proc.stdout.readline()
         deadline = time.monotonic() + 30
         while True:
             try:
-                body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+                body = urllib.request.urlopen(url, timeout=10).read().decode()
                 break
             except OSError:
                 assert time.monotonic() < deadline
