@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import re
 
-from pyinfra.facts.server import Arch, LinuxDistribution
+from pyinfra.facts.server import Arch
 
 from gpufleet import preflight
 from gpufleet.config import NodeConfig
 from gpufleet.facts.repository import AptRepositoryIndex
+from gpufleet.facts.system import Distribution
 from gpufleet.operations import _packaging as pkg
 
 
@@ -39,7 +40,7 @@ def check_driver_repository(host, config: NodeConfig, facts: preflight.HostFacts
     """The repository errors of this host (``host``: the pyinfra host, whose facts are read when needed)."""
     if not config.stage_enabled("driver"):
         return []
-    distro = host.get_fact(LinuxDistribution)
+    distro = host.get_fact(Distribution)
     if pkg.family(distro) != pkg.APT:
         return []
     branch = config.driver.branch

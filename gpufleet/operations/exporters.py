@@ -19,6 +19,7 @@ from pyinfra.operations import apt
 from gpufleet.exporter import BUNDLE_NAME, bundle
 from gpufleet.facts.system import Distribution
 
+from . import _packaging as pkg
 from ._systemd import SETTINGS_DIR, UNIT_DIR, get_state, put_file, refuse, remove_file, render, systemctl
 
 NODE_EXPORTER_PACKAGE = "prometheus-node-exporter"  # Debian / Ubuntu
@@ -169,8 +170,7 @@ def _stop_and_disable(status: dict, unit: str):
 
 def _require_apt():
     distro = host.get_fact(Distribution) or {}
-    family = (distro.get("release_meta") or {}).get("ID_LIKE", "") + " " + (distro.get("name") or "")
-    if not any(word in family.lower() for word in ("debian", "ubuntu")):
+    if pkg.family(distro) != pkg.APT:
         yield from refuse(f"{host.name}: the exporters stage installs Debian/Ubuntu packages; "
                           f"{distro.get('name')} is not supported yet (RHEL: node_exporter from EPEL "
                           "'golang-github-prometheus-node-exporter', DCGM from NVIDIA's CUDA repository)")

@@ -4,12 +4,13 @@ installed."""
 
 from __future__ import annotations
 
-from pyinfra.facts.server import Arch, LinuxDistribution
+from pyinfra.facts.server import Arch
 from pyinfra_harness import FakeHost, wrap
 from test_preflight import hgx_h100_no_driver, rtx4090_no_driver
 
 from gpufleet.config import load_node_config
 from gpufleet.facts.repository import AptRepositoryIndex, parse_index
+from gpufleet.facts.system import Distribution
 from gpufleet.preflight import HostFacts
 from gpufleet.preflight_repository import branch_versions, check_driver_repository
 
@@ -38,7 +39,7 @@ def index(text: str = SIM_INDEX, rc: int = 0) -> dict:
 
 def check(facts: HostFacts, repo: dict, **data) -> tuple[list[str], FakeHost]:
     config = load_node_config("node01", {"gpufleet_driver_repo_url": URL, **data})
-    host = FakeHost("node01", {LinuxDistribution: DEBIAN, Arch: "x86_64",
+    host = FakeHost("node01", {Distribution: DEBIAN, Arch: "x86_64",
                                (AptRepositoryIndex, frozenset({"url": URL}.items())): repo})
     return [e.message for e in check_driver_repository(host, config, facts)], host
 
