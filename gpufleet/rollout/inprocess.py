@@ -305,8 +305,7 @@ class Session:
                     state.set_stage(StateStage.Execute)
                     run_ops(state)
             except KeyboardInterrupt:
-                self.interruption = interruption.report(state, signal.SIGINT)
-                state.pool.kill(block=True, timeout=5)  # no further command is sent, as when the CLI exits
+                self._stop(state)
                 raise
             except Exception as error:  # noqa: BLE001 - a pyinfra error, or one of the deploy's code: the run stops
                 failed_in = state.current_stage
@@ -342,6 +341,14 @@ class Session:
         self._logger.propagate = self._logger_was[1]
 
     # ------------------------------------------------------------------------------------------------ internals
+
+    def _stop(self, state) -> None:
+        """The run of ``state`` was interrupted: name the hosts it had mid-change, and send nothing more (its
+        greenlets are killed, as when the CLI exits)."""
+        from gpufleet import interruption  # noqa: PLC0415
+
+        self.interruption = interruption.report(state, signal.SIGINT)
+        state.pool.kill(block=True, timeout=5)
 
     def _log_error(self, error: BaseException) -> None:
         """As the CLI prints a pyinfra error (``--> pyinfra error: ...``, then the message's other lines)."""
@@ -422,7 +429,6 @@ class Session:
         from pyinfra.context import ctx_config, ctx_inventory, ctx_state  # noqa: PLC0415
         from pyinfra_cli.prints import build_results_json  # noqa: PLC0415
 
-        from gpufleet import interruption  # noqa: PLC0415
         from gpufleet.facts import prefetch  # noqa: PLC0415
 
         start = time.monotonic()
@@ -443,8 +449,7 @@ class Session:
                 self._logger.info("--> Beginning operation run...")
                 run_ops(state)
             except KeyboardInterrupt:
-                self.interruption = interruption.report(state, signal.SIGINT)
-                state.pool.kill(block=True, timeout=5)
+                self._stop(state)
                 raise
             except Exception as error:  # noqa: BLE001 - e.g. "No hosts remaining!": the results say who failed
                 self._log_error(error)
