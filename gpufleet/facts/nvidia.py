@@ -37,10 +37,12 @@ GPU_FIELDS = {
     "ecc.mode.current": "ecc_current",
     "clocks.max.sm": "clocks_max_sm_mhz",
 }
-# nvidia-smi 610 deprecates the query field ``driver_version`` for ``kmd_version``, which 590 and older do not
-# know; one unknown field fails the whole query, so the fact asks nvidia-smi's own --help-query-gpu which of the
-# two it lists and queries that one (``kmd_version`` first). Both land in the GPU dicts as "driver_version".
-DRIVER_VERSION_FIELDS = ("kmd_version", "driver_version")
+# nvidia-smi 595 deprecates the query field ``driver_version`` for ``kmd_version``, which 590 and older do not
+# know; one unknown field fails the whole query. Every driver up to the newest known (610) still answers
+# ``driver_version``, so the fact asks for it, and only when nvidia-smi rejects it (a driver that dropped it) asks
+# again with ``kmd_version``: one nvidia-smi call per read on every known driver, where asking
+# ``--help-query-gpu`` first cost a second call on every read. Both land in the GPU dicts as "driver_version".
+DRIVER_VERSION_FIELDS = ("driver_version", "kmd_version")  # asked in this order
 _FIELD_MARKER = "gpufleet-version-field: "
 
 
@@ -192,12 +194,12 @@ class GpuInventory(FactBase):
         }
 
     def command(self) -> str:
-        new, old = DRIVER_VERSION_FIELDS
-        query = "--query-gpu=" + ",".join(gpu_query_fields("$version_field"))
+        first, fallback = DRIVER_VERSION_FIELDS
+        query = f"nvidia-smi --query-gpu={','.join(gpu_query_fields('$version_field'))} --format=csv 2>&1"
         script = (
-            f"version_field={old}; "
-            f"nvidia-smi --help-query-gpu 2>/dev/null | grep -q '^\"{new}\"' && version_field={new}; "
-            f"echo \"{_FIELD_MARKER}$version_field\"; nvidia-smi {query} --format=csv"
+            f"version_field={first}; out=$({query}); rc=$?; "
+            f'case "$rc $out" in "0 "*) ;; *{first}*) version_field={fallback}; out=$({query}); rc=$? ;; esac; '
+            f'echo "{_FIELD_MARKER}$version_field"; printf \'%s\\n\' "$out"; (exit $rc)'
         )
         return section("query", script, requires="nvidia-smi")
 

@@ -44,10 +44,11 @@ def test_commands_always_exit_zero_without_nvidia_smi(tmp_path):
 # --------------------------------------------------------------------------------------------- GpuInventory
 
 
-def test_command_is_one_query_with_all_fields():
+def test_command_queries_all_fields_at_once():
+    # the query and its fallback (a driver that rejects driver_version); the stand-in tests below count the calls
     command = GpuInventory().command()
-    assert command.count("nvidia-smi --query-gpu=") == 1
-    assert "--query-gpu=" + ",".join(gpu_query_fields("$version_field")) + " --format=csv" in command
+    query = "nvidia-smi --query-gpu=" + ",".join(gpu_query_fields("$version_field")) + " --format=csv"
+    assert command.count("nvidia-smi --") == command.count(query) == 2
 
 
 def test_query_fixtures_are_the_captures_columns():
@@ -67,59 +68,71 @@ def test_query_fixtures_are_the_captures_columns():
 
 # -------------------------------------------------------------- driver_version (590) / kmd_version (595, 610)
 
-REAL_HELP = Path(__file__).resolve().parents[1] / "fixtures" / "reference" / "captures"
 
-
-def _help_query_gpu(capture: str) -> str:
-    """The real `nvidia-smi --help-query-gpu` section of a capture."""
-    lines = (REAL_HELP / capture).read_text(encoding="utf-8").splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("# capabilities :: help-query-gpu"))
-    end = next(i for i in range(start + 4, len(lines)) if lines[i].startswith("####"))
-    return "\n".join(lines[start + 3:end]) + "\n"
-
-
-def run_command_against(tmp_path, capture: str, query_fixture: str) -> dict:
-    """GpuInventory's own shell command run by bash against an nvidia-smi stand-in that prints the real
-    --help-query-gpu of ``capture`` and answers a query only when its fields are exactly the fixture's header
-    (otherwise nvidia-smi's rejection of a field it does not know)."""
-    (tmp_path / "help.txt").write_text(_help_query_gpu(capture))
-    (tmp_path / "query.txt").write_text(fixture(query_fixture))
-    header = fixture(query_fixture).splitlines()[0]
-    wanted = ",".join(c.split(" [")[0] for c in header.split(", "))
+def run_command_against(tmp_path, query_fixture: str, answers: tuple[str, ...]) -> tuple[dict, list[str]]:
+    """GpuInventory's own shell command run by bash against an nvidia-smi stand-in; returns the fact and the
+    nvidia-smi calls it made. The stand-in answers a query whose driver version field is one of ``answers`` with
+    the real fixture's rows (its header naming that field: real 595+ drivers print the same cells for both), and
+    rejects any other field as nvidia-smi rejects a field it does not know."""
+    header, body = fixture(query_fixture).split("\n", 1)
+    names = [c.split(" [")[0] for c in header.split(", ")]
+    version = next(n for n in names if n in ("driver_version", "kmd_version"))
     stub = tmp_path / "nvidia-smi"
+    cases = ""
+    for field in answers:
+        (tmp_path / f"{field}.txt").write_text(header.replace(version, field) + "\n" + body)
+        asked = ",".join(field if n == version else n for n in names)
+        cases += f"  --query-gpu={asked}) cat {tmp_path}/{field}.txt ;;\n"
+    rejected = next(f for f in ("driver_version", "kmd_version") if f not in answers) if len(answers) < 2 else ""
     stub.write_text(f"""#!/bin/sh
+echo "$*" >> {tmp_path}/calls
 case "$1" in
-  --help-query-gpu) cat {tmp_path}/help.txt ;;
-  --query-gpu={wanted}) cat {tmp_path}/query.txt ;;
-  *) echo 'Field "kmd_version" is not a valid field to query.'; echo; exit 2 ;;
+{cases}  *) echo 'Field "{rejected}" is not a valid field to query.'; echo; exit 2 ;;
 esac
 """)
     stub.chmod(0o755)
     out = subprocess.run(["bash", "-c", GpuInventory().command()], capture_output=True, text=True,
                          env={"PATH": f"{tmp_path}:/usr/bin:/bin"}, timeout=30)
-    return GpuInventory().process(out.stdout.splitlines())
+    calls = (tmp_path / "calls").read_text().splitlines()
+    return GpuInventory().process(out.stdout.splitlines()), calls
 
 
-def test_590_query_uses_driver_version(tmp_path):
-    fact = run_command_against(tmp_path, "linux-x86_64__nvidia-h200__590.48.01.txt",
-                               "query_gpu_h200_590.48.01_idle.txt")
+def test_590_query_uses_driver_version_in_one_call(tmp_path):
+    fact, calls = run_command_against(tmp_path, "query_gpu_h200_590.48.01_idle.txt", answers=("driver_version",))
     assert (fact["status"], fact["driver_version_field"], fact["driver_version"]) == (
         "ok", "driver_version", "590.48.01")
     assert fact["gpus"][0]["driver_version"] == "590.48.01"
+    assert len(calls) == 1
 
 
-def test_610_query_uses_kmd_version(tmp_path):
-    fact = run_command_against(tmp_path, "linux-x86_64__nvidia-geforce-rtx-2080-super__610.57.04.txt",
-                               "query_gpu_rtx2080-super_610.57.04_idle.txt")
+def test_610_answers_the_deprecated_driver_version_in_one_call(tmp_path):
+    # real 595+ drivers answer both fields with the same value (test_sim_fidelity checks it on a real capture)
+    fact, calls = run_command_against(tmp_path, "query_gpu_rtx2080-super_610.57.04_idle.txt",
+                                      answers=("driver_version", "kmd_version"))
     assert (fact["status"], fact["driver_version_field"], fact["driver_version"]) == (
-        "ok", "kmd_version", "610.57.04")
+        "ok", "driver_version", "610.57.04")
     assert fact["gpus"][0]["name"] == "NVIDIA GeForce RTX 2080 SUPER"
+    assert len(calls) == 1
 
 
-def test_595_already_lists_kmd_version(tmp_path):
-    # the deprecation came with 595, not 610: the real 595.80 help lists kmd_version
-    fact = run_command_against(tmp_path, "linux-x86_64__nvidia-l40s__595.80.txt", "query_gpu_l40s_595.80_idle.txt")
-    assert (fact["driver_version_field"], fact["driver_version"]) == ("kmd_version", "595.80")
+def test_a_driver_without_driver_version_is_asked_again_for_kmd_version(tmp_path):
+    fact, calls = run_command_against(tmp_path, "query_gpu_l40s_595.80_idle.txt", answers=("kmd_version",))
+    assert (fact["status"], fact["driver_version_field"], fact["driver_version"]) == ("ok", "kmd_version", "595.80")
+    assert fact["gpus"][0]["driver_version"] == "595.80"
+    assert [("driver_version" in c, "kmd_version" in c) for c in calls] == [(True, False), (False, True)]
+
+
+def test_a_failed_query_is_not_asked_again(tmp_path):
+    stub = tmp_path / "nvidia-smi"
+    failure = FACT_FIXTURES / "smi_driver_not_loaded.txt"
+    stub.write_text(f"#!/bin/sh\necho \"$*\" >> {tmp_path}/calls\ncat {failure}\nexit 9\n")
+    stub.chmod(0o755)
+    out = subprocess.run(["bash", "-c", GpuInventory().command()], capture_output=True, text=True,
+                         env={"PATH": f"{tmp_path}:/usr/bin:/bin"}, timeout=30)
+    fact = GpuInventory().process(out.stdout.splitlines())
+    assert (fact["status"], fact["exit_code"], fact["driver_version_field"]) == (
+        "driver_not_loaded", 9, "driver_version")
+    assert len((tmp_path / "calls").read_text().splitlines()) == 1
 
 
 def test_version_field_marker_and_header():
