@@ -24,10 +24,9 @@ from pyinfra.operations import files, server
 from gpufleet.facts.nvidia import GpuInventory
 from gpufleet.facts.packages import NvidiaPackages, PackageHolds
 from gpufleet.facts.system import Distribution
-from gpufleet.facts.systemd import UnitStates, unknown_unit
 
 from . import _packaging as pkg
-from ._systemd import refuse
+from ._systemd import read_together, refuse, unit_states
 
 KEYRING_DIR = "/etc/apt/keyrings"
 KEYRING_NAME = "gpufleet-nvidia"
@@ -42,6 +41,7 @@ NOUVEAU_BLACKLIST = (
     "options nouveau modeset=0\n"
 )
 FABRICMANAGER_UNIT = "nvidia-fabricmanager.service"
+read_together(FABRICMANAGER_UNIT)
 REBOOT_REQUIRED = "/var/run/reboot-required"
 # Initramfs tools in order of preference: (command that must exist, rebuild command).
 INITRAMFS_TOOLS = (("update-initramfs", "update-initramfs -u"), ("dracut", "dracut -f"))
@@ -350,6 +350,17 @@ def nouveau_blacklist():
 # ------------------------------------------------------------------------------------ headers
 
 
+def _dkms_may_build(installed_version: str | None) -> bool:
+    """Whether this run may need DKMS to build NVIDIA modules for the running kernel, the only time kernel headers
+    matter: the wanted driver is not installed (``installed_version`` None), or the loaded module is not the
+    installed driver (not loaded, not built for this kernel, another version). A host running the driver it has
+    installed needs no build, so a converged host does not ask the package manager for headers on every run (nor
+    warn on every run that a custom kernel has none)."""
+    want = pkg.upstream_version(installed_version)
+    gpus = host.get_fact(GpuInventory)
+    return not (want and gpus.get("status") == "ok" and gpus.get("driver_version") == want)
+
+
 def _headers_present(kernel: str) -> bool:
     # What DKMS needs: the running kernel's build tree (a package, or installed by hand for a custom kernel).
     return host.get_fact(_PathExists, path=f"/lib/modules/{kernel}/build")
@@ -483,6 +494,15 @@ def _hold_list(wanted: list[str], installed: dict, driver_version: str | None) -
     return wanted + components
 
 
+def _dnf_installed_driver(branch: str, flavour: str) -> str | None:
+    """The installed driver's version when it is the wanted one (the branch's module stream of this flavour),
+    else None."""
+    driver_version = _one(host.get_fact(RpmPackages).get(pkg.DNF_DRIVER_PACKAGE))
+    if host.get_fact(DnfEnabledModules).get(pkg.DNF_DRIVER_MODULE) != pkg.dnf_stream(branch, flavour):
+        return None
+    return driver_version if (pkg.upstream_version(driver_version) or "").startswith(f"{branch}.") else None
+
+
 def _dnf_packages(branch: str, flavour: str, nvswitch: bool):
     """Module stream, fabric manager and versionlock; returns (driver version or None, fm changed)."""
     stream = pkg.dnf_stream(branch, flavour)
@@ -492,11 +512,7 @@ def _dnf_packages(branch: str, flavour: str, nvswitch: bool):
     modules = host.get_fact(DnfEnabledModules)
     driver_version = _one(rpms.get(pkg.DNF_DRIVER_PACKAGE))
     fm_version = _one(rpms.get(fabricmanager)) if nvswitch else None
-    need_driver = not (
-        modules.get(module) == stream
-        and driver_version
-        and (pkg.upstream_version(driver_version) or "").startswith(f"{branch}.")
-    )
+    need_driver = _dnf_installed_driver(branch, flavour) is None
     need_fm = nvswitch and (
         need_driver or fm_version is None or pkg.upstream_version(fm_version) != pkg.upstream_version(driver_version)
     )
@@ -558,7 +574,7 @@ def _reboot_reasons(driver_version: str | None) -> list[str]:
 
 def _fabricmanager_service(reboot_pending: bool, reinstalled: bool):
     unit = FABRICMANAGER_UNIT
-    status = host.get_fact(UnitStates, units=(unit,)).get(unit) or unknown_unit()
+    status = unit_states((unit,))[unit]
     active = status["active_state"] == "active"
     enabled = status["unit_file_state"] == "enabled"
     if reinstalled:
@@ -611,7 +627,7 @@ def nvidia_driver(
       ``ubuntu`` on Ubuntu, ``nvidia`` on Debian; ignored on dnf systems (module stream ``580-open`` /
       ``580-dkms``)
     + kernel_headers: install the running kernel's headers (``linux-headers-$(uname -r)`` /
-      ``kernel-devel-$(uname -r)``) for DKMS-built modules, when not present already
+      ``kernel-devel-$(uname -r)``) for DKMS-built modules, when not present already and DKMS may build (step 4)
     + allow_reboot: reboot (``server.reboot``) when a reboot is needed to load the installed driver;
       otherwise the operation reports that a reboot is pending and changes nothing more
     + reboot_timeout: seconds to wait for the host to come back after a reboot
@@ -624,9 +640,11 @@ def nvidia_driver(
        1000 for this branch's versions and -1 for any other (never installed, not even as a dependency); exact
        names, no globs, which would cost every apt run on the host ~20 ms each;
     3. nouveau blacklisted, initramfs rebuilt when that changed (``nouveau_blacklist``);
-    4. kernel headers for the running kernel: skipped when ``/lib/modules/$(uname -r)/build`` exists; when no
-       repository offers them (custom or foreign kernel) the operation reports it and goes on - it does not
-       fail, since prebuilt module packages do not need them and a DKMS build that does fails loudly itself;
+    4. kernel headers for the running kernel, when DKMS may have to build: the wanted driver is not installed,
+       or the loaded module is not the installed driver (a host running the driver it has installed is left
+       alone); skipped when ``/lib/modules/$(uname -r)/build`` exists; when no repository offers them (custom or
+       foreign kernel) the operation reports it and goes on - it does not fail, since prebuilt module packages
+       do not need them and a DKMS build that does fails loudly itself;
     5. the driver metapackage (and ``nvidia-fabricmanager-<branch>`` at the version whose upstream part equals
        the driver's) installed in one apt transaction that also removes other branches', flavours' and styles'
        metapackages; then held, with every installed package of the same driver release (``apt upgrade`` cannot
@@ -679,9 +697,10 @@ def nvidia_driver(
             yield "apt-get update"
         yield from _nouveau_blacklist()
         lists_updated = repo_changed
-        if kernel_headers:
-            lists_updated = yield from _apt_headers(lists_updated)
         style = packages_style or pkg.default_style(distro)
+        if kernel_headers and _dkms_may_build(_one(_apt_installed()[0].get(pkg.driver_package(branch, flavour,
+                                                                                              style)))):
+            lists_updated = yield from _apt_headers(lists_updated)
         packages = yield from _apt_packages(branch, flavour, style, nvswitch, repo_url, lists_updated=lists_updated)
         if packages is None:
             return
@@ -689,7 +708,7 @@ def nvidia_driver(
     else:
         yield from _dnf_repository(repo_url, keyring_url)
         yield from _nouveau_blacklist()
-        if kernel_headers:
+        if kernel_headers and _dkms_may_build(_dnf_installed_driver(branch, flavour)):
             yield from _dnf_headers()
         driver_version, fm_changed = yield from _dnf_packages(branch, flavour, nvswitch)
 

@@ -401,12 +401,39 @@ def test_unsupported_distribution_while_executing_fails_only_this_host(monkeypat
 
 
 def test_headers_unavailable_are_reported_not_failed():
-    commands, noops = run(converged(extra={driver._PathExists: lambda path: False}))
+    # installed, not loaded: DKMS may have to build for the running kernel, and no repository offers its headers
+    commands, noops = run(converged(extra={driver._PathExists: lambda path: False,
+                                           GpuInventory: gpus("driver_not_loaded")}))
     assert commands == []
     assert any(
         noop.startswith(f"kernel headers: linux-headers-{KERNEL} is not installed and no configured repository")
         for noop in noops
     )
+
+
+@pytest.mark.parametrize("loaded", ["ok", "other version"])
+def test_headers_are_looked_at_only_when_dkms_may_build(loaded):
+    """A host running the driver it has installed needs no module build: its headers are neither looked for nor
+    missed (a custom kernel is not warned about on every run); a loaded driver of another version is."""
+    looked = []
+    facts = converged(extra={driver._PathExists: lambda path: looked.append(path) or False,
+                             driver._AptCachePolicy: lambda packages: looked.append(packages) or {}})
+    if loaded == "other version":
+        facts[GpuInventory] = gpus("ok", VERSIONS["570"])
+    commands, noops = run(facts)
+    headers_noted = any(noop.startswith("kernel headers:") for noop in noops)
+    assert (bool(looked), headers_noted) == ((False, False) if loaded == "ok" else (True, True))
+
+
+def test_rhel9_headers_only_when_dkms_may_build():
+    looked = []
+    facts = rhel_converged(extra={driver._PathExists: lambda path: looked.append(path) or False,
+                                  driver._DnfAvailable: lambda package: False})
+    _, noops = run(facts)
+    assert looked == [] and not any(noop.startswith("kernel headers:") for noop in noops)
+    facts[GpuInventory] = gpus("driver_not_loaded")
+    _, noops = run(facts)
+    assert looked and any(noop.startswith("kernel headers: kernel-devel-") for noop in noops)
 
 
 def test_headers_present_skip_the_repository_query():
