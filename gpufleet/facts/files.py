@@ -1,4 +1,4 @@
-"""The files (and units) an operation manages, in one remote command: parse, never decide."""
+"""The files an operation manages, in one remote command: parse, never decide."""
 
 from __future__ import annotations
 
@@ -6,8 +6,6 @@ import re
 import shlex
 
 from pyinfra.api import FactBase, OperationValueError
-
-from .systemd import parse_units, show_command, split_units
 
 _SEP = "\t"
 # sha1sum's line: HASH, two spaces, the path; a leading backslash where it escaped one in the path (\\ for \)
@@ -27,15 +25,14 @@ def _entry(kind: str, **values) -> dict:
 
 class ManagedState(FactBase):
     """
-    The files and systemd units an operation manages, in ONE remote command (stat, sha1, contents, units).
+    The files an operation manages, in ONE remote command (stat, sha1, contents).
 
     + paths: files, links or directories to stat (sha1 for regular files)
     + read: files whose contents are returned too (small text files only)
-    + units: systemd units to ``systemctl show`` (as :class:`gpufleet.facts.systemd.UnitStates`)
 
     .. code:: python
 
-        host.get_fact(ManagedState, paths=("/etc/nccl.conf",), units=("nvidia-persistenced.service",))
+        host.get_fact(ManagedState, paths=("/etc/nccl.conf",), read=("/run/gpufleet/gpu-clocks.locked",))
         {
             "files": {
                 "/etc/nccl.conf": {"type": "file", "mode": "644", "user": "root", "group": "root",
@@ -45,16 +42,15 @@ class ManagedState(FactBase):
                 "/etc/missing": None,
             },
             "contents": {"/run/gpufleet/gpu-clocks.locked": "GPU-…=1500,1980\\n"},  # None: absent
-            "units": {"nvidia-persistenced.service": {"load_state": "loaded", "active_state": "active",
-                      "sub_state": "running", "unit_file_state": "static", "need_daemon_reload": False}},
         }
 
-    A unit systemd does not know has ``load_state`` ``"not-found"``; without systemctl ``units`` is ``{}``.
+    The units an operation manages are read with :class:`gpufleet.facts.systemd.UnitStates`, all of a run's in one
+    read (``gpufleet.operations._systemd.unit_states``).
     """
 
     default = dict
 
-    def command(self, paths: tuple[str, ...] = (), read: tuple[str, ...] = (), units: tuple[str, ...] = ()):
+    def command(self, paths: tuple[str, ...] = (), read: tuple[str, ...] = ()):
         for path in (*paths, *read):
             check_path(path)
         parts = ["LC_ALL=C; export LC_ALL"]
@@ -77,13 +73,11 @@ class ManagedState(FactBase):
                 "if [ -f \"$p\" ]; then printf 'content\\t%s\\n' \"$p\"; sed 's/^/|/' \"$p\"; echo; "
                 "else printf 'nocontent\\t%s\\n' \"$p\"; fi; done"
             )
-        if units:
-            parts.append(show_command(tuple(units)))
         parts.append("true")
         return "; ".join(parts)
 
     def process(self, output):
-        file_lines, unit_lines = split_units(output)
+        file_lines = list(output)
         files: dict[str, dict | None] = {}
         contents: dict[str, str | None] = {}
         reading: str | None = None
@@ -117,4 +111,4 @@ class ManagedState(FactBase):
         for path, entry in files.items():
             if entry is not None and entry["type"] == "file":
                 entry["sha1"] = sha1s.get(path)
-        return {"files": files, "contents": contents, "units": parse_units(unit_lines)}
+        return {"files": files, "contents": contents}

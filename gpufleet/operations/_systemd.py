@@ -1,6 +1,6 @@
 """Shared by gpufleet's operations: the read of the files and units an operation manages (the
-:class:`~gpufleet.facts.files.ManagedState` fact), the commands that converge a managed file, and the oneshot
-boot units that reapply GPU settings after a reboot.
+:class:`~gpufleet.facts.files.ManagedState` and :class:`~gpufleet.facts.systemd.UnitStates` facts), the commands
+that converge a managed file, and the oneshot boot units that reapply GPU settings after a reboot.
 
 GPU settings (power limits, clock locks, persistence, MIG instances) are volatile: they are gone after a
 reboot or a driver reload. An operation that sets one live also writes the desired values to a file under
@@ -25,7 +25,7 @@ from pyinfra.operations.util.files import generate_color_diff
 
 from gpufleet import resources
 from gpufleet.facts.files import ManagedState
-from gpufleet.facts.systemd import unknown_unit
+from gpufleet.facts.systemd import UnitStates, check_unit, unknown_unit
 
 SETTINGS_DIR = "/etc/gpufleet"
 UNIT_DIR = "/etc/systemd/system"
@@ -36,17 +36,38 @@ GPU_SETTINGS_AFTER = ("nvidia-persistenced.service", "nvidia-fabricmanager.servi
 GPU_SETTINGS_WANTS = ("nvidia-persistenced.service",)
 
 
+# The units gpufleet's operation modules read (declared by each module, :func:`read_together`). Every unit read
+# asks systemd for all of them: a run costs one ``systemctl show`` per host, and one more after a change, instead
+# of one per operation. A unit a host does not have answers "not-found".
+_UNITS_READ_TOGETHER: set[str] = set()
+
+
+def read_together(*units: str) -> None:
+    """Declare units an operation module reads, so that every unit read (:func:`unit_states`) asks for them too."""
+    _UNITS_READ_TOGETHER.update(check_unit(unit) for unit in units)
+
+
+def unit_states(units) -> dict[str, dict]:
+    """``{unit: state}`` of ``units`` (``unknown_unit()`` where systemd does not answer), read in one
+    ``UnitStates`` with every unit declared by :func:`read_together`."""
+    units = tuple(units)
+    if not units:
+        return {}
+    known = host.get_fact(UnitStates, units=tuple(sorted(_UNITS_READ_TOGETHER.union(units)))) or {}
+    return {u: known.get(u) or unknown_unit() for u in units}
+
+
 def get_state(paths=(), read=(), units=()) -> dict:
-    """``ManagedState`` for these paths/units, with every asked-for key present (absent files -> None)."""
-    paths, read, units = tuple(paths), tuple(read), tuple(units)
-    state = host.get_fact(ManagedState, paths=paths, read=read, units=units) or {}
-    files = state.get("files", {})
-    contents = state.get("contents", {})
-    known = state.get("units", {})
+    """``ManagedState`` for these paths and :func:`unit_states` of these units, with every asked-for key present
+    (absent files -> None)."""
+    paths, read = tuple(paths), tuple(read)
+    state = host.get_fact(ManagedState, paths=paths, read=read) if paths or read else {}
+    files = (state or {}).get("files", {})
+    contents = (state or {}).get("contents", {})
     return {
         "files": {p: files.get(p) for p in paths},
         "contents": {p: contents.get(p) for p in read},
-        "units": {u: known.get(u) or unknown_unit() for u in units},
+        "units": unit_states(units),
     }
 
 

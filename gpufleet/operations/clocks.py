@@ -28,6 +28,7 @@ from ._systemd import (
     gpu_settings_paths,
     install_gpu_settings,
     put_file,
+    read_together,
     refuse,
     remove_file,
     remove_gpu_settings,
@@ -35,6 +36,7 @@ from ._systemd import (
 
 CONF = CLOCKS_CONF
 UNIT = CLOCKS_UNIT
+read_together(UNIT)
 conf_text = clocks_conf_text
 DESCRIPTION = "gpufleet: reapply locked GPU clocks"
 # The driver has no way to read a clock lock back (no nvidia-smi field, no NVML getter): the locks gpufleet

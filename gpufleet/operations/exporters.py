@@ -20,7 +20,17 @@ from gpufleet.exporter import BUNDLE_NAME, bundle
 from gpufleet.facts.system import Distribution
 
 from . import _packaging as pkg
-from ._systemd import SETTINGS_DIR, UNIT_DIR, get_state, put_file, refuse, remove_file, render, systemctl
+from ._systemd import (
+    SETTINGS_DIR,
+    UNIT_DIR,
+    get_state,
+    put_file,
+    read_together,
+    refuse,
+    remove_file,
+    render,
+    systemctl,
+)
 
 NODE_EXPORTER_PACKAGE = "prometheus-node-exporter"  # Debian / Ubuntu
 NODE_EXPORTER_UNIT = "prometheus-node-exporter.service"
@@ -40,6 +50,7 @@ DCGM_PACKAGES = ("datacenter-gpu-manager-4-core", "datacenter-gpu-manager-export
 DCGM_UNIT = "nvidia-dcgm.service"
 DCGM_EXPORTER_UNIT = "dcgm-exporter.service"
 DCGM_EXPORTER_BINARY = "/usr/bin/dcgm-exporter"
+read_together(NODE_EXPORTER_UNIT, NVML_UNIT, DCGM_UNIT, DCGM_EXPORTER_UNIT)
 DCGM_COUNTERS = "/etc/dcgm-exporter/gpufleet-counters.csv"
 DCGM_DROP_IN = f"/etc/systemd/system/{DCGM_EXPORTER_UNIT}.d/gpufleet.conf"
 

@@ -31,7 +31,18 @@ from gpufleet.plan import (
     norm_bus,
 )
 
-from ._systemd import UNIT_DIR, all_of, fail, get_state, node_script, put_file, refuse, render, systemctl
+from ._systemd import (
+    UNIT_DIR,
+    all_of,
+    fail,
+    get_state,
+    node_script,
+    put_file,
+    read_together,
+    refuse,
+    render,
+    systemctl,
+)
 from .lock import node_lock_command
 
 LAYOUT_PATH = MIG_LAYOUT
@@ -55,6 +66,7 @@ DEFAULT_HOLDER_SERVICES = (
     "nvidia-fabricmanager.service",
     "nvidia-persistenced.service",
 )
+read_together(UNIT, *DEFAULT_HOLDER_SERVICES)
 # The boot unit runs once the driver's daemons are up, and before what reads MIG devices or GPU settings.
 UNIT_AFTER = ("systemd-modules-load.service", "nvidia-persistenced.service", "nvidia-fabricmanager.service")
 UNIT_BEFORE = ("gpufleet-power-limits.service", "gpufleet-gpu-clocks.service", "nvidia-dcgm.service",

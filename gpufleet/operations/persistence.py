@@ -9,9 +9,10 @@ from pyinfra.api import operation
 
 from gpufleet.facts.nvidia import GpuInventory
 
-from ._systemd import fail, get_state, put_file, render, systemctl
+from ._systemd import fail, get_state, put_file, read_together, render, systemctl
 
 UNIT = "nvidia-persistenced.service"
+read_together(UNIT)
 DROP_IN = "/etc/systemd/system/nvidia-persistenced.service.d/gpufleet.conf"
 WANTS_TARGET = "multi-user.target"
 WANTS_LINK = f"/etc/systemd/system/{WANTS_TARGET}.wants/{UNIT}"

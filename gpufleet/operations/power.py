@@ -29,12 +29,14 @@ from ._systemd import (
     get_state,
     gpu_settings_paths,
     install_gpu_settings,
+    read_together,
     refuse,
     remove_gpu_settings,
 )
 
 CONF = POWER_CONF
 UNIT = POWER_UNIT
+read_together(UNIT)
 DESCRIPTION = "gpufleet: reapply GPU power limits"
 parse_conf = parse_uuid_conf
 conf_text = power_conf_text

@@ -31,10 +31,11 @@ from pyinfra.api import OperationValueError, operation
 
 from gpufleet.facts.files import check_path
 
-from ._systemd import get_state, put_file, systemctl
+from ._systemd import get_state, put_file, read_together, systemctl
 
 GRES_CONF = "/etc/slurm/gres.conf"
 SLURMD = "slurmd.service"
+read_together(SLURMD)
 MODES = ("auto", "files", "nvml")
 HEADER = "# Managed by gpufleet (slurm stage), overwritten on every run."
 

@@ -20,6 +20,9 @@ from pyinfra.api import Config, FunctionCommand, State, StringCommand
 from pyinfra.api.command import FileUploadCommand
 from pyinfra.context import ctx_host, ctx_state
 
+from gpufleet.facts.files import ManagedState
+from gpufleet.facts.systemd import UnitStates
+
 
 class MissingFact(LookupError):
     pass
@@ -65,6 +68,10 @@ def render(command) -> str:
 
 
 def run_operation(operation, facts: dict, data: dict | None = None, **kwargs) -> tuple[list[str], list[str]]:
+    """Without a ``UnitStates`` fact, units are answered by the ``ManagedState`` fact's builder
+    (``managed_state(units=...)``), which states a test's files and units in one place."""
+    if UnitStates not in facts and callable(facts.get(ManagedState)):
+        facts = {**facts, UnitStates: lambda units: facts[ManagedState](units=units)["units"]}
     host = FakeHost("testhost", facts, data)
     state = State()
     state.config = Config()
@@ -85,8 +92,9 @@ def gpu_inventory(gpus: list[dict], status: str = "ok", error: str | None = None
 def managed_state(files: dict | None = None, units: dict | None = None, executables: tuple = (),
                   contents: dict | None = None):
     """A ManagedState fact: ``files`` {path: text} are regular files of root, mode 755 for the paths in
-    ``executables``, else 644; ``units`` {unit: overrides} of a loaded, disabled, inactive unit; ``contents``
-    {path: text}: more that reads return (without a file entry)."""
+    ``executables``, else 644; ``contents`` {path: text}: more that reads return (without a file entry); called
+    with ``units`` it answers their ``UnitStates`` (``run_operation`` asks it so): ``units`` {unit: overrides} of a
+    loaded, disabled, inactive unit."""
     files = files or {}
     unit_states = units or {}
     readable = {**files, **(contents or {})}

@@ -19,6 +19,7 @@ from pyinfra_harness import FakeHost, gpu_inventory, managed_state, render
 
 from gpufleet.facts.mig import MigState
 from gpufleet.facts.nvidia import GpuInventory
+from gpufleet.facts.systemd import UnitStates
 from gpufleet.operations import mig
 from gpufleet.operations._systemd import ManagedState, node_script, put_file
 from gpufleet.plan import Gpu, mig_target
@@ -110,7 +111,7 @@ class SeqHost(FakeHost):
 def run(layout: dict, inv, migs=None, files=None, units=None, status=None, executing=True, **kwargs):
     managed = managed_state(files, units, executables=(mig.APPLIER, mig.LOCKED_APPLIER),
                             contents={mig.STATUS_PATH: status})
-    facts = {GpuInventory: inv, ManagedState: managed}
+    facts = {GpuInventory: inv, ManagedState: managed, UnitStates: lambda units: managed(units=units)["units"]}
     if migs is not None:
         facts[MigState] = migs
     host = SeqHost("testhost", facts)

@@ -9,6 +9,7 @@ import pytest
 from pyinfra.api import OperationValueError
 from pyinfra_harness import run_operation
 
+from gpufleet.facts.systemd import UnitStates
 from gpufleet.operations import nccl
 from gpufleet.operations._systemd import ManagedState
 
@@ -142,7 +143,7 @@ def test_managed_state_fact_reads_files_links_contents_in_one_command(tmp_path):
     assert state["contents"] == {read[0]: "A=1\n|pipe\n\nlast\n", read[1]: "", read[2]: None}
 
 
-def test_managed_state_fact_parses_systemctl_show():
+def test_unit_states_parse_need_daemon_reload_and_an_empty_unit_file_state():
     output = [
         "units",
         "Id=nvidia-persistenced.service",
@@ -159,7 +160,7 @@ def test_managed_state_fact_parses_systemctl_show():
         "UnitFileState=",
         "NeedDaemonReload=yes",
     ]
-    units = ManagedState().process(output)["units"]
+    units = UnitStates().process(output)
     assert units["nvidia-persistenced.service"] == {"load_state": "loaded", "active_state": "active",
                                                     "sub_state": "running", "unit_file_state": "static",
                                                     "need_daemon_reload": False}
@@ -170,5 +171,3 @@ def test_managed_state_fact_parses_systemctl_show():
 def test_managed_state_fact_refuses_odd_names():
     with pytest.raises(OperationValueError):
         ManagedState().command(paths=("relative/path",))
-    with pytest.raises(OperationValueError):
-        ManagedState().command(units=("x; reboot",))
