@@ -40,8 +40,8 @@ What, installed by the gpufleet deploy only (:func:`install`, on the hosts of on
 ``Host``'s I/O methods (``get_fact``, ``run_shell_command``, ``connect``, ``put_file``, ...), calls
 ``pyinfra.api.facts.get_fact``, follows ``State.current_stage`` / ``should_check_for_changes()`` and
 ``Host.in_op``, reaches the SSH connector's paramiko transport for TCP_NODELAY, and trims two of pyinfra's own
-per-call costs (:func:`trim_pyinfra_overhead`: ``all_global_arguments`` once, the deploy file in inspect's
-module cache). :func:`supported` checks
+per-call costs (:func:`trim_pyinfra_overhead`: ``all_global_arguments`` once, call stacks without source
+context). :func:`supported` checks
 the installed pyinfra against the versions this was written and tested for (:data:`TESTED_PYINFRA`) and for
 each of those names; where it does not match (or ``GPUFLEET_FACT_MEMO=off``), :func:`install` installs
 nothing and every fact read is pyinfra's own, plain read: slower, same results.
@@ -567,11 +567,13 @@ def trim_pyinfra_overhead(state) -> None:
     * ``pyinfra.api.arguments.all_global_arguments`` resolves the type hints of its argument classes on every
       call (every ``host.get_fact`` and operation call; ~0.5 ms each): it answers the same for the whole process,
       so it is computed once and copied.
-    * In CLI mode pyinfra orders each operation by ``inspect.stack()``, which looks up the module of every frame.
-      The deploy file pyinfra executes is no module: each look-up of it scans all of ``sys.modules`` (~2 ms,
-      twice per operation and host) and answers None. The file is entered into inspect's file -> module cache
-      under a name no module has, so the look-up answers the same None at once. A file that is a module's is
-      left as it is.
+    * In CLI mode pyinfra orders each operation by its call stack (``pyinfra.api.util``:
+      ``get_operation_order_from_stack``, ``get_caller_frameinfo``), of which it uses each frame's file name and
+      line number only. It asks ``inspect.stack()`` and ``inspect.getframeinfo()`` with their default of one line
+      of source context, which looks up every frame's source file and module (a ``realpath`` per frame, some 20
+      frames, twice per operation and host: ~1.5 ms). ``pyinfra.api.util``'s own ``stack`` and ``getframeinfo``
+      are replaced by the same functions asked for no context: the same file names and line numbers, no look-up.
+      ``inspect`` itself is left as it is.
     """
     arguments = sys.modules.get("pyinfra.api.arguments")
     computed = getattr(arguments, "all_global_arguments", None)
@@ -583,22 +585,16 @@ def trim_pyinfra_overhead(state) -> None:
 
         all_global_arguments._gpufleet_once = True  # type: ignore[attr-defined]
         arguments.all_global_arguments = all_global_arguments
-    for name in {getattr(state, "current_exec_filename", None), getattr(state, "current_deploy_filename", None)}:
-        if isinstance(name, str) and name not in inspect.modulesbyfile:
-            absolute = inspect.getabsfile(inspect.currentframe(), name)
-            if absolute not in inspect.modulesbyfile and not _module_file(absolute):
-                inspect.modulesbyfile[name] = inspect.modulesbyfile[absolute] = NOT_A_MODULE
+    util = sys.modules.get("pyinfra.api.util")
+    if util is not None and getattr(util, "stack", None) is inspect.stack:
 
+        def stack(context: int = 0) -> list:
+            return inspect.stack(0)[1:]  # from its caller, as inspect.stack() called there
 
-NOT_A_MODULE = "gpufleet.prefetch:deploy-file"  # no module has this name (it is not a valid one)
+        def getframeinfo(frame, context: int = 0):
+            return inspect.getframeinfo(frame, 0)
 
-
-def _module_file(path: str) -> bool:
-    for module in list(sys.modules.values()):
-        file = getattr(module, "__file__", None)
-        if isinstance(file, str) and os.path.normcase(os.path.abspath(file)) == path:
-            return True
-    return False
+        util.stack, util.getframeinfo = stack, getframeinfo
 
 
 def install(state, facts: Sequence[type] = (), cache_dir: Path | None = None) -> FactMemo | None:

@@ -534,29 +534,34 @@ def test_reads_with_secrets_are_not_remembered(state, tmp_path):
     assert "hunter2" not in saved and "s3cret" not in saved
 
 
-def test_pyinfra_overheads_are_trimmed_without_changing_what_pyinfra_sees(state, tmp_path):
-    """all_global_arguments answers as pyinfra's own (a fresh list each call); the deploy file pyinfra executes
-    is looked up by inspect as before (no module: None, same frame info) but from the cache; a module's file is
-    left to inspect."""
-    from pyinfra.api import arguments
+def test_pyinfra_overheads_are_trimmed_without_changing_what_pyinfra_sees(state, tmp_path, monkeypatch):
+    """all_global_arguments answers as pyinfra's own (a fresh list each call); pyinfra's operation order from the
+    stack of a deploy file it executes is the same, and is found without reading any source."""
+    from pyinfra.api import arguments, util
 
     expected = list(typing.get_type_hints(arguments.AllArguments).items())
     deploy = tmp_path / "deploy.py"
-    deploy.write_text("import inspect\nframe = inspect.currentframe()\n")
-    state.current_exec_filename = str(deploy)
+    deploy.write_text("from pyinfra.api import util\n\ndef op(state):\n    return inner(state)\n\n"
+                      "def inner(state):\n    return util.get_operation_order_from_stack(state), "
+                      "util.get_caller_frameinfo()\n")
+    scope = {"__file__": str(deploy)}
+    exec(compile(deploy.read_text(), str(deploy), "exec"), scope)  # as pyinfra_cli.util.exec_file does
+    state.current_deploy_filename = str(deploy)
+    monkeypatch.setattr(util, "stack", inspect.stack)
+    monkeypatch.setattr(util, "getframeinfo", inspect.getframeinfo)
+    order, caller = scope["op"](state)
     prefetch.install(state)
     assert arguments.all_global_arguments() == expected
     assert arguments.all_global_arguments() is not arguments.all_global_arguments()
-    assert inspect.modulesbyfile[str(deploy)] == prefetch.NOT_A_MODULE
-    scope = {"__file__": str(deploy)}
-    exec(compile(deploy.read_text(), str(deploy), "exec"), scope)  # as pyinfra_cli.util.exec_file does
-    assert inspect.getmodule(scope["frame"], str(deploy)) is None
-    info = inspect.getframeinfo(scope["frame"])
-    assert (info.filename, info.lineno, info.code_context) == (str(deploy), 2, ["frame = inspect.currentframe()\n"])
-    state.current_exec_filename = prefetch.__file__
-    prefetch.trim_pyinfra_overhead(state)
-    assert inspect.getmodule(prefetch.install) is prefetch
-    assert inspect.modulesbyfile.get(prefetch.__file__) != prefetch.NOT_A_MODULE
+    read = []
+    findsource = inspect.findsource
+    monkeypatch.setattr(inspect, "findsource", lambda obj: read.append(obj) or findsource(obj))
+    trimmed_order, trimmed_caller = scope["op"](state)
+    monkeypatch.undo()
+    assert read == []
+    assert trimmed_order == order == [4, 7]
+    assert (trimmed_caller.filename, trimmed_caller.lineno, trimmed_caller.function) == (
+        caller.filename, caller.lineno, caller.function) == (str(deploy), 4, "op")
 
 
 def _run_reading(tmp_path, *words: str) -> None:
