@@ -15,7 +15,10 @@ host's run reads, the no-op runs read them ahead (gpufleet/facts/prefetch.py).
 
 The simulated hosts run on this machine: their commands compete with the controller for its CPUs. The
 "machine CPU" line says how busy the whole machine was during the median no-op run (all processes, from
-/proc/stat): near 100% the run was bound by CPU, and other work on the machine shows there too.
+/proc/stat): near 100% the run was bound by CPU, and other work on the machine shows there too. The same pair is
+also measured on the first host alone (``--limit``): there the host's reads do not wait for three other hosts'
+reads on the same two CPUs, as real hosts' reads, which run on their own CPUs, do not. The target is judged on
+all hosts; the one-host figure says how much of the rest is this machine's CPUs.
 """
 
 from __future__ import annotations
@@ -62,10 +65,10 @@ def timed(*args: str) -> tuple[float, float, str]:
     return wall, cpu, result.stdout
 
 
-def noop_run(inventory: str, deploy: str) -> tuple[float, float, float]:
+def noop_run(inventory: str, deploy: str, *options: str) -> tuple[float, float, float]:
     """(wall, controller CPU, machine CPU) of a run that must change nothing."""
     busy = machine_busy()
-    wall, cpu, out = timed(inventory, deploy)
+    wall, cpu, out = timed(inventory, deploy, *options)
     machine = machine_busy() - busy
     if "Grand total" not in out or out.split("Grand total")[1].split()[1] != "-":
         raise SystemExit(f"the second run changed something:\n{out[-2000:]}")
@@ -78,10 +81,12 @@ def main() -> int:
     try:
         inventory, deploy = "inventories/sim.py", "deploys/gpu_node.py"
         first, _, _ = timed(inventory, deploy)
-        noops, floors = [], []
+        noops, floors, alone = [], [], []
+        one = ("--limit", fleet.hosts[0].name)
         for _ in range(RUNS):
             noops.append(noop_run(inventory, deploy))
             floors.append(timed(inventory, "fact", "server.Hostname")[:2])
+            alone.append((noop_run(inventory, deploy, *one)[0], timed(inventory, "fact", "server.Hostname", *one)[0]))
     finally:
         hosts.down(log=lambda *_: None)
     count = len(fleet.hosts)
@@ -98,6 +103,10 @@ def main() -> int:
           f"{', '.join(f'{wall:.2f}' for wall, _ in floors)})")
     print(f"no-op / floor:                         {ratio:6.2f}   (target <= {RATIO_TARGET}; per run: "
           f"{', '.join(f'{n[0] / f[0]:.2f}' for n, f in zip(noops, floors, strict=True))})")
+    alone_noop, alone_floor = (sorted(column)[len(column) // 2] for column in zip(*alone, strict=True))
+    print(f"the same, {fleet.hosts[0].name} alone:            {alone_noop / alone_floor:6.2f}   "
+          f"(no-op {alone_noop:.2f} s, floor {alone_floor:.2f} s, medians; per run: "
+          f"{', '.join(f'{n / f:.2f}' for n, f in alone)})")
     print(f"controller CPU per host, no-op run:    {beyond_floor:6.2f} s beyond the floor run's (target <= "
           f"{CPU_TARGET_S} s); in all {cpu_per_host:.2f} s (floor run {floor_cpu / count:.2f} s)")
     print(f"machine CPU, median no-op run:         {busy:6.2f} s busy of {noop * (os.cpu_count() or 1):.2f} s "

@@ -5,11 +5,11 @@ explicitly (see ``_sections``), so a bare server (no driver, no pciutils, no mok
 
 | fact | module | command |
 | --- | --- | --- |
-| ``GpuInventory`` | nvidia | ``nvidia-smi --query-gpu=... --format=csv`` (once more with ``kmd_version`` only where a driver rejects ``driver_version``) |
+| ``GpuInventory`` | nvidia | ``nvidia-smi --query-gpu=... --format=csv`` (again, ``kmd_version``, if refused) |
 | ``MigState`` | mig | ``nvidia-smi mig -lgi`` + ``-lci`` |
 | ``NvidiaPackages`` | packages | ``dpkg-query -W`` (holds: its ``h``) / ``rpm -qa`` + ``dnf versionlock list`` |
 | ``PackageHolds`` | packages | ``apt-mark showhold`` / ``dnf versionlock list`` (dnf4 and dnf5) |
-| ``UnitStates`` | systemd | ``systemctl show -p Id -p LoadState ... UNIT...`` (the operations read all theirs at once) |
+| ``UnitStates`` | systemd | ``systemctl show -p Id -p LoadState ... UNIT...`` (all the operations' at once) |
 | ``ManagedState`` | files | stat + sha1 (+ contents) of files, in one read |
 | ``NvidiaPciDevices`` | pci | ``lspci -n -D -d 10de:`` (sysfs when lspci is missing) |
 | ``SecureBoot``, ``OsInfo`` | system | ``mokutil --sb-state``; ``/etc/os-release`` + ``uname -r`` |
