@@ -39,9 +39,11 @@ GPU_FIELDS = {
 }
 # nvidia-smi 595 deprecates the query field ``driver_version`` for ``kmd_version``, which 590 and older do not
 # know; one unknown field fails the whole query. Every driver up to the newest known (610) still answers
-# ``driver_version``, so the fact asks for it, and only when nvidia-smi rejects it (a driver that dropped it) asks
-# again with ``kmd_version``: one nvidia-smi call per read on every known driver, where asking
-# ``--help-query-gpu`` first cost a second call on every read. Both land in the GPU dicts as "driver_version".
+# ``driver_version``, so the fact asks for it, and only when nvidia-smi rejects it (``Field "driver_version" is
+# not a valid field to query.``, exit 2: a driver that dropped it) asks again with ``kmd_version``: one nvidia-smi
+# call per read on every known driver, where asking ``--help-query-gpu`` first cost a second call on every read.
+# Any other failure (a lost GPU prints the header, which names driver_version) is not asked again. Both land in the
+# GPU dicts as "driver_version".
 DRIVER_VERSION_FIELDS = ("driver_version", "kmd_version")  # asked in this order
 _FIELD_MARKER = "gpufleet-version-field: "
 
@@ -198,7 +200,8 @@ class GpuInventory(FactBase):
         query = f"nvidia-smi --query-gpu={','.join(gpu_query_fields('$version_field'))} --format=csv 2>&1"
         script = (
             f"version_field={first}; out=$({query}); rc=$?; "
-            f'case "$rc $out" in "0 "*) ;; *{first}*) version_field={fallback}; out=$({query}); rc=$? ;; esac; '
+            f'case "$rc $out" in "0 "*) ;; *{first}*"is not a valid field"*) version_field={fallback}; '
+            f'out=$({query}); rc=$? ;; esac; '
             f'echo "{_FIELD_MARKER}$version_field"; printf \'%s\\n\' "$out"; (exit $rc)'
         )
         return section("query", script, requires="nvidia-smi")

@@ -122,16 +122,20 @@ def test_a_driver_without_driver_version_is_asked_again_for_kmd_version(tmp_path
     assert [("driver_version" in c, "kmd_version" in c) for c in calls] == [(True, False), (False, True)]
 
 
-def test_a_failed_query_is_not_asked_again(tmp_path):
+@pytest.mark.parametrize("failure, rc, status", [
+    ("smi_driver_not_loaded.txt", 9, "driver_not_loaded"),
+    # the rows of the GPUs that answered, under a header naming driver_version, then the lost one's error
+    ("query_gpu_h100-80gb-hbm3_590.48.01_idle.txt+smi_gpu_fallen_off_bus.txt", 15, "gpu_lost"),
+])
+def test_a_failed_query_is_not_asked_again(tmp_path, failure, rc, status):
     stub = tmp_path / "nvidia-smi"
-    failure = FACT_FIXTURES / "smi_driver_not_loaded.txt"
-    stub.write_text(f"#!/bin/sh\necho \"$*\" >> {tmp_path}/calls\ncat {failure}\nexit 9\n")
+    output = " ".join(str(FACT_FIXTURES / name) for name in failure.split("+"))
+    stub.write_text(f"#!/bin/sh\necho \"$*\" >> {tmp_path}/calls\ncat {output}\nexit {rc}\n")
     stub.chmod(0o755)
     out = subprocess.run(["bash", "-c", GpuInventory().command()], capture_output=True, text=True,
                          env={"PATH": f"{tmp_path}:/usr/bin:/bin"}, timeout=30)
     fact = GpuInventory().process(out.stdout.splitlines())
-    assert (fact["status"], fact["exit_code"], fact["driver_version_field"]) == (
-        "driver_not_loaded", 9, "driver_version")
+    assert (fact["status"], fact["exit_code"], fact["driver_version_field"]) == (status, rc, "driver_version")
     assert len((tmp_path / "calls").read_text().splitlines()) == 1
 
 
