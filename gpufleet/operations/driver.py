@@ -8,7 +8,6 @@ Package naming per distribution is in ``gpufleet.operations._packaging``.
 
 from __future__ import annotations
 
-import io
 import re
 import shlex
 from urllib.parse import urlparse
@@ -26,7 +25,7 @@ from gpufleet.facts.packages import NvidiaPackages, PackageHolds
 from gpufleet.facts.system import Distribution
 
 from . import _packaging as pkg
-from ._systemd import read_together, refuse, unit_states
+from ._systemd import get_state, put_file, read_together, refuse, unit_states
 
 KEYRING_DIR = "/etc/apt/keyrings"
 KEYRING_NAME = "gpufleet-nvidia"
@@ -35,6 +34,10 @@ APT_PIN = "/etc/apt/preferences.d/gpufleet-nvidia-driver"
 DNF_REPO = "/etc/yum.repos.d/gpufleet-nvidia.repo"
 DNF_REPO_ID = "gpufleet-nvidia"
 NOUVEAU_CONF = "/etc/modprobe.d/blacklist-nouveau.conf"
+# The files the driver operations write, read together whenever one is written (one ManagedState read): the same
+# read in the run that creates them as in every later run, which then finds it among the reads it does ahead
+# (files.put reads a file's hash only once the file exists: the first run after the one that created it missed it).
+MANAGED_FILES = (APT_SOURCE, APT_PIN, NOUVEAU_CONF, DNF_REPO)
 NOUVEAU_BLACKLIST = (
     "# Managed by gpufleet: keep nouveau away from NVIDIA GPUs (the NVIDIA driver needs them).\n"
     "blacklist nouveau\n"
@@ -190,8 +193,8 @@ def _check_url(what: str, url: str) -> None:
 
 
 def _put(dest: str, content: str):
-    """``files.put`` of a managed text file (mode 0644, root); returns whether it changed."""
-    commands = list(files.put._inner(src=io.StringIO(content), dest=dest, mode="644", create_remote_dir=False))
+    """``put_file`` of a managed text file (mode 0644, root:root); returns whether it changed."""
+    commands = list(put_file(get_state(paths=MANAGED_FILES)["files"][dest], dest, content))
     yield from commands
     return bool(commands)
 
@@ -308,12 +311,8 @@ def nvidia_repository(repo_url: str | None = None, keyring_url: str | None = Non
 
 
 def _nouveau_blacklist():
-    commands = list(
-        files.put._inner(src=io.StringIO(NOUVEAU_BLACKLIST), dest=NOUVEAU_CONF, mode="644", create_remote_dir=False)
-    )
-    if not commands:
+    if not (yield from _put(NOUVEAU_CONF, NOUVEAU_BLACKLIST)):
         return
-    yield from commands
     for tool, rebuild in INITRAMFS_TOOLS:
         if host.get_fact(Which, command=tool):
             # A failed rebuild takes the file away again, so that the next run retries instead of seeing no change.

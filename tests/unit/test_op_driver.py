@@ -3,18 +3,18 @@ quoting, RHEL 9), and the private facts it parses."""
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 import subprocess
 
 import pytest
 from pyinfra.api import OperationError, OperationValueError, State
 from pyinfra.facts.dnf import DnfEnabledModules
-from pyinfra.facts.files import Directory, File, Sha1File
+from pyinfra.facts.files import Directory, File
 from pyinfra.facts.rpm import RpmPackages
 from pyinfra.facts.server import Arch, KernelVersion, RebootRequired, Which
-from pyinfra_harness import run_operation, wrap
+from pyinfra_harness import managed_state, run_operation, wrap
 
+from gpufleet.facts.files import ManagedState
 from gpufleet.facts.nvidia import GpuInventory
 from gpufleet.facts.packages import NvidiaPackages, PackageHolds
 from gpufleet.facts.system import Distribution
@@ -59,10 +59,6 @@ def source_text(repo=REPO, keyring=KEYRING):
         "# Managed by gpufleet: NVIDIA driver repository (flat, like NVIDIA's CUDA repositories).\n"
         f"deb [signed-by={keyring}] {repo.rstrip('/')}/ /\n"
     )
-
-
-def sha1(text: str) -> str:
-    return hashlib.sha1(text.encode()).hexdigest()
 
 
 def policy(packages):
@@ -124,8 +120,8 @@ def apt_facts(managed: dict[str, str] | None = None, installed=None, holds=(), e
 
     return host_facts({
         Distribution: DEBIAN,
-        File: file,
-        Sha1File: lambda path: sha1(managed[path]) if path in managed else None,
+        File: file,  # the keyring (files.download)
+        ManagedState: managed_state(files=managed),
         Which: lambda command: {"curl": "/usr/bin/curl", "update-initramfs": "/usr/sbin/update-initramfs"}.get(command),
         KernelVersion: KERNEL,
         driver._AptCachePolicy: policy,
@@ -159,6 +155,12 @@ def converged(branch="580", style="nvidia", flavour="open", nvswitch=True, extra
     return facts
 
 
+def created(path: str, content: str) -> list[str]:
+    """The commands that write a file gpufleet manages where there was none (``put_file``)."""
+    return [f"mkdir -p {path.rsplit('/', 1)[0]}", f"upload {path}\n{content}",
+            f"chown root:root {path} && chmod 644 {path}"]
+
+
 def run(facts, **kwargs):
     args = {"branch": "580", "flavour": "open", "repo_url": REPO, "nvswitch": True}
     args.update(kwargs)
@@ -182,13 +184,12 @@ def test_bare_debian_host_gets_repository_pin_blacklist_driver_fabricmanager_and
     assert commands[1].startswith(f"curl -sSLf {KEY} -o ")
     assert commands[2].endswith(f" {KEYRING}") and commands[2].startswith("mv ")
     assert commands[3] == f"chmod 644 {KEYRING}"
-    assert commands[4:6] == [f"upload {SOURCE}\n{source_text()}", f"chmod 644 {SOURCE}"]
-    assert commands[6:8] == [f"upload {PIN}\n{_packaging.apt_pin('580')}", f"chmod 644 {PIN}"]
-    assert commands[8:] == [
+    assert commands[4:7] == created(SOURCE, source_text())
+    assert commands[7:10] == created(PIN, _packaging.apt_pin("580"))
+    assert commands[10:] == [
         "apt-get update",
-        f"upload {NOUVEAU}\n# Managed by gpufleet: keep nouveau away from NVIDIA GPUs (the NVIDIA driver needs them)."
-        "\nblacklist nouveau\noptions nouveau modeset=0\n",
-        f"chmod 644 {NOUVEAU}",
+        *created(NOUVEAU, "# Managed by gpufleet: keep nouveau away from NVIDIA GPUs (the NVIDIA driver needs them)."
+                 "\nblacklist nouveau\noptions nouveau modeset=0\n"),
         f"update-initramfs -u || {{ rm -f {NOUVEAU}; exit 1; }}",
         f"{APT_INSTALL} {headers}",
         f"{APT_INSTALL} --allow-downgrades --allow-change-held-packages "
@@ -253,8 +254,7 @@ def test_the_whole_driver_release_is_held_not_container_tools_or_other_versions(
 def test_branch_change_installs_other_branch_removes_old_and_reports_reboot_pending():
     commands, noops = run(converged("580"), branch="570")
     assert commands == [
-        f"upload {PIN}\n{_packaging.apt_pin('570')}",
-        f"chmod 644 {PIN}",
+        f"upload {PIN}\n{_packaging.apt_pin('570')}",  # an existing file of root, mode 644: its text changes
         "apt-get update",
         f"{APT_INSTALL} --allow-downgrades --allow-change-held-packages nvidia-open-570=570.172.08-1 "
         "nvidia-fabricmanager-570=570.172.08-1 nvidia-fabricmanager-580- nvidia-open-580-",
@@ -453,9 +453,9 @@ def test_no_initramfs_tool_is_reported_and_the_blacklist_still_written():
     managed = {KEYRING: "key", SOURCE: source_text(), PIN: _packaging.apt_pin("580")}
     facts = converged(extra={Which: lambda command: None})
     facts[File] = lambda path: {"mode": 644} if path in managed else None
-    facts[Sha1File] = lambda path: sha1(managed[path]) if path in managed else None
+    facts[ManagedState] = managed_state(files=managed)
     commands, noops = run(facts)
-    assert commands == [f"upload {NOUVEAU}\n{driver.NOUVEAU_BLACKLIST}", f"chmod 644 {NOUVEAU}"]
+    assert commands == created(NOUVEAU, driver.NOUVEAU_BLACKLIST)
     assert any("neither update-initramfs nor dracut" in noop for noop in noops)
 
 
@@ -531,6 +531,7 @@ def dnf_facts(extra: dict | None = None):
         Distribution: ROCKY,
         Arch: "x86_64",
         File: lambda path: None,
+        ManagedState: managed_state(),
         Which: lambda command: "/usr/bin/dracut" if command == "dracut" else None,
         KernelVersion: "5.14.0-427.13.1.el9_4.x86_64",
         driver._DnfAvailable: lambda package: True,
@@ -544,12 +545,10 @@ def test_rhel9_bare_host_module_stream_fabric_manager_versionlock():
     commands, noops = run(dnf_facts(), repo_url=None)
     base = "https://developer.download.nvidia.com/compute/cuda/repos/rhel9/x86_64/"
     assert commands == [
-        f"upload /etc/yum.repos.d/gpufleet-nvidia.repo\n# Managed by gpufleet: NVIDIA driver repository.\n"
-        f"[gpufleet-nvidia]\nname=NVIDIA driver repository (gpufleet)\nbaseurl={base}\nenabled=1\ngpgcheck=1\n"
-        f"gpgkey={base}D42D0685.pub\n",
-        "chmod 644 /etc/yum.repos.d/gpufleet-nvidia.repo",
-        f"upload {NOUVEAU}\n{driver.NOUVEAU_BLACKLIST}",
-        f"chmod 644 {NOUVEAU}",
+        *created("/etc/yum.repos.d/gpufleet-nvidia.repo", "# Managed by gpufleet: NVIDIA driver repository.\n"
+                 f"[gpufleet-nvidia]\nname=NVIDIA driver repository (gpufleet)\nbaseurl={base}\nenabled=1\n"
+                 f"gpgcheck=1\ngpgkey={base}D42D0685.pub\n"),
+        *created(NOUVEAU, driver.NOUVEAU_BLACKLIST),
         f"dracut -f || {{ rm -f {NOUVEAU}; exit 1; }}",
         "dnf install -y kernel-devel-5.14.0-427.13.1.el9_4.x86_64",
         "dnf module install -y --allowerasing nvidia-driver:580-open",
@@ -563,7 +562,6 @@ def test_rhel9_bare_host_module_stream_fabric_manager_versionlock():
 
 
 def rhel_converged(stream="580-open", extra: dict | None = None):
-    files = {"/etc/yum.repos.d/gpufleet-nvidia.repo", NOUVEAU}
     repo = (
         "# Managed by gpufleet: NVIDIA driver repository.\n[gpufleet-nvidia]\nname=NVIDIA driver repository "
         f"(gpufleet)\nbaseurl={REPO}\nenabled=1\ngpgcheck=1\ngpgkey={REPO}/D42D0685.pub\n"
@@ -571,8 +569,7 @@ def rhel_converged(stream="580-open", extra: dict | None = None):
     contents = {"/etc/yum.repos.d/gpufleet-nvidia.repo": repo, NOUVEAU: driver.NOUVEAU_BLACKLIST}
     facts = dnf_facts(
         extra={
-            File: lambda path: {"mode": 644} if path in files else None,
-            Sha1File: lambda path: sha1(contents[path]),
+            ManagedState: managed_state(files=contents),
             driver._PathExists: lambda path: True,
             RpmPackages: {
                 "nvidia-driver": {"580.95.05-1.el9"},
