@@ -57,6 +57,12 @@ def unit_states(units) -> dict[str, dict]:
     return {u: known.get(u) or unknown_unit() for u in units}
 
 
+def is_running(status: dict) -> bool:
+    """Whether systemd runs the unit or is bringing it up (``activating``: its start, or a restart after it
+    exited, e.g. an exporter that found no DCGM host engine yet). Starting such a unit again changes nothing."""
+    return status["active_state"] in ("active", "activating", "reloading")
+
+
 def get_state(paths=(), read=(), units=()) -> dict:
     """``ManagedState`` for these paths and :func:`unit_states` of these units, with every asked-for key present
     (absent files -> None)."""

@@ -24,6 +24,7 @@ from ._systemd import (
     SETTINGS_DIR,
     UNIT_DIR,
     get_state,
+    is_running,
     put_file,
     read_together,
     refuse,
@@ -166,14 +167,14 @@ def _converge_service(status: dict, unit: str, changed: bool):
         yield systemctl("daemon-reload")
     if status["unit_file_state"] != "enabled":
         yield systemctl("enable", unit)
-    if status["active_state"] != "active":
+    if not is_running(status):
         yield systemctl("start", unit)
     elif changed:
         yield systemctl("restart", unit)
 
 
 def _stop_and_disable(status: dict, unit: str):
-    if status["active_state"] == "active":
+    if is_running(status):
         yield systemctl("stop", unit)
     if status["unit_file_state"] == "enabled":
         yield systemctl("disable", unit)

@@ -36,6 +36,7 @@ from ._systemd import (
     all_of,
     fail,
     get_state,
+    is_running,
     node_script,
     put_file,
     read_together,
@@ -73,7 +74,6 @@ UNIT_BEFORE = ("gpufleet-power-limits.service", "gpufleet-gpu-clocks.service", "
                "dcgm-exporter.service", "gpufleet-exporter.service")
 
 _UNIT_RE = re.compile(r"^[A-Za-z0-9:_.@\\-]+\.(service|socket|target|timer|path|mount)$")
-_RUNNING = ("active", "activating", "reloading")
 _MODES = {True: "Enabled", False: "Disabled"}
 
 
@@ -310,7 +310,7 @@ def layout(
     targets = [plan for plan in plans if not mig_mode_ok(plan.enabled, plan.gpu)]
     if targets:
         changed = True
-        running = [u for u in holders if managed["units"][u]["active_state"] in _RUNNING]
+        running = [u for u in holders if is_running(managed["units"][u])]
         yield mode_command(targets, running)
         # Evaluated when the command above has run: what the GPUs say now.
         gpus = _gpus(host.get_fact(GpuInventory))

@@ -170,6 +170,18 @@ def test_dcgm_converged_is_a_noop():
     assert noops[-1] == "GPU exporter dcgm running on 0.0.0.0:9400"
 
 
+@pytest.mark.parametrize("sub_state, start", [("auto-restart", False), ("start", False), ("dead", True)])
+def test_an_exporter_systemd_is_bringing_up_is_not_started_again(sub_state, start):
+    """dcgm-exporter started before nv-hostengine listened exits, and systemd starts it again after RestartSec
+    (activating/auto-restart): a run in that window changes nothing. A stopped one is started."""
+    state = "inactive" if sub_state == "dead" else "activating"
+    units = {**DCGM_RUNNING, exporters.DCGM_EXPORTER_UNIT: {"active_state": state, "sub_state": sub_state,
+                                                            "unit_file_state": "enabled"}}
+    facts = apt_host({exporters.DCGM_COUNTERS: COUNTERS, exporters.DCGM_DROP_IN: DROP_IN}, DCGM_INSTALLED, units)
+    commands, _ = run_operation(exporters.gpu_exporter, facts=facts, kind="dcgm", profiling=True)
+    assert commands == (["systemctl start dcgm-exporter.service"] if start else [])
+
+
 def test_dcgm_new_listen_address_rewrites_the_drop_in_and_restarts_only_the_exporter():
     facts = apt_host({exporters.DCGM_COUNTERS: COUNTERS, exporters.DCGM_DROP_IN: DROP_IN}, DCGM_INSTALLED,
                      DCGM_RUNNING)
