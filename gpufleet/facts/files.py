@@ -77,12 +77,11 @@ class ManagedState(FactBase):
         return "; ".join(parts)
 
     def process(self, output):
-        file_lines = list(output)
         files: dict[str, dict | None] = {}
         contents: dict[str, str | None] = {}
         reading: str | None = None
         sha1s: dict[str, str] = {}
-        for line in file_lines:
+        for line in output:
             if reading is not None and line.startswith("|"):
                 contents[reading] = (contents[reading] or "") + line[1:] + "\n"
                 continue

@@ -53,13 +53,10 @@ def parse_units(lines) -> dict[str, dict]:
     return units
 
 
-def split_units(output) -> tuple[list[str], list[str]]:
-    """(lines before :func:`show_command`'s mark, lines after it)."""
+def after_mark(output) -> list[str]:
+    """The lines after :func:`show_command`'s mark (none without systemctl)."""
     lines = list(output)
-    if _MARK in lines:
-        at = lines.index(_MARK)
-        return lines[:at], lines[at + 1:]
-    return lines, []
+    return lines[lines.index(_MARK) + 1:] if _MARK in lines else []
 
 
 class UnitStates(FactBase):
@@ -83,4 +80,4 @@ class UnitStates(FactBase):
         return show_command(tuple(units))
 
     def process(self, output):
-        return parse_units(split_units(output)[1])
+        return parse_units(after_mark(output))
