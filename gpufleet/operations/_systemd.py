@@ -225,7 +225,7 @@ def remove_gpu_settings(state: dict, unit: str, conf: str):
     files = state["files"]
     unit_path = posixpath.join(UNIT_DIR, unit)
     status = state["units"][unit]
-    if status["active_state"] in ("active", "activating", "reloading"):
+    if is_running(status):
         yield systemctl("stop", unit)
     if status["unit_file_state"] == "enabled":
         yield systemctl("disable", unit)

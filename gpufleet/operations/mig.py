@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import posixpath
-import re
 import shlex
 from collections.abc import Mapping, Sequence
 
@@ -16,6 +15,7 @@ from pyinfra.operations import server
 
 from gpufleet.facts.mig import MigState, instances_by_gpu
 from gpufleet.facts.nvidia import GpuInventory
+from gpufleet.facts.systemd import UNIT_RE
 from gpufleet.plan import (
     MIG_APPLIER,
     MIG_LAYOUT,
@@ -73,7 +73,6 @@ UNIT_AFTER = ("systemd-modules-load.service", "nvidia-persistenced.service", "nv
 UNIT_BEFORE = ("gpufleet-power-limits.service", "gpufleet-gpu-clocks.service", "nvidia-dcgm.service",
                "dcgm-exporter.service", "gpufleet-exporter.service")
 
-_UNIT_RE = re.compile(r"^[A-Za-z0-9:_.@\\-]+\.(service|socket|target|timer|path|mount)$")
 _MODES = {True: "Enabled", False: "Disabled"}
 
 
@@ -113,7 +112,7 @@ def _check_units(units) -> tuple[str, ...]:
     checked = []
     for unit in units:
         name = unit if isinstance(unit, str) and "." in unit else f"{unit}.service"
-        if not isinstance(unit, str) or not _UNIT_RE.match(name):
+        if not isinstance(unit, str) or not UNIT_RE.match(name):
             raise OperationValueError(f"mig.layout: holder_services: {unit!r} is not a systemd unit name")
         if name not in checked:
             checked.append(name)
