@@ -53,13 +53,13 @@ def parse_driver_option(option: str | None) -> str | None:
 
 # ------------------------------------------------------------------------------------ packages
 
-# -S: the simulator needs no site-packages, and site's start-up is a sixth of a simulated nvidia-smi call (~3 ms)
-SHEBANG = "#!/usr/bin/python3 -S\n"
+# The start of every simulated program. -S: the simulator needs no site-packages, and site's start-up is a sixth of a
+# simulated nvidia-smi call (~3 ms).
+PREAMBLE = "#!/usr/bin/python3 -S\nimport sys\nsys.path.insert(0, '/usr/lib/gpufleet-sim')\n"
 
 
 def _wrapper(module: str) -> str:
-    return f"{SHEBANG}import sys\nsys.path.insert(0, '/usr/lib/gpufleet-sim')\n" \
-           f"from simgpu.{module} import main\nsys.exit(main(sys.argv[1:]))\n"
+    return f"{PREAMBLE}from simgpu.{module} import main\nsys.exit(main(sys.argv[1:]))\n"
 
 
 PERSISTENCED_UNIT = """\
@@ -165,8 +165,7 @@ DCGM_FI_DRIVER_VERSION,        label, Driver Version
 
 
 def _dcgm_wrapper(program: str) -> str:
-    return (f"{SHEBANG}import sys\nsys.path.insert(0, '/usr/lib/gpufleet-sim')\n"
-            f"from simgpu.dcgm import main\nsys.exit(main([{program!r}, *sys.argv[1:]]))\n")
+    return f"{PREAMBLE}from simgpu.dcgm import main\nsys.exit(main([{program!r}, *sys.argv[1:]]))\n"
 
 
 def _dcgm_tree(work: Path, package: str, version: str, revision: str) -> Path:
