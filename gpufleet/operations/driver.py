@@ -407,7 +407,7 @@ def _apt_packages(branch: str, flavour: str, style: str, nvswitch: bool, repo_ur
     driver = pkg.driver_package(branch, flavour, style)
     fabricmanager = pkg.fabricmanager_package(branch)
     installed, holds = _apt_installed()
-    driver_version = _one(installed.get(driver))
+    driver_version = _apt_installed_driver(branch, flavour, style)
     fm_version = _one(installed.get(fabricmanager)) if nvswitch else None
     obsolete = sorted(
         name
@@ -477,6 +477,11 @@ def _apt_installed() -> tuple[dict[str, set[str]], set[str]]:
     installed = {name: {entry["version"]} for name, entry in found["packages"].items()
                  if entry["installed"] and entry["version"]}
     return installed, set(found["held"])
+
+
+def _apt_installed_driver(branch: str, flavour: str, style: str) -> str | None:
+    """The installed version of the wanted driver metapackage (branch, flavour, naming style), else None."""
+    return _one(_apt_installed()[0].get(pkg.driver_package(branch, flavour, style)))
 
 
 def _hold_list(wanted: list[str], installed: dict, driver_version: str | None) -> list[str]:
@@ -697,8 +702,7 @@ def nvidia_driver(
         yield from _nouveau_blacklist()
         lists_updated = repo_changed
         style = packages_style or pkg.default_style(distro)
-        if kernel_headers and _dkms_may_build(_one(_apt_installed()[0].get(pkg.driver_package(branch, flavour,
-                                                                                              style)))):
+        if kernel_headers and _dkms_may_build(_apt_installed_driver(branch, flavour, style)):
             lists_updated = yield from _apt_headers(lists_updated)
         packages = yield from _apt_packages(branch, flavour, style, nvswitch, repo_url, lists_updated=lists_updated)
         if packages is None:
