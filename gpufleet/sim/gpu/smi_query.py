@@ -106,13 +106,18 @@ def _ecc_counter(gpu: Gpu, field: str) -> str | None:
     return None  # leave the capture's default (sram counters 0, register file [N/A], ...)
 
 
-def gpu_value(gpu: Gpu, field: str, ctx: dict) -> str:
-    """The value of canonical ``field`` for ``gpu`` (without unit)."""
-    g = gpu
-    mig = g.mig_on
+def gpu_values(gpu: Gpu, names: list[str], ctx: dict) -> dict[str, str]:
+    """The value of each canonical field in ``names`` for ``gpu`` (without unit)."""
+    simple = _simple_values(gpu, ctx)
+    return {name: simple[name] if name in simple else _other_value(gpu, name, ctx) for name in names}
+
+
+def _simple_values(g: Gpu, ctx: dict) -> dict[str, str]:
+    """The fields one state value (or a short formula) answers, all at once: a query asks for many."""
     bus = g.bus_id
+    mig = g.mig_on
     reasons = g.i("clocks.event_reasons")
-    simple = {
+    return {
         "timestamp": ctx["timestamp"],
         "driver_version": ctx["version"],
         "kmd_version": ctx["version"],
@@ -184,8 +189,12 @@ def gpu_value(gpu: Gpu, field: str, ctx: dict) -> str:
         "c2c.mode": "Disabled" if g.s("architecture") in ("Hopper", "Blackwell") else NA,
         "platform.module_id": str(g.index + 1),
     }
-    if field in simple:
-        return simple[field]
+
+
+def _other_value(g: Gpu, field: str, ctx: dict) -> str:
+    """A field :func:`_simple_values` does not answer: event reasons, ECC and remapping counters, fabric."""
+    mig = g.mig_on
+    reasons = g.i("clocks.event_reasons")
     if field.startswith(("clocks_event_reasons.", "clocks_throttle_reasons.")):
         bit = EVENT_BITS.get(field.split(".", 1)[1])
         if bit is not None:
@@ -241,7 +250,7 @@ def query_gpu(
     }
 
     def row(gpu: Gpu) -> list[str]:
-        return [_row({name: gpu_value(gpu, name, ctx) for name, _unit in fields}, fields, units)]
+        return [_row(gpu_values(gpu, [name for name, _unit in fields], ctx), fields, units)]
 
     rc = for_each_gpu(gpus, out, row)
     return out, rc
