@@ -44,8 +44,9 @@ class ManagedState(FactBase):
             "contents": {"/run/gpufleet/gpu-clocks.locked": "GPU-…=1500,1980\\n"},  # None: absent
         }
 
-    The units an operation manages are read with :class:`gpufleet.facts.systemd.UnitStates`, all of a run's in one
-    read (``gpufleet.operations._systemd.unit_states``).
+    gpufleet's operations read every file they manage in one such read, and the units with
+    :class:`gpufleet.facts.systemd.UnitStates`, all of a run's in one read (``gpufleet.operations._systemd``:
+    ``read_together``, ``get_state``).
     """
 
     default = dict

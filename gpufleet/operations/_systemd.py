@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import posixpath
 import shlex
+from collections.abc import Iterable
 from io import StringIO
 
 from pyinfra import host, logger, state
@@ -24,7 +25,7 @@ from pyinfra.facts.files import FileContents
 from pyinfra.operations.util.files import generate_color_diff
 
 from gpufleet import resources
-from gpufleet.facts.files import ManagedState
+from gpufleet.facts.files import ManagedState, check_path
 from gpufleet.facts.systemd import UnitStates, check_unit, unknown_unit
 
 SETTINGS_DIR = "/etc/gpufleet"
@@ -36,15 +37,21 @@ GPU_SETTINGS_AFTER = ("nvidia-persistenced.service", "nvidia-fabricmanager.servi
 GPU_SETTINGS_WANTS = ("nvidia-persistenced.service",)
 
 
-# The units gpufleet's operation modules read (declared by each module, :func:`read_together`). Every unit read
-# asks systemd for all of them: a run costs one ``systemctl show`` per host, and one more after a change, instead
-# of one per operation. A unit a host does not have answers "not-found".
+# The units, files and file contents gpufleet's operation modules read (declared by each module,
+# :func:`read_together`). Every read of units asks systemd for all of them, every read of files (:func:`get_state`)
+# stats all of them: a run costs one ``systemctl show`` and one ``ManagedState`` per host, and one more of each
+# after a change, instead of one per operation. A unit a host does not have answers "not-found", a file "absent".
 _UNITS_READ_TOGETHER: set[str] = set()
+_FILES_READ_TOGETHER: set[str] = set()
+_CONTENTS_READ_TOGETHER: set[str] = set()
 
 
-def read_together(*units: str) -> None:
-    """Declare units an operation module reads, so that every unit read (:func:`unit_states`) asks for them too."""
+def read_together(*units: str, files: Iterable[str] = (), contents: Iterable[str] = ()) -> None:
+    """Declare the units, files (stat, sha1) and file contents an operation module reads, so that every read of
+    units (:func:`unit_states`) and of files (:func:`get_state`) asks for them too."""
     _UNITS_READ_TOGETHER.update(check_unit(unit) for unit in units)
+    _FILES_READ_TOGETHER.update(check_path(path) for path in files)
+    _CONTENTS_READ_TOGETHER.update(check_path(path) for path in contents)
 
 
 def unit_states(units) -> dict[str, dict]:
@@ -64,10 +71,12 @@ def is_running(status: dict) -> bool:
 
 
 def get_state(paths=(), read=(), units=()) -> dict:
-    """``ManagedState`` for these paths and :func:`unit_states` of these units, with every asked-for key present
-    (absent files -> None)."""
+    """``ManagedState`` of these paths (with these contents) and :func:`unit_states` of these units, with every
+    asked-for key present (absent files -> None); the files are read in one ``ManagedState`` with every file and
+    content declared by :func:`read_together`."""
     paths, read = tuple(paths), tuple(read)
-    state = host.get_fact(ManagedState, paths=paths, read=read) if paths or read else {}
+    state = host.get_fact(ManagedState, paths=tuple(sorted(_FILES_READ_TOGETHER.union(paths))),
+                          read=tuple(sorted(_CONTENTS_READ_TOGETHER.union(read)))) if paths or read else {}
     files = (state or {}).get("files", {})
     contents = (state or {}).get("contents", {})
     return {

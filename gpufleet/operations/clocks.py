@@ -36,13 +36,13 @@ from ._systemd import (
 
 CONF = CLOCKS_CONF
 UNIT = CLOCKS_UNIT
-read_together(UNIT)
 conf_text = clocks_conf_text
 DESCRIPTION = "gpufleet: reapply locked GPU clocks"
 # The driver has no way to read a clock lock back (no nvidia-smi field, no NVML getter): the locks gpufleet
 # applied since boot are recorded here, by this operation and by gpufleet-gpu-settings. /run is a tmpfs,
 # emptied at boot, when the locks are gone too.
 LOCKED = "/run/gpufleet/gpu-clocks.locked"
+read_together(UNIT, files=(*gpu_settings_paths(UNIT, CONF), LOCKED), contents=(LOCKED, CONF))
 
 
 def _check_lock(lock_mhz) -> tuple[int, int] | None:

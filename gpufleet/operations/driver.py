@@ -44,7 +44,7 @@ NOUVEAU_BLACKLIST = (
     "options nouveau modeset=0\n"
 )
 FABRICMANAGER_UNIT = "nvidia-fabricmanager.service"
-read_together(FABRICMANAGER_UNIT)
+read_together(FABRICMANAGER_UNIT, files=MANAGED_FILES)
 REBOOT_REQUIRED = "/var/run/reboot-required"
 # Initramfs tools in order of preference: (command that must exist, rebuild command).
 INITRAMFS_TOOLS = (("update-initramfs", "update-initramfs -u"), ("dracut", "dracut -f"))

@@ -16,6 +16,7 @@ from pyinfra.api import StringCommand, operation
 from pyinfra.api.command import FileUploadCommand
 from pyinfra.operations import apt
 
+from gpufleet.config import DEFAULT_TEXTFILE_DIR
 from gpufleet.exporter import BUNDLE_NAME, bundle
 from gpufleet.facts.system import Distribution
 
@@ -51,9 +52,12 @@ DCGM_PACKAGES = ("datacenter-gpu-manager-4-core", "datacenter-gpu-manager-export
 DCGM_UNIT = "nvidia-dcgm.service"
 DCGM_EXPORTER_UNIT = "dcgm-exporter.service"
 DCGM_EXPORTER_BINARY = "/usr/bin/dcgm-exporter"
-read_together(NODE_EXPORTER_UNIT, NVML_UNIT, DCGM_UNIT, DCGM_EXPORTER_UNIT)
 DCGM_COUNTERS = "/etc/dcgm-exporter/gpufleet-counters.csv"
 DCGM_DROP_IN = f"/etc/systemd/system/{DCGM_EXPORTER_UNIT}.d/gpufleet.conf"
+# the textfile directory is a setting: its default is read together with the other files
+read_together(NODE_EXPORTER_UNIT, NVML_UNIT, DCGM_UNIT, DCGM_EXPORTER_UNIT,
+              files=(NODE_EXPORTER_DEFAULTS, NVML_BUNDLE, NVML_SETTINGS, NVML_UNIT_PATH, DCGM_COUNTERS, DCGM_DROP_IN,
+                     DEFAULT_TEXTFILE_DIR, posixpath.join(DEFAULT_TEXTFILE_DIR, DESIRED_TEXTFILE)))
 
 # The counters the alerts and dashboards need (dcgm-exporter's default file comments out ECC, Xid counts,
 # clock events and NVLink errors). (field, type, help); profiling fields only on GPUs that have them.

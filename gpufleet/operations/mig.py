@@ -67,7 +67,8 @@ DEFAULT_HOLDER_SERVICES = (
     "nvidia-fabricmanager.service",
     "nvidia-persistenced.service",
 )
-read_together(UNIT, *DEFAULT_HOLDER_SERVICES)
+read_together(UNIT, *DEFAULT_HOLDER_SERVICES, files=(LAYOUT_PATH, APPLIER, LOCKED_APPLIER, UNIT_PATH),
+              contents=(LAYOUT_PATH, STATUS_PATH))
 # The boot unit runs once the driver's daemons are up, and before what reads MIG devices or GPU settings.
 UNIT_AFTER = ("systemd-modules-load.service", "nvidia-persistenced.service", "nvidia-fabricmanager.service")
 UNIT_BEFORE = ("gpufleet-power-limits.service", "gpufleet-gpu-clocks.service", "nvidia-dcgm.service",

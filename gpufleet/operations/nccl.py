@@ -11,7 +11,10 @@ from pyinfra.api import OperationValueError, operation
 
 from gpufleet.facts.files import check_path
 
-from ._systemd import get_state, put_file, remove_file, render
+from ._systemd import get_state, put_file, read_together, remove_file, render
+
+DEFAULT_PATH = "/etc/nccl.conf"  # NCCL's own, read for every user
+read_together(files=(DEFAULT_PATH,))
 
 # NCCL (src/misc/param.cc) reads "NAME=value" lines into setenv(NAME, value): the name is everything before
 # the first "=", nothing is trimmed or unquoted, a line is at most 1023 characters of name or value.
@@ -41,7 +44,7 @@ def _value_text(key: str, value) -> str:
     return text
 
 
-def conf_text(settings: dict, path: str = "/etc/nccl.conf") -> str:
+def conf_text(settings: dict, path: str = DEFAULT_PATH) -> str:
     """The file's text: a header comment, then ``KEY=VALUE`` lines sorted by key (validated)."""
     if not isinstance(settings, dict):
         raise OperationValueError(f"nccl_conf: settings must be a dict {{NAME: value}}, not {settings!r}")
@@ -55,7 +58,7 @@ def conf_text(settings: dict, path: str = "/etc/nccl.conf") -> str:
 
 
 @operation()
-def nccl_conf(settings: dict[str, str | int], path: str = "/etc/nccl.conf"):
+def nccl_conf(settings: dict[str, str | int], path: str = DEFAULT_PATH):
     """
     Write NCCL's configuration file: ``KEY=VALUE`` lines, sorted, mode 0644, owned by root.
 

@@ -12,10 +12,10 @@ from gpufleet.facts.nvidia import GpuInventory
 from ._systemd import fail, get_state, put_file, read_together, render, systemctl
 
 UNIT = "nvidia-persistenced.service"
-read_together(UNIT)
 DROP_IN = "/etc/systemd/system/nvidia-persistenced.service.d/gpufleet.conf"
 WANTS_TARGET = "multi-user.target"
 WANTS_LINK = f"/etc/systemd/system/{WANTS_TARGET}.wants/{UNIT}"
+read_together(UNIT, files=(DROP_IN, WANTS_LINK))
 BINARY = "/usr/bin/nvidia-persistenced"
 DAEMON_USER = "nvidia-persistenced"
 

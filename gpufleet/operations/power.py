@@ -36,7 +36,7 @@ from ._systemd import (
 
 CONF = POWER_CONF
 UNIT = POWER_UNIT
-read_together(UNIT)
+read_together(UNIT, files=gpu_settings_paths(UNIT, CONF), contents=(CONF,))
 DESCRIPTION = "gpufleet: reapply GPU power limits"
 parse_conf = parse_uuid_conf
 conf_text = power_conf_text

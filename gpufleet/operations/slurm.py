@@ -35,7 +35,7 @@ from ._systemd import get_state, put_file, read_together, systemctl
 
 GRES_CONF = "/etc/slurm/gres.conf"
 SLURMD = "slurmd.service"
-read_together(SLURMD)
+read_together(SLURMD, files=(GRES_CONF,))
 MODES = ("auto", "files", "nvml")
 HEADER = "# Managed by gpufleet (slurm stage), overwritten on every run."
 
