@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import sys
 
-from . import smi_help_query, smi_mig, smi_misc, smi_monitor, smi_q, smi_query, smi_set, smi_table
 from . import state as st
 from .smi_common import SmiExit, bad_option, init_nvml, invalid_combination, major, option_value, select
-from .smi_help import HELP, HELP_610
+
+# Each action imports its own module when it runs (below): every fact read of a simulated host starts nvidia-smi,
+# and importing them all cost about as much as Python's own start.
 
 # option spellings -> destination; VALUE options take an argument
 VALUE_OPTIONS = {
@@ -43,12 +44,12 @@ FLAG_OPTIONS = {
     "--help-query-gpu": "help_gpu", "--help-query-compute-apps": "help_compute_apps",
     "--help-query-accounted-apps": "help_accounted_apps", "--help-query-retired-pages": "help_retired_pages",
 }  # fmt: skip
-# --help-query-* texts by the driver generation of the installed nvidia-smi (595+ list kmd_version)
+# --help-query-* texts (smi_help_query) by the driver generation of the installed nvidia-smi (595+ list kmd_version)
 HELP_QUERY = {
-    "help_gpu": (smi_help_query.GPU_590, smi_help_query.GPU_610),
-    "help_compute_apps": (smi_help_query.COMPUTE_APPS,) * 2,
-    "help_accounted_apps": (smi_help_query.ACCOUNTED_APPS,) * 2,
-    "help_retired_pages": (smi_help_query.RETIRED_PAGES,) * 2,
+    "help_gpu": ("GPU_590", "GPU_610"),
+    "help_compute_apps": ("COMPUTE_APPS",) * 2,
+    "help_accounted_apps": ("ACCOUNTED_APPS",) * 2,
+    "help_retired_pages": ("RETIRED_PAGES",) * 2,
 }
 ACTIONS = ("version", "list", "query", "query_gpu", "query_apps", "query_accounted", "query_retired", "pm", "pl",
            "mig", "reset", "lgc", "rgc", "ecc", "compute_mode")  # fmt: skip
@@ -76,21 +77,31 @@ def _run(argv: list[str]) -> tuple[list[str], int, str | None]:
     if argv and argv[0] in SUBCOMMANDS:
         state, version = init_nvml()
         if argv[0] == "mig":
+            from . import smi_mig
+
             lines, rc = smi_mig.run(argv[1:], state, version)
-        elif argv[0] == "nvlink":
-            lines, rc = smi_misc.nvlink(argv[1:], state)
         elif argv[0] in ("dmon", "pmon"):
+            from . import smi_monitor
+
             lines, rc = smi_monitor.run(argv[0], argv[1:])
         else:
-            lines, rc = smi_misc.topo(argv[1:], state)
+            from . import smi_misc
+
+            lines, rc = (smi_misc.nvlink if argv[0] == "nvlink" else smi_misc.topo)(argv[1:], state)
         return lines, rc, None
     opts = parse(argv)
     if opts.get("help"):
+        from .smi_help import HELP, HELP_610
+
         version = _help_version()
         return [(HELP_610 if major(version) >= 610 else HELP).replace("{version}", version)], 0, None
     for option, texts in HELP_QUERY.items():
         if opts.get(option):  # static text: no driver needed
-            return [texts[major(_help_version()) >= smi_query.KMD_VERSION_SINCE].rstrip("\n") + "\n"], 0, None
+            from . import smi_help_query
+            from .smi_query import KMD_VERSION_SINCE
+
+            text = getattr(smi_help_query, texts[major(_help_version()) >= KMD_VERSION_SINCE])
+            return [text.rstrip("\n") + "\n"], 0, None
     actions = [a for a in ACTIONS if a in opts]
     if len(actions) > 1:
         raise invalid_combination()
@@ -99,45 +110,60 @@ def _run(argv: list[str]) -> tuple[list[str], int, str | None]:
     id_arg = opts.get("id")
     id_arg = id_arg if isinstance(id_arg, str) else None
     state, version = init_nvml()
-    cuda = state.get("driver.cuda_version") or st.cuda_version_for(version)
     value = opts.get(action)
     value = value if isinstance(value, str) else ""
-    if action == "table":
-        lines, rc = smi_table.summary(select(state, id_arg), version, cuda)
-    elif action == "list":
-        lines, rc = smi_table.list_gpus(select(state, id_arg))
-    elif action == "version":
-        lines, rc = smi_misc.version_banner(version, cuda), 0
-    elif action == "query":
-        display = opts.get("display")
-        lines, rc = smi_q.query(state, select(state, id_arg), display if isinstance(display, str) else None, version)
-    elif action == "query_gpu":
-        fmt = opts.get("format")
-        lines, rc = smi_query.query_gpu(
-            state, select(state, id_arg), value, fmt if isinstance(fmt, str) else None, version
-        )
-    elif action == "query_apps":
-        fmt = opts.get("format")
-        lines, rc = smi_query.query_compute_apps(select(state, id_arg), value, fmt if isinstance(fmt, str) else None)
-    elif action in ("query_accounted", "query_retired"):
-        fmt = opts.get("format")
-        query = smi_query.query_accounted_apps if action == "query_accounted" else smi_query.query_retired_pages
-        lines, rc = query(select(state, id_arg), value, fmt if isinstance(fmt, str) else None)
-    elif action == "pm":
-        lines, rc = smi_set.persistence(id_arg, value, version)
-    elif action == "pl":
-        lines, rc = smi_set.power_limit(id_arg, value, version)
-    elif action == "mig":
-        lines, rc = smi_set.mig_mode(id_arg, value, version)
-    elif action == "reset":
-        lines, rc = smi_set.gpu_reset(id_arg)
-    elif action in ("lgc", "rgc"):
-        lines, rc = smi_set.lock_clocks(id_arg, value if action == "lgc" else None)
-    elif action == "ecc":
-        lines, rc = smi_set.ecc_config(id_arg, value)
+    fmt = opts.get("format")
+    fmt = fmt if isinstance(fmt, str) else None
+    if action in ("table", "list", "version", "query", "query_gpu", "query_apps", "query_accounted", "query_retired"):
+        lines, rc = _report(action, state, select(state, id_arg), version, value, fmt, opts.get("display"))
     else:
-        lines, rc = smi_set.compute_mode(id_arg, value)
+        lines, rc = _change(action, id_arg, value, version)
     return lines, rc, filename if isinstance(filename, str) else None
+
+
+def _report(action: str, state: dict[str, str], gpus: list, version: str, value: str, fmt: str | None,
+            display) -> tuple[list[str], int]:
+    """The actions that print what the GPUs are."""
+    if action in ("table", "list", "version"):
+        cuda = state.get("driver.cuda_version") or st.cuda_version_for(version)
+        if action == "version":
+            from . import smi_misc
+
+            return smi_misc.version_banner(version, cuda), 0
+        from . import smi_table
+
+        return smi_table.summary(gpus, version, cuda) if action == "table" else smi_table.list_gpus(gpus)
+    if action == "query":
+        from . import smi_q
+
+        return smi_q.query(state, gpus, display if isinstance(display, str) else None, version)
+    from . import smi_query
+
+    if action == "query_gpu":
+        return smi_query.query_gpu(state, gpus, value, fmt, version)
+    if action == "query_apps":
+        return smi_query.query_compute_apps(gpus, value, fmt)
+    query = smi_query.query_accounted_apps if action == "query_accounted" else smi_query.query_retired_pages
+    return query(gpus, value, fmt)
+
+
+def _change(action: str, id_arg: str | None, value: str, version: str) -> tuple[list[str], int]:
+    """The actions that change a setting."""
+    from . import smi_set
+
+    if action == "pm":
+        return smi_set.persistence(id_arg, value, version)
+    if action == "pl":
+        return smi_set.power_limit(id_arg, value, version)
+    if action == "mig":
+        return smi_set.mig_mode(id_arg, value, version)
+    if action == "reset":
+        return smi_set.gpu_reset(id_arg)
+    if action in ("lgc", "rgc"):
+        return smi_set.lock_clocks(id_arg, value if action == "lgc" else None)
+    if action == "ecc":
+        return smi_set.ecc_config(id_arg, value)
+    return smi_set.compute_mode(id_arg, value)
 
 
 def _help_version() -> str:

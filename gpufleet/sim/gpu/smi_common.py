@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
 
 from . import state as st
+
+TYPE_CHECKING = False  # for annotations only: importing collections.abc slows every simulated program's start
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 # nvmlReturn_t values nvidia-smi exits with (reference §2.1 / §5.2)
 RC_INVALID_ARGUMENT = 2

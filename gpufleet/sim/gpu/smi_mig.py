@@ -7,7 +7,6 @@ instance ids"): on an 8-slice GPU the full GPU is 0, halves 1-2, quarters 3-6, e
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
 
 from . import state as st
 from .smi_common import (
@@ -29,6 +28,10 @@ from .smi_common import (
     option_value,
     select,
 )
+
+TYPE_CHECKING = False  # for annotations only: importing collections.abc slows every simulated program's start
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
 
 # CI profile enum (NVML_COMPUTE_INSTANCE_PROFILE_*) by compute slice count
 CI_PROFILE_BY_SLICES = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4, 8: 5, 6: 6}

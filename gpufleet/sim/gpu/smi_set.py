@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 
 from . import state as st
 from .smi_common import (
@@ -28,6 +27,10 @@ from .smi_common import (
     watts,
 )
 from .smi_mig import destroy_all_instances
+
+TYPE_CHECKING = False  # for annotations only: importing collections.abc slows every simulated program's start
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 WARN_MOVE_ON = "Treating as warning and moving on."
 
