@@ -5,13 +5,12 @@ from __future__ import annotations
 
 from pyinfra.api import Config, State
 from pyinfra.context import ctx_host, ctx_state
+from pyinfra_harness import FakeHost, managed_state
 
 from gpufleet.config import DEFAULT_TEXTFILE_DIR
 from gpufleet.facts.files import ManagedState
 from gpufleet.facts.systemd import UnitStates
 from gpufleet.operations import _systemd, clocks, driver, exporters, mig, nccl, persistence, power, slurm
-
-from pyinfra_harness import FakeHost, managed_state
 
 GPUS = [{"index": 0, "uuid": "GPU-a", "pci_bus_id": "00000000:18:00.0", "power_limit_w": 500.0,
          "persistence": True, "mig_enabled": None}]

@@ -564,6 +564,48 @@ def test_pyinfra_overheads_are_trimmed_without_changing_what_pyinfra_sees(state,
         caller.filename, caller.lineno, caller.function) == (str(deploy), 4, "op")
 
 
+
+def test_global_arguments_are_found_in_host_data_as_pyinfra_finds_them(monkeypatch):
+    """pop_global_arguments answers the same through the trimmed host-data look-up: arguments set in group, host,
+    override, inventory-wide and deploy data, or given to the call, each in pyinfra's order of precedence."""
+    import importlib
+
+    from pyinfra.api import arguments
+
+    # pyinfra's own function (an earlier install in this process may have trimmed it), restored after the test
+    original = getattr(arguments.pop_global_arguments, "__wrapped__", arguments.pop_global_arguments)
+    modules = [importlib.import_module(f"pyinfra.api.{name}") for name in ("arguments", "facts", "operation", "deploy")]
+    for module in modules:
+        monkeypatch.setattr(module, "pop_global_arguments", original)
+    inventory = Inventory(
+        (["h1", ("h2", {"_su_user": "ops", "_timeout": 30}), "h3"], {"_shell_executable": "bash"}),
+        gpus=(["h1", "h2"], {"_sudo": True, "_retries": 2}),
+        big=(["h2"], {"_retries": 3, "_sudo_user": "gpu"}),
+    )
+    state = State(inventory, Config())
+    h1, h2, h3 = (inventory.get_host(name) for name in ("h1", "h2", "h3"))
+    h3.data._chdir = "/srv"  # override data
+    h2.current_deploy_kwargs = {"_env": {"A": "1"}, "_retries": 5}
+    calls = [(h, kwargs) for h in (h1, h2, h3)
+             for kwargs in ({}, {"_sudo": False, "path": "/x"}, {"_timeout": 5, "_su_user": "root"})]
+    expected = []
+    for h, kwargs in calls:
+        given = dict(kwargs)
+        expected.append((original(state, h, given), given))
+    prefetch.trim_pyinfra_overhead(state)
+    trimmed = arguments.pop_global_arguments
+    assert trimmed is not original and all(module.pop_global_arguments is trimmed for module in modules)
+    looked_up = []
+    getattr_ = type(h1.data).__getattr__
+    monkeypatch.setattr(type(h1.data), "__getattr__", lambda data, key: looked_up.append(key) or getattr_(data, key))
+    for (h, kwargs), (result, left) in zip(calls, expected, strict=True):
+        given = dict(kwargs)
+        assert (trimmed(state, h, given), given) == (result, left)
+    # only keys some layer holds are looked up in host.data (the ~30 absent ones are answered by the view)
+    assert set(looked_up) == {"_sudo", "_sudo_user", "_su_user", "_timeout", "_chdir", "_retries", "_shell_executable"}
+    assert expected[3][0][0]["_retries"] == 5 and expected[3][0][0]["_sudo_user"] == "gpu"
+
+
 def _run_reading(tmp_path, *words: str) -> None:
     """One run on a new State of h1: executes, reads ``words`` (Word facts), remembers them in ``tmp_path``."""
     inventory = Inventory((["h1"], {}))
