@@ -17,13 +17,16 @@ LOCK_FILE = f"{LOCK_DIR}/host.lock"
 HOLDER_KEYS = ("controller", "pid", "started", "command", "remote_pid", "generation", "boot_id")
 
 def lock_script(lock_file: str = LOCK_FILE) -> str:
-    """sh printing ``held``/``free`` and the lock file's lines; never takes the lock."""
+    """sh printing ``held``/``free`` and the lock file's lines; never takes the lock. The files are read with
+    shell builtins: this is the first read of every run on every host, before the others start."""
     path = shlex.quote(lock_file)
     return (
         f"if [ -e {path} ]; then ino=$(stat -c %i {path}); "
         "if awk -v ino=\":$ino\" 'substr($6, length($6) - length(ino) + 1) == ino {f = 1} END {exit !f}' "
-        f"/proc/locks; then echo held; else echo free; fi; cat {path}; else echo free; fi; "
-        "echo \"boot_id=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null)\""
+        "/proc/locks; then echo held; else echo free; fi; "
+        f"while IFS= read -r line || [ -n \"$line\" ]; do printf '%s\\n' \"$line\"; done < {path}; "
+        "else echo free; fi; "
+        "boot_id=''; read -r boot_id 2>/dev/null < /proc/sys/kernel/random/boot_id; echo \"boot_id=$boot_id\""
     )
 
 

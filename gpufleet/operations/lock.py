@@ -50,8 +50,20 @@ DRAIN_MAX_S = 3600  # a command of a killed run still running after an hour is n
 
 # Every taker of the lock counts up the generation kept in the lock file (it survives the release, not a reboot):
 # a run that finds the generation it read before changing anything knows nobody changed the host in between.
-_NEXT_GENERATION = ('generation=$(printf "%s\\n" "$previous" | sed -n "s/^generation=\\([0-9][0-9]*\\)$/\\1/p"); '
-                    'generation=$(( ${generation:-0} + 1 ))')
+# Read with shell builtins: the lock is taken at the start of every run, on every host at once.
+
+
+def _read_previous(lock_file: str) -> str:
+    """sh: from the lock file (quoted), ``generation``: the next generation, and ``stale``: its other non-empty lines
+    (a holder that is gone), each as ``stale LINE``."""
+    return ("generation=0; stale=''\n"
+            'while IFS= read -r line || [ -n "$line" ]; do\n'
+            '  case $line in\n'
+            '    generation=*) g=${line#generation=}; case $g in "" | *[!0-9]*) ;; *) generation=$g ;; esac ;;\n'
+            '    ?*) stale="${stale}stale $line\n" ;;\n'
+            '  esac\n'
+            f'done < {lock_file}\n'
+            "generation=$((generation + 1))")
 
 
 def hold_script(info: str, lock_file: str = LOCK_FILE, wait_s: int = GRACE_S) -> str:
@@ -59,16 +71,17 @@ def hold_script(info: str, lock_file: str = LOCK_FILE, wait_s: int = GRACE_S) ->
     ends and the connection's other processes are gone, then clear the holder and release."""
     lock_dir, lock_file = shlex.quote(os.path.dirname(lock_file)), shlex.quote(lock_file)
     return f"""set -u
-mkdir -p {lock_dir} || exit 3
+[ -d {lock_dir} ] || mkdir -p {lock_dir} || exit 3
 exec 9<>{lock_file}
 if ! flock -w {int(wait_s)} 9; then echo '{BUSY}'; cat {lock_file}; exit 1; fi
-previous=$(cat {lock_file})
-{_NEXT_GENERATION}
+{_read_previous(lock_file)}
 printf '%s\\nremote_pid=%s\\ngeneration=%s\\n' {shlex.quote(info)} "$$" "$generation" > {lock_file}
 echo '{HELD}'
 echo "generation=$generation"
-echo "boot_id=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null)"
-printf '%s\\n' "$previous" | grep -v '^generation=' | grep . | sed 's/^/stale /'
+boot_id=''
+read -r boot_id 2>/dev/null < /proc/sys/kernel/random/boot_id
+echo "boot_id=$boot_id"
+printf '%s' "$stale"
 echo '{HELD} end'
 cat >/dev/null
 waited=0
@@ -262,7 +275,7 @@ def node_lock_command(argv: list[str], what: str, wait_s: int = 600) -> list[str
     """``argv`` wrapped to run under the host lock on the node (boot units: ExecStart), naming ``what`` as the
     holder; waits up to ``wait_s`` seconds for a run that holds it."""
     path = shlex.quote(LOCK_FILE)
-    record = (f'previous=$(cat {path}); {_NEXT_GENERATION}; '
+    record = (f'{_read_previous(path)}; '
               f'printf "controller=%s\\npid=%s\\nstarted=%s\\ncommand=%s\\ngeneration=%s\\n" "$(hostname)" "$$" '
               f'"$(date -u +%Y-%m-%dT%H:%M:%SZ)" {shlex.quote(what)} "$generation" > {path}; "$@"; rc=$?; '
               f'echo "generation=$generation" > {path}; exit $rc')
