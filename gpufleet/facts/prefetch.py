@@ -31,7 +31,8 @@ What, installed by the gpufleet deploy only (:func:`install`, on the hosts of on
 
 * **Read-ahead.** :meth:`FactMemo.read_ahead` (what :func:`install` uses) reads given facts, and every read the
   deploy made on the same host in its previous run (remembered per host in a cache directory: commands and
-  connector arguments, never outputs; none with a masked value, password or environment), in ONE remote command
+  connector arguments, never outputs; none with a masked value, password or environment; not those made only
+  before that run changed the host, unless the run before it made them too), in ONE remote command
   per host (:func:`read_ahead_script`: the first read alone, the lock's, then the others concurrently). Each
   output is stored as its own read would have been; one that failed, or that did not come back, is read again
   when the deploy asks for it. A converged host's no-op run then costs one round trip for all its reads.
@@ -123,6 +124,8 @@ class _HostMemo:
     # the deploy's reads this run, in order: key -> (command, connector arguments); saved for the next run
     learned: dict[tuple, tuple[str, dict]] = field(default_factory=dict)
     remembered: list | None = None  # what the cache held for this host when this run read it (None: not read)
+    changed: bool = False  # something but a fact read ran on the host during this run
+    read_after_change: set = field(default_factory=set)  # keys of the deploy's reads made once the host changed
 
 
 class FactMemo:
@@ -178,8 +181,9 @@ class FactMemo:
             return
         for host, memo in self.hosts.items():
             if memo.learned:
-                reads = [{"command": text, "arguments": kwargs}
-                         for text, kwargs in list(memo.learned.values())[:MAX_LEARNED]]
+                reads = [{"command": text, "arguments": kwargs} for key, (text, kwargs) in memo.learned.items()]
+                reads = [read for key, read in zip(memo.learned, reads, strict=True) if _remember(memo, key, read)]
+                reads = reads[:MAX_LEARNED]
                 if reads != memo.remembered:  # a converged host's run reads what the last one did: nothing to write
                     _write_json(_learned_path(cache_dir, host), reads)
 
@@ -244,6 +248,7 @@ class FactMemo:
         """Anything but a fact read may change the host: what was read before (or during) it is stale."""
         if gevent.getcurrent() in self._prefetchers:
             raise _Prefetched()  # a prefetch never connects, nor does anything else
+        self._memo(host).changed = True
         self.invalidate(host)  # prefetches not started yet are dropped
         gevent.joinall(list(self._memo(host).prefetching))  # those running finish first
         try:
@@ -257,6 +262,8 @@ class FactMemo:
         """Note a read of the deploy for the next run, unless it carries a secret (a masked part, a password, an
         environment) that must not be written to disk."""
         memo = self._memo(host)
+        if memo.changed:
+            memo.read_after_change.add(key)
         if key in memo.learned or len(memo.learned) >= MAX_LEARNED:
             return
         arguments = _connector_kwargs(kwargs)
@@ -418,6 +425,14 @@ class FactMemo:
                 self._prefetchers.discard(current)
                 memo.prefetching.discard(current)
             return False
+
+
+def _remember(memo: _HostMemo, key: tuple, read: dict) -> bool:
+    """Whether the next run reads ``read`` ahead. A read the deploy made only before this run first changed the host
+    described the host before the change (a bare node's: which driver versions the repository offers, whether
+    kernel headers are installed): it is remembered only if the run before this one needed it too. Every other
+    read is: the deploy made it on the host as this run leaves it, or the host did not change."""
+    return not memo.changed or key in memo.read_after_change or read in (memo.remembered or ())
 
 
 def _cache_key(args: tuple, kwargs: dict) -> tuple | None:

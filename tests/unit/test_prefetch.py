@@ -8,6 +8,7 @@ No test sleeps to order events: a command named in the connector's ``gates`` ann
 from __future__ import annotations
 
 import inspect
+import json
 import re
 import shlex
 import socket
@@ -623,6 +624,41 @@ def _run_reading(tmp_path, *words: str) -> None:
     for word in words:
         state.inventory.get_host("h1").get_fact(Word, word)
     memo.save(tmp_path)
+
+
+
+def _run_steps(tmp_path, *steps: str) -> list[str]:
+    """One run on a new State of h1 that executes ``steps`` (``read WORD`` a Word fact, ``write N`` a command that
+    changes the host), then remembers its reads in ``tmp_path``; returns the commands remembered."""
+    inventory = Inventory((["h1"], {}))
+    for host in inventory:
+        host.connector_cls = FakeConnector
+    state = State(inventory, Config())
+    state.check_for_changes = False
+    host = state.inventory.get_host("h1")
+    host.connected = True
+    state.activate_host(host)
+    state.set_stage(StateStage.Prepare)
+    memo = prefetch.install(state, cache_dir=tmp_path)
+    gevent.joinall(memo.greenlets, raise_error=True)
+    state.set_stage(StateStage.Execute)
+    for step in steps:
+        verb, word = step.split()
+        if verb == "read":
+            host.get_fact(Word, word)
+        else:
+            host.run_shell_command(StringCommand(step))
+    memo.save(tmp_path)
+    return [read["command"] for read in json.loads((tmp_path / "reads" / "h1.json").read_text())]
+
+
+def test_reads_made_only_before_the_host_changed_are_not_read_ahead_next_time(tmp_path):
+    """A converging run's reads of the host it found (a bare node's) are not read ahead by the next run, which finds
+    the host converged; unless the run before needed them too (a converged host's one drifted setting)."""
+    assert _run_steps(tmp_path, "read x", "write 1", "read y", "read x") == ["read x", "read y"]  # x: again after
+    assert _run_steps(tmp_path, "read a", "read x", "write 2", "read y") == ["read x", "read y"]  # a: before only
+    assert _run_steps(tmp_path, "read a", "read x", "read y") == ["read a", "read x", "read y"]  # no change
+    assert _run_steps(tmp_path, "read a", "read x", "write 3", "read y") == ["read a", "read x", "read y"]
 
 
 def test_reads_are_written_again_only_when_they_changed(tmp_path, monkeypatch):
