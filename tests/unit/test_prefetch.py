@@ -50,7 +50,7 @@ class FakeConnector(BaseConnector):
     def run_shell_command(self, command, print_output=False, print_input=False, **arguments):
         text = command.get_raw_value() if isinstance(command, StringCommand) else str(command)
         self.log.append(text)
-        if text.startswith("d=$(mktemp -d)"):  # a read-ahead (its script is run by a real sh in another test)
+        if text.startswith("_gf_dir=$(mktemp -d)"):  # a read-ahead (its script is run by a real sh in another test)
             return True, CommandOutput([OutputLine("stdout", line) for line in self.read_ahead(text)])
         if text.startswith("write ") and self.in_flight:
             self.overlaps += 1
@@ -447,19 +447,24 @@ def test_the_installed_pyinfra_is_supported():
 
 
 def test_the_read_ahead_script_gives_each_command_its_own_output_and_status():
-    commands = ["printf 'a\\nb'", "echo out; echo err >&2", "exit 3", "cat; echo stdin-empty", "echo '@@x'"]
+    commands = ["printf 'a\\nb'", "echo out; echo err >&2", "exit 3", "cat; echo stdin-empty", "echo '@@x'",
+                "echo \"$# ${1:-none}\"; d=x; cd /; set -e; false; echo not-reached",  # its own shell state
+                "echo \"still $# ${d:-unset} $(pwd)\"", "if then", "for"]
     script = prefetch.read_ahead_script(commands)
-    run = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=30, check=True)
+    run = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=30, check=True, cwd="/tmp")
     output = CommandOutput([OutputLine("stdout", line) for line in run.stdout.splitlines()])
     results = prefetch.split_read_ahead(output, len(commands))
-    assert [(ok, out.stdout_lines, out.stderr_lines) for ok, out in (results[i] for i in range(5))] == [
+    assert [(ok, out.stdout_lines, out.stderr_lines) for ok, out in (results[i] for i in range(7))] == [
         (True, ["a", "b"], []),
         (True, ["out"], ["err"]),
         (False, [], []),
         (True, ["stdin-empty"], []),
         (True, ["@@x"], []),
+        (False, ["0 none"], []),
+        (True, ["still 0 unset /tmp"], []),
     ]
-    assert prefetch.split_read_ahead(output, 6) == {}  # not the expected shape: nothing is kept
+    assert [results[i][0] for i in (7, 8)] == [False, False]  # a syntax error fails that read only
+    assert prefetch.split_read_ahead(output, len(commands) + 1) == {}  # not the expected shape: nothing is kept
     assert prefetch.split_read_ahead(CommandOutput([OutputLine("stdout", "stray")]), 1) == {}
 
 
@@ -468,7 +473,7 @@ def test_read_ahead_is_one_command_per_host_and_serves_the_deploys_reads(state):
     gevent.joinall(memo.read_ahead(hosts(state), [(Value, (), {}), (Name, (), {})]), raise_error=True)
     for host in hosts(state):
         assert host.get_fact(Value) == 0 and host.get_fact(Name) == host.name
-        assert len(log(host)) == 1 and log(host)[0].startswith("d=$(mktemp -d)")
+        assert len(log(host)) == 1 and log(host)[0].startswith("_gf_dir=$(mktemp -d)")
         write(host, 5)
         assert host.get_fact(Value) == 5  # a change: read again
         assert log(host)[-1] == "read value"
