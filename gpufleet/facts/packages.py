@@ -8,6 +8,7 @@ One remote command; whichever package manager exists answers.
 from __future__ import annotations
 
 import re
+import shlex
 
 from pyinfra.api import FactBase
 
@@ -191,3 +192,29 @@ class NvidiaPackages(FactBase):
         result["packages"] = dict(sorted(packages.items()))
         result["held"] = sorted(name for name, pkg in packages.items() if pkg["held"])
         return result
+
+
+class DebInstalled(FactBase):
+    """
+    Which of the given Debian packages dpkg has installed, with their versions (``dpkg-query``: a few lines,
+    where pyinfra's ``DebPackages`` lists every package of the host).
+
+    + packages: package names
+
+    .. code:: python
+
+        host.get_fact(DebInstalled, packages=("prometheus-node-exporter", "datacenter-gpu-manager-4-core"))
+        {"prometheus-node-exporter": "1.5.0-1+b6"}   # the other one is not installed
+    """
+
+    default = dict
+
+    def command(self, packages: tuple[str, ...]) -> str:
+        names = " ".join(shlex.quote(name) for name in packages)
+        return f"dpkg-query -W -f='{_DPKG_FORMAT}' {names} 2>/dev/null; true"
+
+    def requires_command(self, packages: tuple[str, ...]) -> str:
+        return "dpkg-query"
+
+    def process(self, output):
+        return {name: pkg["version"] for name, pkg in parse_dpkg(output).items() if pkg["installed"]}

@@ -22,7 +22,7 @@ from gpufleet.facts import (
     UnitStates,
     upstream_version,
 )
-from gpufleet.facts.packages import parse_versionlock
+from gpufleet.facts.packages import DebInstalled, parse_versionlock
 from gpufleet.facts.system import Distribution
 
 # ------------------------------------------------------------------------------------------------ packages
@@ -74,6 +74,18 @@ def test_versionlock_dnf5_format():
 def test_packages_no_manager():
     assert NvidiaPackages().process(wrap("rpm", None) + wrap("versionlock", None))["error"] == \
         "neither dpkg-query nor rpm found"
+
+
+
+def test_deb_installed_lists_only_installed_packages_run_here():
+    """dpkg-query's own output on this Debian machine: dpkg is installed, a removed or unknown name is not."""
+    command = DebInstalled().command(packages=("dpkg", "no-such-package-gpufleet", "a'b"))
+    assert "'a'\"'\"'b'" in command
+    run = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=30, check=True)
+    installed = DebInstalled().process(run.stdout.splitlines())
+    assert list(installed) == ["dpkg"] and installed["dpkg"]
+    assert DebInstalled().process(["rc \tgone\t1.0-1", "ii \tkept\t2.0-1", "hi \theld\t3.0"]) == {
+        "kept": "2.0-1", "held": "3.0"}
 
 
 def test_upstream_version():

@@ -12,6 +12,7 @@ from pyinfra.facts.server import Date
 from pyinfra_harness import managed_state, run_operation
 
 from gpufleet.exporter import bundle
+from gpufleet.facts.packages import DebInstalled
 from gpufleet.facts.system import Distribution
 from gpufleet.operations import exporters
 from gpufleet.operations._systemd import ManagedState
@@ -134,6 +135,8 @@ def apt_host(managed: dict, installed: dict | None = None, units: dict | None = 
     return {
         Distribution: distro,
         DebPackages: dict(installed or {}),
+        DebInstalled: lambda packages: {name: sorted(installed[name])[0] for name in packages
+                                        if name in (installed or {})},
         Date: datetime(2026, 12, 3, 12, 0, 0),
         File: lambda path: stamp if "update-success-stamp" in path else None,
         ManagedState: managed_state(files=managed, units=units),
@@ -237,6 +240,21 @@ def test_node_exporter_converged_is_a_noop():
                                     textfile_dir=TEXTFILE_DIR)
     assert commands == []
     assert noops[-1] == f"node_exporter running on 0.0.0.0:9100, textfile collector {TEXTFILE_DIR}"
+
+
+def test_converged_exporters_change_nothing_however_old_the_apt_lists_are():
+    """apt's lists are updated (a change) only on the way to installing a package that is missing."""
+    from datetime import datetime
+
+    stale = {"mtime": datetime(2026, 11, 1, 12, 0, 0)}  # a month before the host's date
+    node = {**node_host(NODE_DEFAULTS, NODE_INSTALLED, NODE_RUNNING), File: lambda path: stale}
+    assert run_operation(exporters.node_exporter, facts=node, textfile_dir=TEXTFILE_DIR)[0] == []
+    dcgm = {**apt_host({exporters.DCGM_COUNTERS: COUNTERS, exporters.DCGM_DROP_IN: DROP_IN}, DCGM_INSTALLED,
+                       DCGM_RUNNING), File: lambda path: stale}
+    assert run_operation(exporters.gpu_exporter, facts=dcgm, kind="dcgm", profiling=True)[0] == []
+    missing = {**node_host(NODE_DEFAULTS, {}, NODE_RUNNING), File: lambda path: stale}
+    assert run_operation(exporters.node_exporter, facts=missing, textfile_dir=TEXTFILE_DIR)[0][:3] == [
+        *APT_UPDATE, f"{APT_INSTALL} prometheus-node-exporter"]
 
 
 def test_node_exporter_new_listen_address_rewrites_its_arguments_and_restarts():
