@@ -40,6 +40,14 @@ def join(*snippets: str) -> str:
     return "; ".join(snippets)
 
 
+def print_file(path: str, prefix: str = "") -> str:
+    """Shell snippet printing the text file ``path`` (quoted, or a ``"$variable"``) as ``cat`` prints it, each line
+    after ``prefix`` (``printf`` text), with shell builtins: the reads every run makes on every host start no
+    program for it. A missing file prints nothing (and the shell's error on stderr)."""
+    return (f"_gf_line=''; while IFS= read -r _gf_line; do printf '{prefix}%s\\n' \"$_gf_line\"; done < {path}; "
+            f"[ -z \"$_gf_line\" ] || printf '{prefix}%s' \"$_gf_line\"")
+
+
 @dataclass
 class Section:
     name: str

@@ -7,6 +7,8 @@ import shlex
 
 from pyinfra.api import FactBase, OperationValueError
 
+from ._sections import print_file
+
 _SEP = "\t"
 # sha1sum's line: HASH, two spaces, the path; a leading backslash where it escaped one in the path (\\ for \)
 _SHA1_LINE = re.compile(r"^(\\?)([0-9a-f]{40})  (.*)$")
@@ -71,7 +73,7 @@ class ManagedState(FactBase):
             quoted = " ".join(shlex.quote(p) for p in read)
             parts.append(
                 f"for p in {quoted}; do "
-                "if [ -f \"$p\" ]; then printf 'content\\t%s\\n' \"$p\"; sed 's/^/|/' \"$p\"; echo; "
+                "if [ -f \"$p\" ]; then printf 'content\\t%s\\n' \"$p\"; " + print_file('"$p"', "|") + "; echo; "
                 "else printf 'nocontent\\t%s\\n' \"$p\"; fi; done"
             )
         parts.append("true")

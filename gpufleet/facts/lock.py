@@ -10,7 +10,7 @@ import shlex
 
 from pyinfra.api import FactBase
 
-from ._sections import join, parse_sections, section
+from ._sections import join, parse_sections, print_file, section
 
 LOCK_DIR = "/run/gpufleet"
 LOCK_FILE = f"{LOCK_DIR}/host.lock"
@@ -24,8 +24,7 @@ def lock_script(lock_file: str = LOCK_FILE) -> str:
         f"if [ -e {path} ]; then ino=$(stat -c %i {path}); "
         "if awk -v ino=\":$ino\" 'substr($6, length($6) - length(ino) + 1) == ino {f = 1} END {exit !f}' "
         "/proc/locks; then echo held; else echo free; fi; "
-        f"while IFS= read -r line || [ -n \"$line\" ]; do printf '%s\\n' \"$line\"; done < {path}; "
-        "else echo free; fi; "
+        f"{print_file(path)}; else echo free; fi; "
         "boot_id=''; read -r boot_id 2>/dev/null < /proc/sys/kernel/random/boot_id; echo \"boot_id=$boot_id\""
     )
 

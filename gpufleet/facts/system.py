@@ -9,7 +9,7 @@ import shlex
 from pyinfra.api import FactBase
 from pyinfra.facts.server import LinuxDistribution
 
-from ._sections import first_line, join, parse_sections, section
+from ._sections import first_line, join, parse_sections, print_file, section
 
 EFI_SECUREBOOT_VAR = "/sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
 DEBIAN_IDS = ("debian", "ubuntu")
@@ -162,11 +162,18 @@ class SecureBoot(FactBase):
 
 class Distribution(LinuxDistribution):
     """
-    pyinfra's ``LinuxDistribution`` (the same command and dict), parsed once per distinct output: pyinfra's parser
+    pyinfra's ``LinuxDistribution`` (the same output and dict), parsed once per distinct output: pyinfra's parser
     writes the release files into a temporary directory for the ``distro`` package to read back (~3 ms per read),
     gpufleet's operations read the fact up to three times per host, and a fleet's hosts mostly print the same
-    files. Each read gets its own copy.
+    files. Each read gets its own copy. The files are listed and printed with shell builtins where pyinfra runs
+    ``ls``, ``grep`` and ``cat`` (the same files, each as ``cat`` prints it; in the shell's order, which the
+    parser does not use).
     """
+
+    def command(self) -> str:
+        release = '"/etc/${file}"'
+        return (f'cd /etc/ && for file in *-release; do [ -f "$file" ] || continue; echo {release}; '
+                f"{print_file(release)}; echo ---; done")
 
     def process(self, output):
         return copy.deepcopy(_parsed_distribution(tuple(output)))

@@ -22,6 +22,7 @@ from gpufleet.facts import (
     UnitStates,
     upstream_version,
 )
+from gpufleet.facts._sections import print_file
 from gpufleet.facts.packages import DebInstalled, parse_versionlock
 from gpufleet.facts.system import Distribution
 
@@ -299,4 +300,36 @@ def test_distribution_is_pyinfras_linux_distribution_parsed_once(release):
     assert first == second == LinuxDistribution().process(output) and first["name"]
     first["release_meta"]["ID"] = "changed"
     assert Distribution().process(output) == LinuxDistribution().process(output)
-    assert Distribution().command() == LinuxDistribution().command()
+
+
+
+@pytest.mark.parametrize("text", ["", "a\nb\n", "a\nb", "\n\nx\n\n", "  sp  \n\tt\\ab\\\\n %s %d\n-n\n-e x"])
+def test_print_file_prints_as_cat_and_sed_do(tmp_path, text):
+    """The builtin-only printing the facts use instead of cat (and of sed 's/^/|/' for ManagedState contents)."""
+    path = tmp_path / "f"
+    path.write_text(text)
+
+    def out(script: str) -> bytes:
+        return subprocess.run(["sh", "-c", script], capture_output=True, timeout=30, check=True).stdout
+
+    assert out(print_file(str(path))) == out(f"cat {path}")
+    assert out(print_file(f'"{path}"', "|") + "; echo") == out(f"sed 's/^/|/' {path}; echo")
+
+def test_distribution_prints_what_pyinfras_linux_distribution_prints(tmp_path):
+    """Both commands run here on one release directory: regular files (one without a last newline, one with blank
+    lines and backslashes), a link to one, a broken link and a directory that match *-release."""
+    (tmp_path / "os-release").write_text(fixture("os_release_ubuntu_2204.txt"))
+    (tmp_path / "lsb-release").write_text('DISTRIB_ID=Ubuntu\n\nDISTRIB_DESCRIPTION="a \\\\ b"')
+    (tmp_path / "redhat-release").write_text("Rocky Linux release 9.4 (Blue Onyx)\n")
+    (tmp_path / "system-release").symlink_to("redhat-release")
+    (tmp_path / "broken-release").symlink_to("missing")
+    (tmp_path / "dir-release").mkdir()
+
+    def run(command: str) -> str:
+        here = command.replace("/etc/", f"{tmp_path}/")
+        return subprocess.run(["sh", "-c", here], capture_output=True, text=True, timeout=30,
+                              env={"PATH": os.environ["PATH"], "LC_ALL": "C"}).stdout
+
+    ours, theirs = run(Distribution().command()), run(LinuxDistribution().command())
+    assert ours == theirs and "DISTRIB_DESCRIPTION" in ours and "dir-release" not in ours
+    assert Distribution().process(ours.splitlines()) == LinuxDistribution().process(theirs.splitlines())
