@@ -614,22 +614,7 @@ def test_global_arguments_are_found_in_host_data_as_pyinfra_finds_them(monkeypat
 
 def _run_reading(tmp_path, *words: str) -> None:
     """One run on a new State of h1: executes, reads ``words`` (Word facts), remembers them in ``tmp_path``."""
-    inventory = Inventory((["h1"], {}))
-    for host in inventory:
-        host.connector_cls = FakeConnector
-    state = State(inventory, Config())
-    state.check_for_changes = False
-    for host in state.inventory:
-        host.connected = True
-        state.activate_host(host)
-    state.set_stage(StateStage.Prepare)
-    memo = prefetch.install(state, cache_dir=tmp_path)
-    gevent.joinall(memo.greenlets, raise_error=True)
-    state.set_stage(StateStage.Execute)
-    for word in words:
-        state.inventory.get_host("h1").get_fact(Word, word)
-    memo.save(tmp_path)
-
+    _run_steps(tmp_path, *(f"read {word}" for word in words))
 
 
 def _run_steps(tmp_path, *steps: str) -> list[str]:
