@@ -83,6 +83,7 @@ TESTED_PYINFRA = ((3, 10), (4, 0))  # [first, last) pyinfra version the memo is 
 PER_HOST_CHANNELS = 4  # concurrent prefetch commands per host (sshd allows 10 sessions per connection)
 _ACTIVE_STAGES = (StateStage.Prepare, StateStage.Execute)
 _CHANGING_METHODS = ("put_file", "get_file", "rsync", "disconnect")  # besides run_shell_command and connect
+_CHANGED_BY = ("put_file", "rsync")  # of those, what changes the host (besides an operation's command)
 
 FactCall = tuple[type, tuple, dict]  # (fact class, args, kwargs) as given to host.get_fact
 BATCH_MARK = "@@gpufleet-read-ahead"  # separates the outputs of one read-ahead command's reads
@@ -208,7 +209,7 @@ class FactMemo:
         host.run_shell_command = bind(self._run_shell_command, "run_shell_command")
         host.connect = bind(self._connect, "connect")
         for name in _CHANGING_METHODS:
-            setattr(host, name, bind(self._change, name))
+            setattr(host, name, bind(self._change if name in _CHANGED_BY else self._stale, name))
 
     def _get_fact(self, host, original, cls, *args, **kwargs):
         if self._sync() and self.stage == StateStage.Prepare and host.in_op:
@@ -240,15 +241,20 @@ class FactMemo:
         return self._read(host, key, prefetching, lambda: original(*args, **kwargs))
 
     def _connect(self, host, original, *args, **kwargs):
-        result = self._change(host, original, *args, **kwargs)
+        result = self._stale(host, original, *args, **kwargs)
         set_nodelay(host)
         return result
 
     def _change(self, host, original, *args, **kwargs):
+        """An operation's command or upload: it changes the host (what the next run remembers depends on it)."""
+        if gevent.getcurrent() not in self._prefetchers:
+            self._memo(host).changed = True
+        return self._stale(host, original, *args, **kwargs)
+
+    def _stale(self, host, original, *args, **kwargs):
         """Anything but a fact read may change the host: what was read before (or during) it is stale."""
         if gevent.getcurrent() in self._prefetchers:
             raise _Prefetched()  # a prefetch never connects, nor does anything else
-        self._memo(host).changed = True
         self.invalidate(host)  # prefetches not started yet are dropped
         gevent.joinall(list(self._memo(host).prefetching))  # those running finish first
         try:

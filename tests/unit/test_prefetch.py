@@ -619,7 +619,8 @@ def _run_reading(tmp_path, *words: str) -> None:
 
 def _run_steps(tmp_path, *steps: str) -> list[str]:
     """One run on a new State of h1 that executes ``steps`` (``read WORD`` a Word fact, ``write N`` a command that
-    changes the host), then remembers its reads in ``tmp_path``; returns the commands remembered."""
+    changes the host, ``get FILE`` a download), disconnects and remembers its reads in ``tmp_path`` (as pyinfra's
+    CLI ends a run); returns the commands remembered."""
     inventory = Inventory((["h1"], {}))
     for host in inventory:
         host.connector_cls = FakeConnector
@@ -636,8 +637,11 @@ def _run_steps(tmp_path, *steps: str) -> list[str]:
         verb, word = step.split()
         if verb == "read":
             host.get_fact(Word, word)
+        elif verb == "get":
+            host.get_file(word, "/dev/null")
         else:
             host.run_shell_command(StringCommand(step))
+    host.disconnect()
     memo.save(tmp_path)
     return [read["command"] for read in json.loads((tmp_path / "reads" / "h1.json").read_text())]
 
@@ -647,7 +651,7 @@ def test_reads_made_only_before_the_host_changed_are_not_read_ahead_next_time(tm
     the host converged; unless the run before needed them too (a converged host's one drifted setting)."""
     assert _run_steps(tmp_path, "read x", "write 1", "read y", "read x") == ["read x", "read y"]  # x: again after
     assert _run_steps(tmp_path, "read a", "read x", "write 2", "read y") == ["read x", "read y"]  # a: before only
-    assert _run_steps(tmp_path, "read a", "read x", "read y") == ["read a", "read x", "read y"]  # no change
+    assert _run_steps(tmp_path, "read a", "read x", "get f", "read y") == ["read a", "read x", "read y"]  # no change
     assert _run_steps(tmp_path, "read a", "read x", "write 3", "read y") == ["read a", "read x", "read y"]
 
 
