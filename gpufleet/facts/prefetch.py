@@ -82,8 +82,10 @@ from pyinfra.connectors.util import CommandOutput, OutputLine
 TESTED_PYINFRA = ((3, 10), (4, 0))  # [first, last) pyinfra version the memo is known to work with
 PER_HOST_CHANNELS = 4  # concurrent prefetch commands per host (sshd allows 10 sessions per connection)
 _ACTIVE_STAGES = (StateStage.Prepare, StateStage.Execute)
-_CHANGING_METHODS = ("put_file", "get_file", "rsync", "disconnect")  # besides run_shell_command and connect
-_CHANGED_BY = ("put_file", "rsync")  # of those, what changes the host (besides an operation's command)
+# Host methods after which earlier reads are stale (besides run_shell_command and connect), and those of them that
+# change the host (besides an operation's command): what the next run reads ahead depends on the changes
+_STALING_METHODS = ("put_file", "get_file", "rsync", "disconnect")
+_CHANGING_METHODS = ("put_file", "rsync")
 
 FactCall = tuple[type, tuple, dict]  # (fact class, args, kwargs) as given to host.get_fact
 BATCH_MARK = "@@gpufleet-read-ahead"  # separates the outputs of one read-ahead command's reads
@@ -125,7 +127,7 @@ class _HostMemo:
     # the deploy's reads this run, in order: key -> (command, connector arguments); saved for the next run
     learned: dict[tuple, tuple[str, dict]] = field(default_factory=dict)
     remembered: list | None = None  # what the cache held for this host when this run read it (None: not read)
-    changed: bool = False  # something but a fact read ran on the host during this run
+    changed: bool = False  # an operation's command or an upload ran on the host during this run
     read_after_change: set = field(default_factory=set)  # keys of the deploy's reads made once the host changed
 
 
@@ -182,9 +184,8 @@ class FactMemo:
             return
         for host, memo in self.hosts.items():
             if memo.learned:
-                reads = [{"command": text, "arguments": kwargs} for key, (text, kwargs) in memo.learned.items()]
-                reads = [read for key, read in zip(memo.learned, reads, strict=True) if _remember(memo, key, read)]
-                reads = reads[:MAX_LEARNED]
+                reads = [{"command": text, "arguments": kwargs} for key, (text, kwargs) in memo.learned.items()
+                         if _remember(memo, key, text, kwargs)][:MAX_LEARNED]
                 if reads != memo.remembered:  # a converged host's run reads what the last one did: nothing to write
                     _write_json(_learned_path(cache_dir, host), reads)
 
@@ -208,8 +209,8 @@ class FactMemo:
         host.get_fact = bind(self._get_fact, "get_fact")
         host.run_shell_command = bind(self._run_shell_command, "run_shell_command")
         host.connect = bind(self._connect, "connect")
-        for name in _CHANGING_METHODS:
-            setattr(host, name, bind(self._change if name in _CHANGED_BY else self._stale, name))
+        for name in _STALING_METHODS:
+            setattr(host, name, bind(self._change if name in _CHANGING_METHODS else self._stale, name))
 
     def _get_fact(self, host, original, cls, *args, **kwargs):
         if self._sync() and self.stage == StateStage.Prepare and host.in_op:
@@ -433,12 +434,13 @@ class FactMemo:
             return False
 
 
-def _remember(memo: _HostMemo, key: tuple, read: dict) -> bool:
+def _remember(memo: _HostMemo, key: tuple, text: str, kwargs: dict) -> bool:
     """Whether the next run reads ``read`` ahead. A read the deploy made only before this run first changed the host
     described the host before the change (a bare node's: which driver versions the repository offers, whether
     kernel headers are installed): it is remembered only if the run before this one needed it too. Every other
     read is: the deploy made it on the host as this run leaves it, or the host did not change."""
-    return not memo.changed or key in memo.read_after_change or read in (memo.remembered or ())
+    return (not memo.changed or key in memo.read_after_change
+            or {"command": text, "arguments": kwargs} in (memo.remembered or ()))
 
 
 def _cache_key(args: tuple, kwargs: dict) -> tuple | None:
