@@ -15,6 +15,8 @@ from ._sections import join, parse_sections, print_file, section
 LOCK_DIR = "/run/gpufleet"
 LOCK_FILE = f"{LOCK_DIR}/host.lock"
 HOLDER_KEYS = ("controller", "pid", "started", "command", "remote_pid", "generation", "boot_id")
+# sh printing the ``boot_id=`` line both the lock read and the lock taker report (a shell builtin reads it)
+PRINT_BOOT_ID = "boot_id=''; read -r boot_id 2>/dev/null < /proc/sys/kernel/random/boot_id; echo \"boot_id=$boot_id\""
 
 def lock_script(lock_file: str = LOCK_FILE) -> str:
     """sh printing ``held``/``free`` and the lock file's lines; never takes the lock. The files are read with
@@ -24,8 +26,7 @@ def lock_script(lock_file: str = LOCK_FILE) -> str:
         f"if [ -e {path} ]; then ino=$(stat -c %i {path}); "
         "if awk -v ino=\":$ino\" 'substr($6, length($6) - length(ino) + 1) == ino {f = 1} END {exit !f}' "
         "/proc/locks; then echo held; else echo free; fi; "
-        f"{print_file(path)}; else echo free; fi; "
-        "boot_id=''; read -r boot_id 2>/dev/null < /proc/sys/kernel/random/boot_id; echo \"boot_id=$boot_id\""
+        f"{print_file(path)}; else echo free; fi; {PRINT_BOOT_ID}"
     )
 
 

@@ -36,7 +36,7 @@ from pyinfra.api import operation
 from pyinfra.api.exceptions import PyinfraError
 
 from gpufleet.facts import prefetch
-from gpufleet.facts.lock import LOCK_DIR, LOCK_FILE, HostLock, describe_holder, parse_holder
+from gpufleet.facts.lock import LOCK_DIR, LOCK_FILE, PRINT_BOOT_ID, HostLock, describe_holder, parse_holder
 
 from ._systemd import refuse
 
@@ -78,9 +78,7 @@ if ! flock -w {int(wait_s)} 9; then echo '{BUSY}'; cat {lock_file}; exit 1; fi
 printf '%s\\nremote_pid=%s\\ngeneration=%s\\n' {shlex.quote(info)} "$$" "$generation" > {lock_file}
 echo '{HELD}'
 echo "generation=$generation"
-boot_id=''
-read -r boot_id 2>/dev/null < /proc/sys/kernel/random/boot_id
-echo "boot_id=$boot_id"
+{PRINT_BOOT_ID}
 printf '%s' "$stale"
 echo '{HELD} end'
 cat >/dev/null
