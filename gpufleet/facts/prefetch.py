@@ -32,15 +32,16 @@ What, installed by the gpufleet deploy only (:func:`install`, on the hosts of on
 * **Read-ahead.** :meth:`FactMemo.read_ahead` (what :func:`install` uses) reads given facts, and every read the
   deploy made on the same host in its previous run (remembered per host in a cache directory: commands and
   connector arguments, never outputs; none with a masked value, password or environment; not those made only
-  before that run changed the host, unless the run before it made them too), in ONE remote command
+  before that run changed the host, unless the run before it made them too, nor those an operation made after its
+  own command: only an operation that changes the host makes them), in ONE remote command
   per host (:func:`read_ahead_script`: the first read alone, the lock's, then the others concurrently). Each
   output is stored as its own read would have been; one that failed, or that did not come back, is read again
   when the deploy asks for it. A converged host's no-op run then costs one round trip for all its reads.
 
 **pyinfra internals.** This is the one module of gpufleet that relies on pyinfra's internals: it shadows a
 ``Host``'s I/O methods (``get_fact``, ``run_shell_command``, ``connect``, ``put_file``, ...), calls
-``pyinfra.api.facts.get_fact``, follows ``State.current_stage`` / ``should_check_for_changes()`` and
-``Host.in_op``, reaches the SSH connector's paramiko transport for TCP_NODELAY, and trims three of pyinfra's own
+``pyinfra.api.facts.get_fact``, follows ``State.current_stage`` / ``should_check_for_changes()``,
+``Host.in_op`` and ``Host.current_op_hash``, reaches the SSH connector's paramiko transport for TCP_NODELAY, and trims three of pyinfra's own
 per-call costs (:func:`trim_pyinfra_overhead`: ``all_global_arguments`` once, call stacks without source
 context, global arguments looked up only among the host data's keys). :func:`supported` checks the installed
 pyinfra against the versions this was written and tested for (:data:`TESTED_PYINFRA`) and for each of those names;
@@ -128,7 +129,10 @@ class _HostMemo:
     learned: dict[tuple, tuple[str, dict]] = field(default_factory=dict)
     remembered: list | None = None  # what the cache held for this host when this run read it (None: not read)
     changed: bool = False  # an operation's command or an upload ran on the host during this run
+    changed_by: str | None = None  # the operation (hash) whose command or upload last changed the host
     read_after_change: set = field(default_factory=set)  # keys of the deploy's reads made once the host changed
+    # keys of the reads made while the operation reading (if any) had not changed the host itself
+    read_before_own_change: set = field(default_factory=set)
 
 
 class FactMemo:
@@ -249,7 +253,9 @@ class FactMemo:
     def _change(self, host, original, *args, **kwargs):
         """An operation's command or upload: it changes the host (what the next run remembers depends on it)."""
         if gevent.getcurrent() not in self._prefetchers:
-            self._memo(host).changed = True
+            memo = self._memo(host)
+            memo.changed = True
+            memo.changed_by = host.current_op_hash if host.in_op else None
         return self._stale(host, original, *args, **kwargs)
 
     def _stale(self, host, original, *args, **kwargs):
@@ -271,6 +277,8 @@ class FactMemo:
         memo = self._memo(host)
         if memo.changed:
             memo.read_after_change.add(key)
+        if not (host.in_op and memo.changed_by is not None and memo.changed_by == host.current_op_hash):
+            memo.read_before_own_change.add(key)
         if key in memo.learned or len(memo.learned) >= MAX_LEARNED:
             return
         arguments = _connector_kwargs(kwargs)
@@ -435,12 +443,18 @@ class FactMemo:
 
 
 def _remember(memo: _HostMemo, key: tuple, text: str, kwargs: dict) -> bool:
-    """Whether the next run reads ``read`` ahead. A read the deploy made only before this run first changed the host
-    described the host before the change (a bare node's: which driver versions the repository offers, whether
-    kernel headers are installed): it is remembered only if the run before this one needed it too. Every other
-    read is: the deploy made it on the host as this run leaves it, or the host did not change."""
-    return (not memo.changed or key in memo.read_after_change
-            or {"command": text, "arguments": kwargs} in (memo.remembered or ()))
+    """Whether the next run reads ``read`` ahead.
+
+    * A read an operation made only after its own command (a driver install's package policy once the repository is
+      set up, the initramfs tool once the blacklist is written) happens only when that operation changes the host:
+      never in a converged host's run, so it is not remembered.
+    * A read the deploy made only before this run first changed the host described the host before the change (a
+      bare node's: which driver versions the repository offers, whether kernel headers are installed): it is
+      remembered only if the run before this one needed it too.
+    * Every other read is: the deploy made it on the host as this run leaves it, or the host did not change."""
+    return key in memo.read_before_own_change and (
+        not memo.changed or key in memo.read_after_change
+        or {"command": text, "arguments": kwargs} in (memo.remembered or ()))
 
 
 def _cache_key(args: tuple, kwargs: dict) -> tuple | None:
@@ -582,6 +596,7 @@ def supported(version: str | None = None) -> str | None:
         return f"pyinfra {version} is not a version it was tested with (>= {first[0]}.{first[1]}, < {last[0]})"
     needed = {"pyinfra.api.facts.get_fact": get_fact is not None,
               "Host.in_op": hasattr(host.Host, "in_op"),
+              "Host.current_op_hash": hasattr(host.Host, "current_op_hash"),
               "State.should_check_for_changes": hasattr(state.State, "should_check_for_changes"),
               "Host.run_shell_command": hasattr(host.Host, "run_shell_command")}
     missing = [name for name, present in needed.items() if not present]

@@ -619,7 +619,8 @@ def _run_reading(tmp_path, *words: str) -> None:
 
 def _run_steps(tmp_path, *steps: str) -> list[str]:
     """One run on a new State of h1 that executes ``steps`` (``read WORD`` a Word fact, ``write N`` a command that
-    changes the host, ``get FILE`` a download), disconnects and remembers its reads in ``tmp_path`` (as pyinfra's
+    changes the host, ``get FILE`` a download, ``op NAME`` what follows is operation NAME's, ``op -`` no
+    operation's), disconnects and remembers its reads in ``tmp_path`` (as pyinfra's
     CLI ends a run); returns the commands remembered."""
     inventory = Inventory((["h1"], {}))
     for host in inventory:
@@ -639,6 +640,8 @@ def _run_steps(tmp_path, *steps: str) -> list[str]:
             host.get_fact(Word, word)
         elif verb == "get":
             host.get_file(word, "/dev/null")
+        elif verb == "op":
+            host.in_op, host.current_op_hash = word != "-", None if word == "-" else word
         else:
             host.run_shell_command(StringCommand(step))
     host.disconnect()
@@ -653,6 +656,17 @@ def test_reads_made_only_before_the_host_changed_are_not_read_ahead_next_time(tm
     assert _run_steps(tmp_path, "read a", "read x", "write 2", "read y") == ["read x", "read y"]  # a: before only
     assert _run_steps(tmp_path, "read a", "read x", "get f", "read y") == ["read a", "read x", "read y"]  # no change
     assert _run_steps(tmp_path, "read a", "read x", "write 3", "read y") == ["read a", "read x", "read y"]
+
+
+def test_reads_an_operation_made_after_its_own_command_are_not_read_ahead_next_time(tmp_path):
+    """Only an operation that changes the host reads after its own command (a driver install's package policy once
+    the repository is set up): a converged host's next run does not make those reads. Reads an operation made before
+    its own command, or after another operation's, are remembered, and so is a read made both ways."""
+    assert _run_steps(tmp_path, "op repo", "read a", "write 1", "op driver", "read b", "write 2", "read c",
+                      "op power", "read d", "write 3", "read e", "op -", "read f") == [
+        "read b", "read d", "read f"]  # a: only before the host first changed; c, e: after their own command
+    assert _run_steps(tmp_path, "op repo", "read a", "op driver", "read b", "write 1", "read c", "read b",
+                      "op power", "read c") == ["read b", "read c"]  # c: also before power's command
 
 
 def test_reads_are_written_again_only_when_they_changed(tmp_path, monkeypatch):
