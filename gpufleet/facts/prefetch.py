@@ -715,6 +715,7 @@ def install(state, facts: Sequence[type] = (), cache_dir: Path | None = None) ->
             if host.connected:
                 set_nodelay(host)
         memo.read_ahead(state.inventory.get_active_hosts(), [(cls, (), {}) for cls in facts], cache_dir)
+        gevent.sleep(0)  # the read-ahead's requests leave now, not once the deploy has validated its inputs
         if cache_dir is not None:
             atexit.register(memo.save, cache_dir)
     return memo
