@@ -40,10 +40,10 @@ What, installed by the gpufleet deploy only (:func:`install`, on the hosts of on
 
 **pyinfra internals.** This is the one module of gpufleet that relies on pyinfra's internals: it shadows a
 ``Host``'s I/O methods (``get_fact``, ``run_shell_command``, ``connect``, ``put_file``, ...), calls
-``pyinfra.api.facts.get_fact``, follows ``State.current_stage`` / ``should_check_for_changes()``,
-``Host.in_op`` and ``Host.current_op_hash``, reaches the SSH connector's paramiko transport for TCP_NODELAY, and trims three of pyinfra's own
-per-call costs (:func:`trim_pyinfra_overhead`: ``all_global_arguments`` once, call stacks without source
-context, global arguments looked up only among the host data's keys). :func:`supported` checks the installed
+``pyinfra.api.facts.get_fact``, follows ``State.current_stage`` / ``should_check_for_changes()``, ``Host.in_op`` and
+``Host.current_op_hash``, reaches the SSH connector's paramiko transport for TCP_NODELAY, and trims three of
+pyinfra's own per-call costs (:func:`trim_pyinfra_overhead`: ``all_global_arguments`` once, call stacks without
+source context, global arguments looked up only among the host data's keys). :func:`supported` checks the installed
 pyinfra against the versions this was written and tested for (:data:`TESTED_PYINFRA`) and for each of those names;
 where it does not match (or ``GPUFLEET_FACT_MEMO=off``), :func:`install` installs nothing and every fact read is
 pyinfra's own, plain read: slower, same results.
