@@ -18,6 +18,7 @@ HOLDER_KEYS = ("controller", "pid", "started", "command", "remote_pid", "generat
 # sh printing the ``boot_id=`` line both the lock read and the lock taker report (a shell builtin reads it)
 PRINT_BOOT_ID = "boot_id=''; read -r boot_id 2>/dev/null < /proc/sys/kernel/random/boot_id; echo \"boot_id=$boot_id\""
 
+
 def lock_script(lock_file: str = LOCK_FILE) -> str:
     """sh printing ``held``/``free`` and the lock file's lines; never takes the lock. The files are read with
     shell builtins: this is the first read of every run on every host, before the others start."""

@@ -77,7 +77,6 @@ def test_packages_no_manager():
         "neither dpkg-query nor rpm found"
 
 
-
 def test_deb_installed_lists_only_installed_packages_run_here():
     """dpkg-query's own output on this Debian machine: dpkg is installed, a removed or unknown name is not."""
     command = DebInstalled().command(packages=("dpkg", "no-such-package-gpufleet", "a'b"))
@@ -302,7 +301,6 @@ def test_distribution_is_pyinfras_linux_distribution_parsed_once(release):
     assert Distribution().process(output) == LinuxDistribution().process(output)
 
 
-
 @pytest.mark.parametrize("text", ["", "a\nb\n", "a\nb", "\n\nx\n\n", "  sp  \n\tt\\ab\\\\n %s %d\n-n\n-e x"])
 def test_print_file_prints_as_cat_and_sed_do(tmp_path, text):
     """The builtin-only printing the facts use instead of cat (and of sed 's/^/|/' for ManagedState contents)."""
@@ -314,6 +312,7 @@ def test_print_file_prints_as_cat_and_sed_do(tmp_path, text):
 
     assert out(print_file(str(path))) == out(f"cat {path}")
     assert out(print_file(f'"{path}"', "|") + "; echo") == out(f"sed 's/^/|/' {path}; echo")
+
 
 def test_distribution_prints_what_pyinfras_linux_distribution_prints(tmp_path):
     """Both commands run here on one release directory: regular files (one without a last newline, one with blank

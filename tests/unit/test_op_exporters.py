@@ -4,6 +4,7 @@ none) and desired_state for a fresh host, a converged host and a changed setting
 from __future__ import annotations
 
 import hashlib
+from datetime import datetime
 
 import pytest
 from pyinfra.facts.deb import DebPackages
@@ -130,7 +131,6 @@ DROP_IN = exporters.dcgm_drop_in_text("0.0.0.0:9400")
 
 def apt_host(managed: dict, installed: dict | None = None, units: dict | None = None, distro=DEBIAN) -> dict:
     """Facts of a Debian host; apt's lists were updated an hour ago when packages are installed, never otherwise."""
-    from datetime import datetime
     stamp = {"mtime": datetime(2026, 12, 3, 11, 0, 0)} if installed else None
     return {
         Distribution: distro,
@@ -244,8 +244,6 @@ def test_node_exporter_converged_is_a_noop():
 
 def test_converged_exporters_change_nothing_however_old_the_apt_lists_are():
     """apt's lists are updated (a change) only on the way to installing a package that is missing."""
-    from datetime import datetime
-
     stale = {"mtime": datetime(2026, 11, 1, 12, 0, 0)}  # a month before the host's date
     node = {**node_host(NODE_DEFAULTS, NODE_INSTALLED, NODE_RUNNING), File: lambda path: stale}
     assert run_operation(exporters.node_exporter, facts=node, textfile_dir=TEXTFILE_DIR)[0] == []

@@ -570,7 +570,6 @@ def test_pyinfra_overheads_are_trimmed_without_changing_what_pyinfra_sees(state,
         caller.filename, caller.lineno, caller.function) == (str(deploy), 4, "op")
 
 
-
 def test_global_arguments_are_found_in_host_data_as_pyinfra_finds_them(monkeypatch):
     """pop_global_arguments answers the same through the trimmed host-data look-up: arguments set in group, host,
     override, inventory-wide and deploy data, or given to the call, each in pyinfra's order of precedence."""
