@@ -170,3 +170,20 @@ def drift(inventory: str, deploy: str, pyinfra_args: PyinfraArgs, as_json: bool)
 
     sys.exit(drift_main(inventory, deploy, as_json=as_json, echo=click.echo, args=pyinfra_args))
 
+
+@main.command()
+@click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
+def completion(shell: str) -> None:
+    """Print the shell completion script of gpufleet for SHELL (click's), e.g.
+
+    \b
+      gpufleet completion bash > /etc/bash_completion.d/gpufleet
+      eval "$(gpufleet completion zsh)"     # in ~/.zshrc
+      gpufleet completion fish > ~/.config/fish/completions/gpufleet.fish
+
+    Exit code: 0 printed, 2 bad usage (a shell other than bash, zsh, fish).
+    """
+    from click.shell_completion import get_completion_class  # noqa: PLC0415
+
+    complete = get_completion_class(shell)(main, {}, "gpufleet", "_GPUFLEET_COMPLETE")
+    click.echo(complete.source())

@@ -1,8 +1,11 @@
 """The ``gpufleet`` command line: ``-h`` and the exit codes in every command's help, pyinfra's options on rollout,
-drift and verify (parsed as pyinfra parses them and handed to the runs), rollout's confirmation and the default
-deploy."""
+drift and verify (parsed as pyinfra parses them and handed to the runs), rollout's confirmation, the default deploy,
+shell completion and ``python -m gpufleet``."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
 
 import click
 import pytest
@@ -131,6 +134,21 @@ def test_the_confirmation_is_enter_as_in_pyinfra(monkeypatch, capsys, answer, co
     assert cli._confirm("the plan") is confirmed
     out = capsys.readouterr()
     assert out.out.startswith("the plan") and "Press enter to roll out..." in out.err
+
+
+@pytest.mark.parametrize("shell, marker", [("bash", "complete -o nosort -F _gpufleet_completion gpufleet"),
+                                           ("zsh", "#compdef gpufleet"),
+                                           ("fish", "complete --no-files --command gpufleet")])
+def test_completion_prints_clicks_script(runner, shell, marker):
+    result = runner.invoke(cli.main, ["completion", shell])
+    assert result.exit_code == 0 and marker in result.output and "_GPUFLEET_COMPLETE" in result.output, result.output
+    assert runner.invoke(cli.main, ["completion", "tcsh"]).exit_code == 2
+
+
+def test_python_dash_m_gpufleet_is_the_cli():
+    result = subprocess.run([sys.executable, "-m", "gpufleet", "-h"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "Usage: python -m gpufleet" in result.stdout and "rollout" in result.stdout
 
 
 # ------------------------------------------------------------------------------------------------ pyinfra_args
