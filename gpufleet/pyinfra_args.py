@@ -94,12 +94,13 @@ class PyinfraArgs:
                 data[key] = value
         return data
 
-    def argv(self) -> list[str]:
-        """The same options for a ``pyinfra`` process (``--limit`` left to the caller, who names the hosts)."""
+    def argv(self, *, verbose: bool = True) -> list[str]:
+        """The same options for a ``pyinfra`` process (``--limit`` left to the caller, who names the hosts; ``-v``
+        only where ``verbose``)."""
         out: list[str] = []
         for item in self.data:
             out += ["--data", item]
-        if self.verbosity:
+        if self.verbosity and verbose:
             out.append("-" + "v" * self.verbosity)
         for flag, value in (("--ssh-user", self.ssh_user), ("--ssh-port", self.ssh_port),
                             ("--ssh-key", self.ssh_key)):

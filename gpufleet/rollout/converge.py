@@ -159,8 +159,7 @@ def inventory_order(inventory: str, *, cwd: str | None = None, args: PyinfraArgs
                     ) -> tuple[list[str], str | None]:
     """The hosts of the inventory in pyinfra's order (``pyinfra --json INVENTORY debug-inventory``), those
     ``args.limit`` selects, or an error."""
-    data_args = PyinfraArgs(data=args.data, ssh_user=args.ssh_user, ssh_port=args.ssh_port,
-                            ssh_key=args.ssh_key).argv() if args else []
+    data_args = args.argv(verbose=False) if args else []  # the hosts' data as the runs will see it
     proc = subprocess.run([pyinfra_executable(), "--json", *data_args, inventory, "debug-inventory"],
                           capture_output=True, text=True, cwd=cwd, check=False, stdin=subprocess.DEVNULL)
     data = None
