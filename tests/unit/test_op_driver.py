@@ -516,6 +516,17 @@ def test_default_repository_is_nvidias_for_the_release_and_cpu():
     assert f"upload {SOURCE}\n{source_text(base)}" in commands
 
 
+def test_default_key_on_debian_13_is_the_key_of_nvidias_debian13_repository():
+    """NVIDIA signs repos/debian13/ with its own key (8793F200.pub); Debian 12's repository keeps 3bf863cc.pub."""
+    for version, codename, key in (("13", "trixie", "8793F200.pub"), ("12", "bookworm", "3bf863cc.pub")):
+        distro = {**DEBIAN, "major": int(version),
+                  "release_meta": {"ID": "debian", "VERSION_ID": version, "VERSION_CODENAME": codename}}
+        commands, _ = run(apt_facts(extra={Distribution: distro, Arch: "x86_64"}), repo_url=None, nvswitch=False)
+        base = f"https://developer.download.nvidia.com/compute/cuda/repos/debian{version}/x86_64"
+        assert next(c for c in commands if c.startswith("curl ")).startswith(f"curl -sSLf {base}/{key} -o ")
+        assert f"upload {SOURCE}\n{source_text(base)}" in commands
+
+
 def test_nvidia_repository_operation_alone():
     commands, _ = run_operation(driver.nvidia_repository, facts=apt_facts(), repo_url=REPO)
     assert commands[-1] == "apt-get update"
