@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from . import faults, hardware, hosts
+from . import faults, hardware, hosts, image
 from .hosts import SimError
 
 
@@ -37,25 +37,28 @@ def sim() -> None:
 @sim.command()
 @click.option("--hosts", "count", type=int, default=2, show_default=True, help="number of hosts")
 @click.option("--profile", "profiles", multiple=True, default=["h100-sxm-8"], show_default=True,
-              help="hardware profile; repeat to mix (assigned round-robin). Known: "
-                   + ", ".join(hardware.PROFILES))
+              help="hardware profile, optionally @OS (h100-sxm-8@debian13); repeat to mix (assigned round-robin). "
+                   "Known: " + ", ".join(hardware.PROFILES))
+@click.option("--os", "os_name", type=click.Choice(list(image.RELEASES)), default=image.DEFAULT_OS, show_default=True,
+              help="Debian release of the hosts whose --profile names none: " + ", ".join(
+                  f"{r.name} ({r.suite})" for r in image.RELEASES.values()))
 @click.option("--driver", default="none", show_default=True,
               help="none (a bare server) or preinstalled[:BRANCH] (driver baked into the image)")
 @click.option("--inventory", type=click.Path(dir_okay=False, path_type=Path),
               help="write a pyinfra inventory of the fleet to this file")
 @click.option("--force", is_flag=True, help="tear down a fleet that is already up first")
-def up(count, profiles, driver, inventory, force):
+def up(count, profiles, os_name, driver, inventory, force):
     """Bring up a simulated fleet.
 
     Exit code: 0 the fleet is up, 2 it could not be brought up (the reason printed) or bad usage.
     """
     try:
-        fleet = hosts.up(count, list(profiles), driver=driver, inventory=inventory, force=force,
+        fleet = hosts.up(count, list(profiles), driver=driver, inventory=inventory, force=force, os_name=os_name,
                          log=lambda m: click.echo(m, err=True))
     except (SimError, ValueError) as error:
         _fail(str(error))
     for host in fleet.hosts:
-        click.echo(f"{host.name}\t{host.address}\t{host.profile}")
+        click.echo(f"{host.name}\t{host.address}\t{host.profile}\t{host.os}")
     if inventory:
         click.echo(f"inventory: {inventory}")
 
@@ -85,9 +88,9 @@ def status(as_json):
     if not rows:
         click.echo("no simulated fleet is up")
         return
-    click.echo(f"{'HOST':8} {'ADDRESS':12} {'PROFILE':12} {'STATE':12} {'GPUS':>4} DRIVER")
+    click.echo(f"{'HOST':8} {'ADDRESS':12} {'PROFILE':12} {'OS':8} {'STATE':12} {'GPUS':>4} DRIVER")
     for r in rows:
-        click.echo(f"{r['name']:8} {r['address']:12} {r['profile']:12} {r['state']:12} {r['gpus']:>4} "
+        click.echo(f"{r['name']:8} {r['address']:12} {r['profile']:12} {r['os']:8} {r['state']:12} {r['gpus']:>4} "
                    f"{r['driver'] or '-'}")
 
 
