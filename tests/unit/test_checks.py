@@ -255,6 +255,18 @@ def test_temperature_fallback_thresholds_from_data(temp, verdict):
     assert _one(doc, "health.temperature").verdict == verdict
 
 
+@pytest.mark.parametrize(("temp", "verdict"), [(91, "pass"), (92, "warn"), (97, "fail")])
+def test_temperature_of_a_gpu_that_reports_no_threshold_by_its_catalog_model(temp, verdict):
+    """RTX 2080 SUPER: slowdown 97 °C in the catalog: the same decision as the alert rules make from it."""
+    doc = load("probe-h100-sxm-8.json")
+    doc["gpus"][0]["name"] = load_catalog().get("rtx2080-super").name
+    doc["gpus"][0]["temperature"].update(gpu_c=temp, slowdown_c=None, gpu_max_c=None, memory_c=None)
+    c = _one(doc, "health.temperature")
+    assert c.verdict == verdict
+    assert f"GPU {temp} °C (warn 92, slowdown 97 from the catalog)" in c.message
+    assert c.expected == {"warn_c": 92, "fail_c": 97, "source": "catalog"}
+
+
 def test_memory_temperature():
     doc = load("probe-h100-sxm-8.json")
     doc["gpus"][0]["temperature"].update(memory_c=94, memory_max_c=95)
