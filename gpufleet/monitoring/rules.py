@@ -4,7 +4,8 @@ thresholds.
 * :func:`recording_rules` — thresholds as series: each GPU's temperature limits by verify's own temperature
   decision (:class:`gpufleet.verify.thresholds.TemperatureRule`) from the slowdown temperature the GPU exports
   (``DCGM_FI_DEV_SLOWDOWN_TEMP``), else its catalog model's (per ``modelName``), else the fallback values; the
-  critical Xids, the GPU counts (visible, expected) and a few aggregates the dashboards use.
+  Xids of a critical class in NVIDIA's Xid catalog (gpufleet.verify.xid), the GPU recovery action by severity
+  (gpufleet.verify.recovery), the GPU counts (visible, expected) and a few aggregates the dashboards use.
 * :func:`alert_rules` — the alerts of ``alerts.yml`` with their ``for`` (overridable per alert from data).
 * :func:`inventory_rules` — the GPU count each host is expected to have, from the inventory (optional).
 
@@ -16,7 +17,7 @@ from __future__ import annotations
 import json
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -27,6 +28,7 @@ import yaml
 from gpufleet.catalog import load_catalog
 from gpufleet.plan import POWER_TOLERANCE_W
 from gpufleet.report.regression import DEFAULT_DROP_PCT
+from gpufleet.verify.recovery import RECOVERY_ACTIONS, recovery_action
 from gpufleet.verify.thresholds import TemperatureLimits, Thresholds, default_thresholds
 
 ALERTS_SCHEMA_VERSION = 1
@@ -95,6 +97,33 @@ def _per_gpu(expr: str) -> str:
     return f"max by (host, UUID) ({expr})"
 
 
+def _value_in(metric: str, values: Iterable[int]) -> str:
+    """PromQL keeping the series of ``metric`` whose value is one of ``values`` (runs as ranges: ``m >= 1 <= 7``)."""
+    runs: list[list[int]] = []
+    for value in sorted(set(values)):
+        if runs and value == runs[-1][1] + 1:
+            runs[-1][1] = value
+        else:
+            runs.append([value, value])
+    return " or ".join(f"{metric} == {low}" if low == high else f"{metric} >= {low} <= {high}"
+                       for low, high in runs) or f"{metric} < -Inf"
+
+
+def _recovery_action_records() -> list[dict[str, Any]]:
+    """The GPU's recovery action by gpufleet's severity of it, labelled ``action`` with NVML's name
+    (gpufleet.verify.recovery): one record of the critical actions, one of the warning ones."""
+    metric = "DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION"
+    known = sorted(RECOVERY_ACTIONS)
+    records = []
+    for severity in ("critical", "warning"):
+        terms = [f'label_replace({metric} == {a.value}, "action", "{a.name}", "", "")'
+                 for a in RECOVERY_ACTIONS.values() if a.severity == severity]
+        if recovery_action(known[-1] + 1).severity == severity:  # values newer than the table
+            terms.append(f'label_replace({metric} > {known[-1]}, "action", "unknown", "", "")')
+        records.append({"record": f"gpufleet:gpu_recovery_action_{severity}", "expr": " or ".join(terms)})
+    return records
+
+
 def _temperature_limit_expr(kind: str, thresholds: Thresholds) -> str:
     """PromQL of each GPU's ``kind`` ("warn" or "critical") temperature: its own slowdown temperature less the
     rule's margin (models whose thresholds override the margin first), else its model's, else the fallback."""
@@ -130,8 +159,6 @@ def recording_rules(thresholds: Thresholds | None = None, verify_max_age_s: int 
     for name, limits in sorted(temperature_thresholds(thresholds).items()):
         temps.append(_constant("gpufleet:gpu_temp_warn_model_celsius", limits.warn_c, {"modelName": name}))
         temps.append(_constant("gpufleet:gpu_temp_critical_model_celsius", limits.fail_c, {"modelName": name}))
-    critical_xids = sorted(set(thresholds.data["xid"].get("fail", [])))
-    xid_expr = " or ".join(f"DCGM_FI_DEV_XID_ERRORS == {code}" for code in critical_xids) or "vector(0) < 0"
     groups = [
         {"name": "gpufleet-thresholds", "rules": [
             *temps,
@@ -143,7 +170,9 @@ def recording_rules(thresholds: Thresholds | None = None, verify_max_age_s: int 
             {"record": "gpufleet:gpu_temp_warn_celsius", "expr": _temperature_limit_expr("warn", thresholds)},
             {"record": "gpufleet:gpu_temp_critical_celsius",
              "expr": _temperature_limit_expr("critical", thresholds)},
-            {"record": "gpufleet:gpu_xid_critical", "expr": xid_expr},
+            {"record": "gpufleet:gpu_xid_critical", "expr": _value_in("DCGM_FI_DEV_XID_ERRORS",
+                                                                       thresholds.xid_critical())},
+            *_recovery_action_records(),
             {"record": "gpufleet:gpus_visible",
              "expr": "count by (host) (count by (host, gpu) (DCGM_FI_DEV_GPU_TEMP))"},
             {"record": "gpufleet:gpus_expected",

@@ -12,15 +12,19 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from .xid import critical_xids, xid_info
+
 THRESHOLDS_SCHEMA_VERSION = 1
 _TOP_KEYS = {"schema_version", "_comment", "defaults", "models", "pcie_lane_gbs", "fleet", "xid"}
 _TEMPERATURE_KEYS = {"warn_below_slowdown_c", "fail_below_slowdown_c", "fallback_warn_c", "fallback_fail_c",
                      "memory_warn_below_max_c", "memory_fallback_warn_c", "memory_fallback_fail_c"}
+_XID_KEYS = {"_comment", "fail", "descriptions"}
 _DEFAULT_KEYS = {"temperature", "matmul_fraction", "memory_bandwidth_fraction", "host_transfer_fraction",
                  "nccl_busbw_gbs", "ecc_aggregate_uncorrected_warn", "row_remap_uncorrectable_warn"}
 
@@ -118,6 +122,13 @@ class Thresholds:
         for section in ("defaults", "fleet", "xid", "pcie_lane_gbs"):
             if not isinstance(data.get(section), dict):
                 raise ThresholdsError(f"{origin}: '{section}' must be an object")
+        bad = set(data["xid"]) - _XID_KEYS
+        if bad:
+            raise ThresholdsError(f"{origin}: unknown keys {sorted(bad)} in 'xid'; allowed: {sorted(_XID_KEYS)}")
+        fail = data["xid"].get("fail", [])
+        if not isinstance(fail, list) or not all(isinstance(c, int) and not isinstance(c, bool) and c > 0
+                                                 for c in fail):
+            raise ThresholdsError(f"{origin}: xid.fail={fail!r}: must be a list of Xid codes (integers > 0)")
         for where, values in [("defaults", data["defaults"]),
                               *[(f"models.{k}", v) for k, v in (data.get("models") or {}).items()]]:
             if not isinstance(values, dict):
@@ -169,11 +180,25 @@ class Thresholds:
             return None
         return self.data["pcie_lane_gbs"].get(str(gen))
 
+    def xid_fails(self, code: int) -> bool:
+        """True for an Xid of a critical class in NVIDIA's catalog (``xid.xid_info``), or one the data's
+        ``xid.fail`` lists."""
+        return xid_info(code).critical or code in set(self.data["xid"].get("fail", []))
+
+    def xid_critical(self) -> tuple[int, ...]:
+        """Every Xid that fails, ascending (the catalog's critical ones and the data's ``xid.fail``)."""
+        return tuple(sorted({*critical_xids(), *self.data["xid"].get("fail", [])}))
+
     def xid_severity(self, code: int) -> str:
-        return "fail" if code in set(self.data["xid"].get("fail", [])) else "warn"
+        return "fail" if self.xid_fails(code) else "warn"
 
     def xid_description(self, code: int) -> str:
-        return self.data["xid"].get("descriptions", {}).get(str(code), "see NVIDIA's Xid catalog")
+        info = xid_info(code)
+        text = self.data["xid"].get("descriptions", {}).get(str(code)) or info.mnemonic or "unknown Xid"
+        # the catalog's buckets are identifiers (RESET_GPU), but for Xid 154's sentence
+        where = (f"; NVIDIA's catalog: {info.resolution}"
+                 if info.resolution and re.fullmatch(r"[A-Z0-9_]+", info.resolution) else "")
+        return f"{text} ({info.means}{where})"
 
 
 _DEFAULT: Thresholds | None = None

@@ -200,13 +200,6 @@ def test_longest_lookback_of_the_rules():
     assert rules.duration(30 * 86400) == "30d" and rules.duration(90) == "90s" and rules.duration(0.5) == "500ms"
 
 
-def test_critical_xids_are_the_thresholds_data():
-    recording = rules.recording_rules()["groups"][1]["rules"]
-    expr = next(r["expr"] for r in recording if r["record"] == "gpufleet:gpu_xid_critical")
-    codes = {int(part.rsplit("==", 1)[1]) for part in expr.split(" or ")}
-    assert codes == set(default_thresholds().data["xid"]["fail"])
-
-
 def test_for_overrides_and_interval():
     group = rules.alert_rules({"GpuOverheating": "15s"}, interval="5s")["groups"][0]
     assert group["interval"] == "5s"
