@@ -8,7 +8,7 @@ Check ids (stable: JUnit test names and the Prometheus ``check`` label):
 host.reachable, host.probe,
 config.driver_branch, config.persistence, config.power_limit, config.mig, config.nccl, config.service.<unit>,
 health.gpu_count, health.gpu_model, health.gpu_status, health.temperature, health.clock_events, health.ecc,
-health.row_remap, health.pcie, health.nvlink, health.xid, health.services,
+health.row_remap, health.pcie, health.nvlink, health.recovery_action, health.xid, health.services,
 perf.bench, perf.matmul.<precision>, perf.memory_bandwidth, perf.host_transfer, perf.clock_events_during_run,
 perf.nccl_all_reduce, perf.dcgm_diag,
 fleet.gpu_outlier, fleet.node_outlier.
@@ -29,6 +29,7 @@ from gpufleet.plan import mig_instances_ok, outside_range, power_differs
 
 from .exporter_checks import check_exporters
 from .model import FAIL, PASS, SKIP, UNREACHABLE, WARN, CheckResult, FleetResult, HostResult, worst_verdict
+from .recovery import recovery_action
 from .thresholds import TemperatureLimits, Thresholds, default_thresholds
 from .xid import XidEvent, parse_xid_lines
 
@@ -523,6 +524,19 @@ def _check_nvlink(ctx: _Ctx, gpu: dict[str, Any]) -> None:
         ctx.add("health.nvlink", PASS, f"{len(links)}/{len(links)} NVLinks up", gpu=gpu, observed=[])
 
 
+def _check_recovery_action(ctx: _Ctx, gpu: dict[str, Any]) -> None:
+    """The driver's recovery action for the GPU (NVML; older drivers have none: no check), rated as the alerts
+    GpuRecoveryActionRequired / GpuRecoveryActionDrain rate it (gpufleet.verify.recovery)."""
+    value = gpu.get("recovery_action")
+    if value is None:
+        return
+    action = recovery_action(value)
+    verdict = {None: PASS, "warning": WARN}.get(action.severity, FAIL)
+    ctx.add("health.recovery_action", verdict, f"recovery action {action.name} ({value})",
+            f"{action.todo}; then run verify again", gpu=gpu,
+            observed={"value": value, "action": action.name})
+
+
 def _xid_verdict(ctx: _Ctx, events: list[XidEvent]) -> tuple[str, str]:
     codes = sorted({e.code for e in events})
     verdict = FAIL if any(ctx.thr.xid_severity(c) == FAIL for c in codes) else WARN
@@ -781,6 +795,7 @@ def evaluate(probe: dict[str, Any], expected: ExpectedState | None = None, *, be
         _check_row_remap(ctx, gpu, limits)
         _check_pcie(ctx, gpu)
         _check_nvlink(ctx, gpu)
+        _check_recovery_action(ctx, gpu)
         if run_perf and (bench.get("gpus") or bench.get("status") != "skipped"):
             _check_gpu_perf(ctx, gpu, _bench_gpu(bench, gpu), model, limits)
     _check_xid(ctx, probe, usable, kernel_log)

@@ -267,6 +267,24 @@ def test_temperature_of_a_gpu_that_reports_no_threshold_by_its_catalog_model(tem
     assert c.expected == {"warn_c": 92, "fail_c": 97, "source": "catalog"}
 
 
+@pytest.mark.parametrize(("value", "verdict", "text"), [
+    (0, "pass", "recovery action none (0)"), (1, "fail", "recovery action gpu_reset (1)"),
+    (2, "fail", "recovery action node_reboot (2)"), (3, "warn", "recovery action drain_p2p (3)"),
+    (4, "warn", "recovery action drain_and_reset (4)"), (9, "fail", "recovery action unknown (9)")])
+def test_recovery_action_from_the_probe(value, verdict, text):
+    doc = load("probe-h100-sxm-8.json")
+    doc["gpus"][0]["recovery_action"] = value
+    c = _one(doc, "health.recovery_action")
+    assert (c.verdict, c.message) == (verdict, text)
+    assert (c.remediation == "") == (verdict == "pass")
+
+
+def test_no_recovery_action_check_where_the_driver_reports_none():
+    doc = load("probe-h100-sxm-8.json")
+    assert all(g.get("recovery_action") is None for g in doc["gpus"])  # a probe of an older driver / gpufleet
+    assert not [c for c in evaluate(doc) if c.check == "health.recovery_action"]
+
+
 def test_memory_temperature():
     doc = load("probe-h100-sxm-8.json")
     doc["gpus"][0]["temperature"].update(memory_c=94, memory_max_c=95)
