@@ -170,6 +170,8 @@ def recording_rules(thresholds: Thresholds | None = None, verify_max_age_s: int 
             {"record": "gpufleet:gpu_temp_warn_celsius", "expr": _temperature_limit_expr("warn", thresholds)},
             {"record": "gpufleet:gpu_temp_critical_celsius",
              "expr": _temperature_limit_expr("critical", thresholds)},
+            # the last Xid, one series per GPU: dcgm-exporter (>= 3.3.6-3.4.2) makes a series per Xid (err_code)
+            {"record": "gpufleet:gpu_xid_last", "expr": _per_gpu("DCGM_FI_DEV_XID_ERRORS")},
             {"record": "gpufleet:gpu_xid_critical", "expr": _value_in("DCGM_FI_DEV_XID_ERRORS",
                                                                        thresholds.xid_critical())},
             *_recovery_action_records(),
