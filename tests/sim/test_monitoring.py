@@ -408,7 +408,7 @@ def test_prometheus_keeps_data_as_long_as_the_longest_rule_reads(mon):
     """gpufleet_monitoring_retention (default 35d) reaches Prometheus through /etc/default/prometheus."""
     wait_all_up(mon)
     flags = api(mon, 9090, "/api/v1/status/flags")["data"]
-    assert flags["storage.tsdb.retention.time"] == "35d"
+    assert seconds(flags["storage.tsdb.retention.time"]) == 35 * 86400  # Prometheus shows it as 5w
     assert "--storage.tsdb.retention.time=35d" in ssh(mon, MON, "cat /etc/default/prometheus").stdout
 
 
