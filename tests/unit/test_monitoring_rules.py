@@ -220,3 +220,13 @@ def test_inventory_rules_pass_promtool(tmp_path):
     ]
     result = run_promtool("check", "rules", str(path))
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_docs_table_every_alert_with_its_severity_and_for():
+    """docs/alerts.md: one row per alert of alerts.yml, with the same severity and `for`."""
+    rows = {}
+    for line in (ROOT / "docs" / "alerts.md").read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 5 and cells[0].startswith("`") and cells[0].strip("`") in rules.alert_names():
+            rows[cells[0].strip("`")] = (cells[1], cells[2])
+    assert rows == {a["alert"]: (a["severity"], a["for"]) for a in rules.alert_definitions()}
