@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import copy
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -17,6 +18,7 @@ from gpufleet.catalog import load_catalog
 from gpufleet.monitoring import rules
 from gpufleet.verify import evaluate
 from gpufleet.verify.thresholds import Thresholds, default_thresholds
+from tests import upstream
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES_DIR = ROOT / "monitoring" / "rules"
@@ -230,3 +232,35 @@ def test_docs_table_every_alert_with_its_severity_and_for():
         if len(cells) == 5 and cells[0].startswith("`") and cells[0].strip("`") in rules.alert_names():
             rows[cells[0].strip("`")] = (cells[1], cells[2])
     assert rows == {a["alert"]: (a["severity"], a["for"]) for a in rules.alert_definitions()}
+
+
+def _test_series() -> list[str]:
+    return [s["series"] for path in TEST_FILES for case in yaml.safe_load(path.read_text())["tests"]
+            for s in case.get("input_series", [])]
+
+
+def test_the_promtool_cases_use_dcgm_exporter_s_real_label_shape():
+    """The rules' tests feed series shaped as the released dcgm-exporter emits them (tests/reference/upstream:
+    `Hostname`, and err_code/err_msg on DCGM_FI_DEV_XID_ERRORS since 3.3.6-3.4.2) and as gpufleet's exporter
+    emitted them before (lowercase hostname, no err_code): the rules must hold for both."""
+    latest = upstream.dcgm_exporter_label_facts()
+    assert latest["hostname_label"] == "Hostname" and latest["xid_err_labels"] == ["err_code", "err_msg"]
+    xid_series = [s for s in _test_series() if s.startswith("DCGM_FI_DEV_XID_ERRORS{")]
+    released = [s for s in xid_series if f'{latest["hostname_label"]}="' in s]
+    assert released and all(all(f'{label}="' in s for label in latest["xid_err_labels"]) for s in released)
+    assert [s for s in xid_series if 'hostname="' in s and "err_code" not in s]
+    for name in ("GpuXidCritical", "GpuXidError", "GpuTemperatureHigh", "GpuOverheating",
+                 "GpuRecoveryActionRequired"):
+        labels = [c["exp_labels"] for path in TEST_FILES for case in yaml.safe_load(path.read_text())["tests"]
+                  for check in case.get("alert_rule_test", []) if check["alertname"] == name
+                  for c in check.get("exp_alerts", [])]
+        assert any("Hostname" in x for x in labels) and any("hostname" in x for x in labels), name
+
+
+def test_every_dcgm_field_the_rules_read_is_a_dcgm_field():
+    """DCGM_FI_* names in the rules are DCGM's own (dcgm_fields.h of the DCGM release in tests/reference/upstream)."""
+    fields = set(upstream.dcgm_field_ids())
+    read = {name for rule_file in (rules.recording_rules(), rules.alert_rules()) for group in rule_file["groups"]
+            for rule in group["rules"] for name in re.findall(r"\bDCGM_FI_[A-Z0-9_]+", rule["expr"])}
+    assert {"DCGM_FI_DEV_SLOWDOWN_TEMP", "DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION", "DCGM_FI_DEV_XID_ERRORS"} <= read
+    assert read - fields == set()
