@@ -497,6 +497,12 @@ def test_shipped_thresholds_are_valid_and_name_catalog_models():
     (lambda d: d["defaults"].update(temprature={}), "unknown keys"),
     (lambda d: d["defaults"]["matmul_fraction"]["bf16"].update(fail=0.9), "fail <= warn"),
     (lambda d: d.update(schema_version=2), "schema_version"),
+    (lambda d: d["defaults"]["temperature"].update(warn_below_slowdown_c=-5), r"warn_below_slowdown_c=-5: must be >= "),
+    (lambda d: d["defaults"]["temperature"].pop("fail_below_slowdown_c"), r"missing \['fail_below_slowdown_c'\]"),
+    (lambda d: d["models"].update({"h100-sxm": {"temperature": {"fallback_fail_c": "hot"}}}),
+     r"models.h100-sxm.temperature.fallback_fail_c='hot': not a number"),
+    (lambda d: d["xid"].update(fail=["79"]), r"xid.fail=\['79'\]: must be a list of Xid codes"),
+    (lambda d: d["xid"].update(critical=[79]), r"unknown keys \['critical'\] in 'xid'"),
 ])
 def test_thresholds_reject_bad_data(mutate, message):
     data = copy.deepcopy(default_thresholds().data)
