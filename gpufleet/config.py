@@ -398,7 +398,7 @@ def _power_by_model(ctx: _Ctx, key: str, value: Any) -> Any:
     ok = True
     for model_name, limit in value.items():
         sub = f"{key}[{model_name!r}]"
-        model = _catalog_model(model_name)
+        model = catalog_model(model_name)
         if model is None:
             candidates = [*catalog.keys(), *catalog.names()]
             ctx.error(sub, model_name, "a GPU name as nvidia-smi prints it or a catalog key: "
@@ -1062,7 +1062,8 @@ def validate_pyinfra_inventory(inventory) -> dict[str, NodeConfig]:
 # --------------------------------------------------------------------------- GPU model names (validation)
 
 
-def _catalog_model(name: Any) -> GpuModel | None:
+def catalog_model(name: Any) -> GpuModel | None:
+    """The catalog model named ``name`` (a catalog key or the GPU name nvidia-smi prints), None when unknown."""
     if not isinstance(name, str):
         return None
     catalog = load_catalog()

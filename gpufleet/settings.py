@@ -135,6 +135,8 @@ _DOCS: dict[str, tuple[str, str, str, str, str | None]] = {
                                       '{"GpuOverheating": "2m"}', "`{}`"),
     "gpufleet_monitoring_verify_max_age": (None, "monitoring", "verify results older than this alert as stale",
                                            '"8d"', None),
+    "gpufleet_monitoring_retention": (None, "monitoring", "how long Prometheus keeps samples (checked against the "
+                                      "longest range any rule reads)", '"90d"', None),
     "gpufleet_monitoring_prometheus_listen": (None, "monitoring", "Prometheus' listen address", '"0.0.0.0:9090"',
                                               None),
     "gpufleet_monitoring_alertmanager_listen": (None, "monitoring", "Alertmanager's listen address",

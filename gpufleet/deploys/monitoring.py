@@ -140,7 +140,8 @@ def _put(name: str, text: str, dest: str, mode: str = "644"):
 def prometheus_stage(settings: MonitoringSettings, targets) -> None:
     apt.packages(name="Prometheus and Alertmanager (distribution packages)", packages=list(PROMETHEUS_PACKAGES),
                  update=True, cache_time=7 * 86400, no_recommends=True)
-    prom_args = f"--web.listen-address={settings.prometheus_listen}"
+    prom_args = (f"--web.listen-address={settings.prometheus_listen} "
+                 f"--storage.tsdb.retention.time={settings.retention}")
     am_args = f"--web.listen-address={settings.alertmanager_listen} --cluster.listen-address="
     defaults = [
         _put(PROMETHEUS_DEFAULTS, f"# Managed by gpufleet\nARGS={shlex.quote(prom_args)}\n", PROMETHEUS_DEFAULTS),

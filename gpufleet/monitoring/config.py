@@ -9,6 +9,7 @@ gpufleet_monitoring_scrape_interval      a Prometheus duration, 1s..1h          
 gpufleet_monitoring_evaluation_interval  a Prometheus duration, 1s..1h                              ``"15s"``
 gpufleet_monitoring_alert_for            {alert name: duration}: overrides an alert's ``for``       ``{}``
 gpufleet_monitoring_verify_max_age       a duration: VerifyStale fires past it                      ``"8d"``
+gpufleet_monitoring_retention            a duration >= the longest range any rule reads (30d)       ``"35d"``
 gpufleet_monitoring_prometheus_listen    ADDRESS:PORT                                               ``"0.0.0.0:9090"``
 gpufleet_monitoring_alertmanager_listen  ADDRESS:PORT                                               ``"0.0.0.0:9093"``
 gpufleet_monitoring_receivers            [{name, type: webhook|email|slack, ...}] (first: default)  ``[]`` (none)
@@ -34,9 +35,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpufleet.config import ConfigError, _catalog_model, did_you_mean, register_namespace
+from gpufleet.config import ConfigError, catalog_model, did_you_mean, register_namespace
 
-from .rules import DURATION_RE, alert_names
+from .rules import DURATION_RE, alert_names, alert_rules, duration, longest_lookback, recording_rules, seconds
 
 PREFIX = "gpufleet_monitoring_"
 register_namespace(PREFIX)
@@ -49,13 +50,14 @@ _LISTEN_RE = re.compile(r"^(?:\d{1,3}(?:\.\d{1,3}){3}|\[[0-9A-Fa-f:]+\])?:(\d{1,
 _URL_RE = re.compile(r"^https?://[A-Za-z0-9.\-]+(?::\d{1,5})?(?:/[^\s'\"\\]*)?$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _LABEL_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
 
 KEYS: dict[str, str] = {
     "gpufleet_monitoring_scrape_interval": "a Prometheus duration between 1s and 1h, e.g. \"15s\"",
     "gpufleet_monitoring_evaluation_interval": "a Prometheus duration between 1s and 1h, e.g. \"15s\"",
     "gpufleet_monitoring_alert_for": "{alert name: duration}, alerts: " + ", ".join(alert_names()),
     "gpufleet_monitoring_verify_max_age": "a Prometheus duration, e.g. \"8d\"",
+    "gpufleet_monitoring_retention": "a Prometheus duration at least as long as the longest range any alert or "
+                                     "recording rule reads, e.g. \"35d\"",
     "gpufleet_monitoring_prometheus_listen": "ADDRESS:PORT, e.g. \"0.0.0.0:9090\"",
     "gpufleet_monitoring_alertmanager_listen": "ADDRESS:PORT, e.g. \"0.0.0.0:9093\"",
     "gpufleet_monitoring_receivers": "a list of {name, type: webhook|email|slack, ...}",
@@ -70,17 +72,13 @@ KEYS: dict[str, str] = {
 }
 
 
-def seconds(duration: str) -> float:
-    """Seconds of a Prometheus duration (``1m30s``)."""
-    return sum(float(n) * _UNIT_S[u] for n, u in re.findall(r"(\d+)(ms|s|m|h|d|w|y)", duration))
-
-
 @dataclass(frozen=True)
 class MonitoringSettings:
     scrape_interval: str = "15s"
     evaluation_interval: str = "15s"
     alert_for: Mapping[str, str] = field(default_factory=dict)
     verify_max_age: str = "8d"
+    retention: str = "35d"  # Prometheus's --storage.tsdb.retention.time: BenchmarkRegression reads 30 days back
     prometheus_listen: str = "0.0.0.0:9090"
     alertmanager_listen: str = "0.0.0.0:9093"
     receivers: tuple[dict, ...] = ()
@@ -175,7 +173,7 @@ def load_monitoring_settings(host: str, data: Mapping[str, Any]) -> tuple[Monito
         raw = ours.get(PREFIX + key)
         if raw is not None:
             values[key] = _duration(err, PREFIX + key, raw, 1, 3600)
-    for key in ("verify_max_age", "group_wait"):
+    for key in ("verify_max_age", "group_wait", "retention"):
         raw = ours.get(PREFIX + key)
         if raw is not None:
             values[key] = _duration(err, PREFIX + key, raw)
@@ -252,7 +250,7 @@ def load_monitoring_settings(host: str, data: Mapping[str, Any]) -> tuple[Monito
             target["cluster"] = raw
     raw = ours.get(PREFIX + "gpu_model")
     if raw is not None:
-        model = _catalog_model(raw)
+        model = catalog_model(raw)
         if model is None:
             err.add(PREFIX + "gpu_model", raw, "unknown GPU model")
         else:
@@ -269,6 +267,12 @@ def check_monitoring_host(host: str, settings: MonitoringSettings, data: Mapping
         err.add(PREFIX + "grafana_admin_password", None,
                 "Grafana is enabled but has no admin password (gpufleet never deploys Grafana's default admin/admin)",
                 KEYS[PREFIX + "grafana_admin_password"] + f", or {PREFIX}grafana: false")
+    lookback_s, rule, selector = longest_lookback(
+        recording_rules(verify_max_age_s=int(seconds(settings.verify_max_age))), alert_rules(settings.alert_for))
+    if seconds(settings.retention) < lookback_s:
+        err.add(PREFIX + "retention", settings.retention,
+                f"Prometheus would drop data that {rule} reads ({selector}: {duration(lookback_s)} back)",
+                f"a Prometheus duration of at least {duration(lookback_s)}")
     ports: dict[int, str] = {}
     services = [("prometheus_listen", settings.prometheus_listen),
                 ("alertmanager_listen", settings.alertmanager_listen)]

@@ -25,6 +25,8 @@ RULES_DIR = f"{PROMETHEUS_DIR}/rules"
 JOBS = ("gpu", "node")
 DASHBOARDS = ("gpu-fleet-health.json", "training.json")
 GRAFANA_DASHBOARD_DIR = "/var/lib/grafana/dashboards/gpufleet"
+# the alert that means the whole host is down (none of its exporters answers): the only one that inhibits others
+HOST_DOWN_ALERT = "NodeDown"
 
 
 @dataclass(frozen=True)
@@ -99,7 +101,7 @@ def _receiver(r: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def alertmanager_config(settings: MonitoringSettings) -> str:
-    """Routes and receivers from data; NodeDown inhibits that host's GPU alerts."""
+    """Routes and receivers from data; NodeDown (no exporter of the host answers) inhibits the host's other alerts."""
     receivers = [_receiver(r) for r in settings.receivers] or [{"name": "null"}]
     route: dict[str, Any] = {
         "receiver": receivers[0]["name"],
@@ -115,8 +117,8 @@ def alertmanager_config(settings: MonitoringSettings) -> str:
     config = {
         "route": route,
         "receivers": receivers,
-        "inhibit_rules": [{"source_matchers": ['alertname="NodeDown"'], "target_matchers": ['scope="gpu"'],
-                           "equal": ["host"]}],
+        "inhibit_rules": [{"source_matchers": [f'alertname="{HOST_DOWN_ALERT}"'],
+                           "target_matchers": [f'alertname!="{HOST_DOWN_ALERT}"'], "equal": ["host"]}],
     }
     return _dump(config)
 

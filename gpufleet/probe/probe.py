@@ -75,6 +75,7 @@ _CLOCK_GRAPHICS, _CLOCK_SM, _CLOCK_MEM = 0, 1, 2
 _TEMP_GPU = 0
 _THRESHOLD_SHUTDOWN, _THRESHOLD_SLOWDOWN, _THRESHOLD_MEM_MAX, _THRESHOLD_GPU_MAX = 0, 1, 2, 3
 _FI_DEV_MEMORY_TEMP = 82
+_FI_DEV_GET_GPU_RECOVERY_ACTION = 230  # NVML 560+; older drivers answer NOT_SUPPORTED for the field
 _ECC_CORRECTED, _ECC_UNCORRECTED = 0, 1
 _ECC_VOLATILE, _ECC_AGGREGATE = 0, 1
 _NVLINK_MAX_LINKS = 36
@@ -90,7 +91,7 @@ nvml_error (null or status), nvml_error_message, driver_version, cuda_driver_ver
 errors {field: status}, gpu_count,
 gpus[]: index, status (ok | gpu_lost | <status of the handle call>), errors {dotted field: status},
   uuid, serial, name, pci_bus_id, pci_device_id, vbios_version, compute_capability, compute_mode, pstate,
-  persistence_mode (bool),
+  persistence_mode (bool), recovery_action (NVML's nvmlDeviceGpuRecoveryAction_t value: 0 none, 1 GPU reset, ...),
   power {limit_w, default_limit_w, min_limit_w, max_limit_w, enforced_limit_w, draw_w},
   temperature {gpu_c, memory_c, shutdown_c, slowdown_c, memory_max_c, gpu_max_c},
   clocks {sm_mhz, memory_mhz, graphics_mhz, max_sm_mhz, max_memory_mhz, max_graphics_mhz},
@@ -205,7 +206,7 @@ def empty_gpu(index: int, status: str = "ok") -> dict[str, Any]:
         "index": index, "status": status, "errors": {},
         "uuid": None, "serial": None, "name": None, "pci_bus_id": None, "pci_device_id": None,
         "vbios_version": None, "compute_capability": None, "compute_mode": None, "pstate": None,
-        "persistence_mode": None,
+        "persistence_mode": None, "recovery_action": None,
         "power": dict.fromkeys(("limit_w", "default_limit_w", "min_limit_w", "max_limit_w", "enforced_limit_w",
                                 "draw_w")),
         "temperature": dict.fromkeys(("gpu_c", "memory_c", "shutdown_c", "slowdown_c", "memory_max_c",
@@ -254,6 +255,7 @@ def _probe_gpu(nvml: Any, index: int) -> dict[str, Any]:
     gpu["pstate"] = None if pstate is None or pstate == 32 else f"P{pstate}"
     persistence = f.call("persistence_mode", "nvmlDeviceGetPersistenceMode", handle)
     gpu["persistence_mode"] = None if persistence is None else bool(persistence)
+    gpu["recovery_action"] = _field_value(f, "recovery_action", handle, _FI_DEV_GET_GPU_RECOVERY_ACTION)
 
     constraints = f.call("power.min_limit_w", "nvmlDeviceGetPowerManagementLimitConstraints", handle)
     if constraints is None and "power.min_limit_w" in errors:

@@ -8,7 +8,7 @@ Check ids (stable: JUnit test names and the Prometheus ``check`` label):
 host.reachable, host.probe,
 config.driver_branch, config.persistence, config.power_limit, config.mig, config.nccl, config.service.<unit>,
 health.gpu_count, health.gpu_model, health.gpu_status, health.temperature, health.clock_events, health.ecc,
-health.row_remap, health.pcie, health.nvlink, health.xid, health.services,
+health.row_remap, health.pcie, health.nvlink, health.recovery_action, health.xid, health.services,
 perf.bench, perf.matmul.<precision>, perf.memory_bandwidth, perf.host_transfer, perf.clock_events_during_run,
 perf.nccl_all_reduce, perf.dcgm_diag,
 fleet.gpu_outlier, fleet.node_outlier.
@@ -29,7 +29,8 @@ from gpufleet.plan import mig_instances_ok, outside_range, power_differs
 
 from .exporter_checks import check_exporters
 from .model import FAIL, PASS, SKIP, UNREACHABLE, WARN, CheckResult, FleetResult, HostResult, worst_verdict
-from .thresholds import Thresholds, default_thresholds
+from .recovery import recovery_action
+from .thresholds import TemperatureLimits, Thresholds, default_thresholds
 from .xid import XidEvent, parse_xid_lines
 
 SUPPORTED_PROBE_SCHEMA_VERSION = 1
@@ -386,26 +387,31 @@ def _layout(layout: Mapping[str, int]) -> str:
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _temperature_limits(temp: dict[str, Any], t: dict[str, Any]) -> tuple[float, float]:
-    """(warn_at, fail_at) for the GPU core temperature."""
-    slowdown, gpu_max = temp.get("slowdown_c"), temp.get("gpu_max_c")
-    fail_at = slowdown if slowdown is not None else t["fallback_fail_c"]
-    candidates = [c for c in (gpu_max, slowdown - t["warn_below_slowdown_c"] if slowdown is not None else None)
-                  if c is not None]
-    warn_at = min(candidates) if candidates else t["fallback_warn_c"]
-    return min(warn_at, fail_at), fail_at
+def _temperature_limits(thresholds: Thresholds, gpu: dict[str, Any], model: GpuModel | None) -> TemperatureLimits:
+    """The GPU core's limits by the one temperature decision (verify's thresholds data, as the alerts use it)."""
+    rule = thresholds.temperature_rule(model.key if model else None)
+    return rule.limits((gpu.get("temperature") or {}).get("slowdown_c"), model.temp_slowdown_c if model else None)
 
 
-def _check_temperature(ctx: _Ctx, gpu: dict[str, Any], limits: dict[str, Any]) -> None:
+def _temperature_limits_text(limits: TemperatureLimits) -> str:
+    if limits.slowdown_c is None:
+        return f"warn {limits.warn_c:g}, fail {limits.fail_c:g}: no slowdown temperature reported"
+    fail = "" if limits.fail_c == limits.slowdown_c else f"fail {limits.fail_c:g}, "
+    where = " from the catalog" if limits.source == "catalog" else ""
+    return f"warn {limits.warn_c:g}, {fail}slowdown {limits.slowdown_c:g}{where}"
+
+
+def _check_temperature(ctx: _Ctx, gpu: dict[str, Any], limits: dict[str, Any], model: GpuModel | None) -> None:
     temp = gpu.get("temperature") or {}
     t = limits["temperature"]
     core = temp.get("gpu_c")
     if core is None:
         ctx.add("health.temperature", SKIP, "temperature not reported" + _err(gpu, "temperature.gpu_c"), gpu=gpu)
         return
-    warn_at, fail_at = _temperature_limits(temp, t)
+    decided = _temperature_limits(ctx.thr, gpu, model)
+    warn_at, fail_at = decided.warn_c, decided.fail_c
     verdicts = [FAIL if core >= fail_at else WARN if core >= warn_at else PASS]
-    parts = [f"GPU {core} °C (warn {warn_at:g}, slowdown {fail_at:g})"]
+    parts = [f"GPU {core} °C ({_temperature_limits_text(decided)})"]
     mem = temp.get("memory_c")
     if mem is not None:
         mem_max = temp.get("memory_max_c")
@@ -417,7 +423,7 @@ def _check_temperature(ctx: _Ctx, gpu: dict[str, Any], limits: dict[str, Any]) -
     ctx.add("health.temperature", verdict, ", ".join(parts),
             "check airflow, fans and inlet temperature of the chassis; a GPU alone being hot points at its "
             "heatsink or slot", gpu=gpu, observed={"gpu_c": core, "memory_c": mem},
-            expected={"warn_c": warn_at, "fail_c": fail_at})
+            expected={"warn_c": warn_at, "fail_c": fail_at, "source": decided.source})
 
 
 def _check_clock_events(ctx: _Ctx, gpu: dict[str, Any], check: str, active: list[str] | None,
@@ -516,6 +522,19 @@ def _check_nvlink(ctx: _Ctx, gpu: dict[str, Any]) -> None:
                 "if links stay down", gpu=gpu, observed=down)
     else:
         ctx.add("health.nvlink", PASS, f"{len(links)}/{len(links)} NVLinks up", gpu=gpu, observed=[])
+
+
+def _check_recovery_action(ctx: _Ctx, gpu: dict[str, Any]) -> None:
+    """The driver's recovery action for the GPU (NVML; older drivers have none: no check), rated as the alerts
+    GpuRecoveryActionRequired / GpuRecoveryActionDrain rate it (gpufleet.verify.recovery)."""
+    value = gpu.get("recovery_action")
+    if value is None:
+        return
+    action = recovery_action(value)
+    verdict = {None: PASS, "warning": WARN}.get(action.severity, FAIL)
+    ctx.add("health.recovery_action", verdict, f"recovery action {action.name} ({value})",
+            f"{action.todo}; then run verify again", gpu=gpu,
+            observed={"value": value, "action": action.name})
 
 
 def _xid_verdict(ctx: _Ctx, events: list[XidEvent]) -> tuple[str, str]:
@@ -767,7 +786,7 @@ def evaluate(probe: dict[str, Any], expected: ExpectedState | None = None, *, be
         _check_persistence(ctx, gpu, expected)
         _check_power_limit(ctx, gpu, expected)
         _check_mig(ctx, gpu, expected)
-        _check_temperature(ctx, gpu, limits)
+        _check_temperature(ctx, gpu, limits, model)
         reasons = gpu.get("clock_event_reasons") or {}
         _check_clock_events(ctx, gpu, "health.clock_events", reasons.get("active"), reasons.get("hardware_problems"),
                             reasons.get("active_mask"), "clock event reasons not reported"
@@ -776,6 +795,7 @@ def evaluate(probe: dict[str, Any], expected: ExpectedState | None = None, *, be
         _check_row_remap(ctx, gpu, limits)
         _check_pcie(ctx, gpu)
         _check_nvlink(ctx, gpu)
+        _check_recovery_action(ctx, gpu)
         if run_perf and (bench.get("gpus") or bench.get("status") != "skipped"):
             _check_gpu_perf(ctx, gpu, _bench_gpu(bench, gpu), model, limits)
     _check_xid(ctx, probe, usable, kernel_log)
@@ -799,8 +819,8 @@ def gpu_summary(probe: dict[str, Any], bench: dict[str, Any] | None = None, *, t
         except UnknownGpuModel:
             model = None
         temp = gpu.get("temperature") or {}
-        limits = thr.for_model(model.key if model else None)
-        warn_at, fail_at = _temperature_limits(temp, limits["temperature"])
+        decided = _temperature_limits(thr, gpu, model)
+        warn_at, fail_at = decided.warn_c, decided.fail_c
         power = gpu.get("power") or {}
         entry = _bench_gpu(bench, gpu) or {}
         matmul = {}

@@ -40,7 +40,8 @@ MONITORING_DATA = {
     "gpufleet_monitoring_evaluation_interval": EVALUATION,
     "gpufleet_monitoring_alert_for": {"GpuOverheating": ALERT_FOR, "GpuMissing": ALERT_FOR,
                                       "GpuExporterDown": ALERT_FOR, "NodeDown": ALERT_FOR,
-                                      "GpuPowerLimitDrift": ALERT_FOR},
+                                      "GpuPowerLimitDrift": ALERT_FOR, "NodeExporterDown": ALERT_FOR,
+                                      "GpuTemperatureHigh": ALERT_FOR},
     "gpufleet_monitoring_group_wait": "1s",
     "gpufleet_monitoring_grafana": False,  # Grafana's package cannot be installed here (no Grafana repository)
     "gpufleet_monitoring_receivers": [{"name": "ops", "type": "webhook", "url": "http://127.0.0.1:9999/alerts"}],
@@ -274,19 +275,141 @@ def test_stopped_exporter_raises_exporter_down(mon):
 
 
 def test_node_down_inhibits_the_gpu_alerts_of_that_host(mon):
+    """No exporter of the host answers: the host is down, and NodeDown inhibits the host's other alerts (the
+    exporter-down ones included)."""
     wait_all_up(mon)
     ssh(mon, NVML_HOST, "systemctl stop prometheus-node-exporter.service gpufleet-exporter.service")
     try:
         wait_for("NodeDown in Alertmanager", lambda: [
             a for a in active_alerts(mon, "NodeDown") if a["labels"].get("host") == NVML_HOST])
-        suppressed = wait_for("GpuExporterDown inhibited", lambda: [
-            a for a in active_alerts(mon, "GpuExporterDown")
-            if a["labels"].get("host") == NVML_HOST and a["status"]["inhibitedBy"]])
-        assert suppressed[0]["status"]["state"] == "suppressed"
+        for name in ("GpuExporterDown", "NodeExporterDown"):
+            suppressed = wait_for(f"{name} inhibited", lambda n=name: [
+                a for a in _firing(mon, n, NVML_HOST) if a["status"]["inhibitedBy"]])
+            assert suppressed[0]["status"]["state"] == "suppressed"
     finally:
         ssh(mon, NVML_HOST, "systemctl start prometheus-node-exporter.service gpufleet-exporter.service")
     wait_for("NodeDown resolved", lambda: not [
         a for a in active_alerts(mon, "NodeDown") if a["labels"].get("host") == NVML_HOST])
+
+
+# ------------------------------------------------------------------------------------------------ alerts that mean
+# what they say (issue 19): label shapes of both exporters, one temperature decision with verify, Xids and the
+# recovery action by NVIDIA's tables, an exporter down alone, Prometheus' retention
+
+
+def prometheus_alerts(fleet, name: str, host: str) -> list[dict]:
+    """Prometheus' own ALERTS series (pending or firing) of one alert and host."""
+    return promql(fleet, f'ALERTS{{alertname="{name}",host="{host}"}}')
+
+
+def test_xid_13_raises_gpu_xid_error_and_no_critical_alert_on_both_exporter_paths(mon):
+    """Xid 13 (RESTART_APP in NVIDIA's catalog) through dcgm-exporter's label shape (a series per Xid, err_code and
+    err_msg labels) and through gpufleet's exporter: GpuXidError on the GPU it hit, no GpuXidCritical."""
+    wait_all_up(mon)
+    wait_for("the NVML exporter registered for Xid events", lambda: promql(
+        mon, f'gpufleet_gpu_exporter_xid_events_supported{{host="{NVML_HOST}"}} == 1'))
+    hit = ((DCGM_HOST, "1"), (NVML_HOST, "0"))
+    for host, gpu in hit:
+        gpufleet("sim", "fault", host, "xid", "--gpu", gpu, "--code", "13")
+    try:
+        for host, gpu in hit:
+            alerts = wait_for(f"GpuXidError of {host} in Alertmanager", lambda h=host: _firing(mon, "GpuXidError", h))
+            assert [a["labels"]["gpu"] for a in alerts] == [gpu], host
+            assert alerts[0]["labels"]["severity"] == "warning"
+            assert alerts[0]["annotations"]["summary"] == f"{host} GPU {gpu}: Xid 13"
+            assert prometheus_alerts(mon, "GpuXidCritical", host) == []
+        # released dcgm-exporter's shape on the dcgm path: the alert carries the Xid's code and a text for it
+        dcgm_alert = _firing(mon, "GpuXidError", DCGM_HOST)[0]["labels"]
+        assert dcgm_alert["err_code"] == "13" and dcgm_alert["err_msg"]
+    finally:
+        for host, _gpu in hit:
+            gpufleet("sim", "fault", host, "clear")
+        ssh(mon, NVML_HOST, "systemctl restart gpufleet-exporter.service")
+    for host, _gpu in hit:
+        wait_for(f"GpuXidError of {host} resolved", lambda h=host: not _firing(mon, "GpuXidError", h))
+
+
+def test_a_stopped_node_exporter_raises_only_its_own_alert_and_hides_no_gpu_alert(mon):
+    """node_exporter stopped on a live host: NodeExporterDown, not NodeDown, and an overheated GPU of the same host
+    still reaches Alertmanager uninhibited."""
+    wait_all_up(mon)
+    ssh(mon, NVML_HOST, "systemctl stop prometheus-node-exporter.service")
+    gpufleet("sim", "fault", NVML_HOST, "overheat", "--gpu", "0")
+    try:
+        alerts = wait_for("NodeExporterDown in Alertmanager", lambda: _firing(mon, "NodeExporterDown", NVML_HOST))
+        assert alerts[0]["status"]["state"] == "active" and alerts[0]["labels"]["severity"] == "warning"
+        # NodeDown shares NodeExporterDown's `for` and rule group: it would be pending or firing by now
+        assert prometheus_alerts(mon, "NodeDown", NVML_HOST) == []
+        hot = wait_for("GpuOverheating of the same host in Alertmanager", lambda: _firing(mon, "GpuOverheating",
+                                                                                           NVML_HOST))
+        assert [a["labels"]["gpu"] for a in hot] == ["0"]
+        assert hot[0]["status"]["state"] == "active" and hot[0]["status"]["inhibitedBy"] == []
+        assert not _firing(mon, "NodeDown", NVML_HOST)
+    finally:
+        gpufleet("sim", "fault", NVML_HOST, "clear")
+        ssh(mon, NVML_HOST, "systemctl start prometheus-node-exporter.service")
+    for name in ("NodeExporterDown", "GpuOverheating"):
+        wait_for(f"{name} resolved", lambda n=name: not _firing(mon, n, NVML_HOST))
+
+
+def _set_gpu_state(fleet, host: str, values: dict[int, dict[str, str]]) -> dict[int, dict[str, str | None]]:
+    """Set simulated GPU fields (the hardware's side: a temperature, the driver's recovery action); return what was
+    there before (None: absent) for restoring."""
+    before: dict[int, dict[str, str | None]] = {}
+    with simstate.locked(str(fleet.host(host).dir / "hw/gpus.state")) as state:
+        for gpu, fields in values.items():
+            for key, value in fields.items():
+                before.setdefault(gpu, {})[key] = state.get(f"gpu.{gpu}.{key}")
+                if value is None:
+                    state.pop(f"gpu.{gpu}.{key}", None)
+                else:
+                    state[f"gpu.{gpu}.{key}"] = value
+    return before
+
+
+def test_alerts_and_verify_judge_each_gpu_alike(mon, tmp_path):
+    """Each GPU by its own slowdown temperature on both exporter paths (H100 at its slowdown 89 °C: critical, where
+    the old fallback of 90 °C said nothing; RTX 4090 1 °C under its slowdown: a warning, where the fallback said
+    critical), and the driver's recovery action (reset: critical, drain P2P: warning): the alerts fire as verify
+    judges the same GPUs."""
+    wait_all_up(mon)
+    dcgm, nvml = sim_state(mon, DCGM_HOST), sim_state(mon, NVML_HOST)
+    dcgm_slowdown, nvml_slowdown = (int(simstate.gpu(s, g)["temp.slowdown"]) for s, g in ((dcgm, 5), (nvml, 0)))
+    changes = {DCGM_HOST: {5: {"temp.gpu": str(dcgm_slowdown)}, 6: {"recovery_action": "1"}},
+               NVML_HOST: {0: {"temp.gpu": str(nvml_slowdown - 1), "recovery_action": "3"}}}
+    saved = {host: _set_gpu_state(mon, host, values) for host, values in changes.items()}
+    try:
+        expected = {("GpuOverheating", DCGM_HOST): ["5"], ("GpuTemperatureHigh", NVML_HOST): ["0"],
+                    ("GpuRecoveryActionRequired", DCGM_HOST): ["6"], ("GpuRecoveryActionDrain", NVML_HOST): ["0"]}
+        for (name, host), gpus in expected.items():
+            alerts = wait_for(f"{name} of {host} in Alertmanager", lambda n=name, h=host: _firing(mon, n, h))
+            assert sorted(a["labels"]["gpu"] for a in alerts) == gpus, (name, host)
+        assert [a["labels"]["action"] for a in _firing(mon, "GpuRecoveryActionRequired", DCGM_HOST)] == ["gpu_reset"]
+        # the RTX 4090 one degree under its own slowdown temperature is not overheating (the fallback's 90 °C would)
+        assert prometheus_alerts(mon, "GpuOverheating", NVML_HOST) == []
+        proc = subprocess.run([str(BIN / "gpufleet"), "verify", str(mon.test_inventory), "--limit", "gpu_nodes",
+                               "--out", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=300)
+        report = json.loads((tmp_path / "report.json").read_text())
+        verdicts = {(h["host"], c["check"], c.get("gpu_index")): c["verdict"] for h in report["hosts"]
+                    for c in h["checks"]}
+        assert verdicts[(DCGM_HOST, "health.temperature", 5)] == "fail", proc.stdout + proc.stderr
+        assert verdicts[(NVML_HOST, "health.temperature", 0)] == "warn"
+        assert verdicts[(DCGM_HOST, "health.recovery_action", 6)] == "fail"
+        assert verdicts[(NVML_HOST, "health.recovery_action", 0)] == "warn"
+        assert verdicts[(DCGM_HOST, "health.recovery_action", 0)] == "pass"
+    finally:
+        for host, values in saved.items():
+            _set_gpu_state(mon, host, values)
+    for (name, host) in expected:
+        wait_for(f"{name} of {host} resolved", lambda n=name, h=host: not _firing(mon, n, h))
+
+
+def test_prometheus_keeps_data_as_long_as_the_longest_rule_reads(mon):
+    """gpufleet_monitoring_retention (default 35d) reaches Prometheus through /etc/default/prometheus."""
+    wait_all_up(mon)
+    flags = api(mon, 9090, "/api/v1/status/flags")["data"]
+    assert seconds(flags["storage.tsdb.retention.time"]) == 35 * 86400  # Prometheus shows it as 5w
+    assert "--storage.tsdb.retention.time=35d" in ssh(mon, MON, "cat /etc/default/prometheus").stdout
 
 
 def test_every_dashboard_panel_query_returns_data(mon):

@@ -255,6 +255,36 @@ def test_temperature_fallback_thresholds_from_data(temp, verdict):
     assert _one(doc, "health.temperature").verdict == verdict
 
 
+@pytest.mark.parametrize(("temp", "verdict"), [(91, "pass"), (92, "warn"), (97, "fail")])
+def test_temperature_of_a_gpu_that_reports_no_threshold_by_its_catalog_model(temp, verdict):
+    """RTX 2080 SUPER: slowdown 97 °C in the catalog: the same decision as the alert rules make from it."""
+    doc = load("probe-h100-sxm-8.json")
+    doc["gpus"][0]["name"] = load_catalog().get("rtx2080-super").name
+    doc["gpus"][0]["temperature"].update(gpu_c=temp, slowdown_c=None, gpu_max_c=None, memory_c=None)
+    c = _one(doc, "health.temperature")
+    assert c.verdict == verdict
+    assert f"GPU {temp} °C (warn 92, slowdown 97 from the catalog)" in c.message
+    assert c.expected == {"warn_c": 92, "fail_c": 97, "source": "catalog"}
+
+
+@pytest.mark.parametrize(("value", "verdict", "text"), [
+    (0, "pass", "recovery action none (0)"), (1, "fail", "recovery action gpu_reset (1)"),
+    (2, "fail", "recovery action node_reboot (2)"), (3, "warn", "recovery action drain_p2p (3)"),
+    (4, "warn", "recovery action drain_and_reset (4)"), (9, "fail", "recovery action unknown (9)")])
+def test_recovery_action_from_the_probe(value, verdict, text):
+    doc = load("probe-h100-sxm-8.json")
+    doc["gpus"][0]["recovery_action"] = value
+    c = _one(doc, "health.recovery_action")
+    assert (c.verdict, c.message) == (verdict, text)
+    assert (c.remediation == "") == (verdict == "pass")
+
+
+def test_no_recovery_action_check_where_the_driver_reports_none():
+    doc = load("probe-h100-sxm-8.json")
+    assert all(g.get("recovery_action") is None for g in doc["gpus"])  # a probe of an older driver / gpufleet
+    assert not [c for c in evaluate(doc) if c.check == "health.recovery_action"]
+
+
 def test_memory_temperature():
     doc = load("probe-h100-sxm-8.json")
     doc["gpus"][0]["temperature"].update(memory_c=94, memory_max_c=95)
@@ -467,6 +497,12 @@ def test_shipped_thresholds_are_valid_and_name_catalog_models():
     (lambda d: d["defaults"].update(temprature={}), "unknown keys"),
     (lambda d: d["defaults"]["matmul_fraction"]["bf16"].update(fail=0.9), "fail <= warn"),
     (lambda d: d.update(schema_version=2), "schema_version"),
+    (lambda d: d["defaults"]["temperature"].update(warn_below_slowdown_c=-5), r"warn_below_slowdown_c=-5: must be >= "),
+    (lambda d: d["defaults"]["temperature"].pop("fail_below_slowdown_c"), r"missing \['fail_below_slowdown_c'\]"),
+    (lambda d: d["models"].update({"h100-sxm": {"temperature": {"fallback_fail_c": "hot"}}}),
+     r"models.h100-sxm.temperature.fallback_fail_c='hot': not a number"),
+    (lambda d: d["xid"].update(fail=["79"]), r"xid.fail=\['79'\]: must be a list of Xid codes"),
+    (lambda d: d["xid"].update(critical=[79]), r"unknown keys \['critical'\] in 'xid'"),
 ])
 def test_thresholds_reject_bad_data(mutate, message):
     data = copy.deepcopy(default_thresholds().data)

@@ -20,6 +20,7 @@ from gpufleet.monitoring.config import (
     TargetSettings,
     check_monitoring_host,
     load_monitoring_settings,
+    seconds,
 )
 from gpufleet.operations import exporters
 
@@ -66,10 +67,23 @@ def test_defaults_need_a_grafana_password():
     ({**OK, "gpufleet_monitoring_scrape_intervall": "15s"},
      "mon1: gpufleet_monitoring_scrape_intervall='15s': unknown gpufleet monitoring setting"),
     ({**OK, "gpufleet_monitoring_gpu_model": "h101"}, "mon1: gpufleet_monitoring_gpu_model='h101': unknown GPU model"),
+    ({**OK, "gpufleet_monitoring_retention": "15d"},
+     "mon1: gpufleet_monitoring_retention='15d': Prometheus would drop data that BenchmarkRegression reads ([30d]: "
+     "30d back); allowed: a Prometheus duration of at least 30d"),
+    ({**OK, "gpufleet_monitoring_retention": "a month"},
+     "mon1: gpufleet_monitoring_retention='a month': not a Prometheus duration"),
 ])
 def test_bad_settings_name_host_key_and_value(data, expected):
     found = messages(data)
     assert any(m.startswith(expected) for m in found), found
+
+
+def test_retention_default_covers_every_rule_and_is_a_setting():
+    settings, _target, errors = load_monitoring_settings("mon1", OK)
+    assert errors == [] and settings.retention == "35d"
+    assert seconds(settings.retention) >= rules.longest_lookback(rules.recording_rules(), rules.alert_rules())[0]
+    assert messages({**OK, "gpufleet_monitoring_retention": "30d"}) == []
+    assert load_monitoring_settings("mon1", {**OK, "gpufleet_monitoring_retention": "90d"})[0].retention == "90d"
 
 
 def settings(**values) -> MonitoringSettings:
@@ -116,7 +130,7 @@ def test_prometheus_config_passes_promtool(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_alertmanager_config_passes_amtool_and_inhibits_gpu_alerts_of_a_down_node(tmp_path):
+def test_alertmanager_config_passes_amtool_and_only_a_down_host_inhibits(tmp_path):
     s = settings(receivers=(
         {"name": "hook", "type": "webhook", "url": "http://hooks.example.com/x"},
         {"name": "mail", "type": "email", "to": "ops@example.com", "from": "am@example.com",
@@ -127,8 +141,13 @@ def test_alertmanager_config_passes_amtool_and_inhibits_gpu_alerts_of_a_down_nod
     data = yaml.safe_load(text)
     assert data["route"]["receiver"] == "hook"
     assert data["route"]["routes"] == [{"receiver": "chat", "matchers": ['severity="critical"']}]
+    # NodeDown (no exporter of the host answers) inhibits the host's other alerts; an exporter down alone
+    # (NodeExporterDown, GpuExporterDown) inhibits nothing
     assert data["inhibit_rules"] == [{"source_matchers": ['alertname="NodeDown"'],
-                                      "target_matchers": ['scope="gpu"'], "equal": ["host"]}]
+                                      "target_matchers": ['alertname!="NodeDown"'], "equal": ["host"]}]
+    assert "up{job=~\"node|gpu\"}" in next(r["expr"] for r in rules.alert_rules()["groups"][0]["rules"]
+                                           if r["alert"] == "NodeDown")
+    assert set(render.JOBS) == {"node", "gpu"}
     path = tmp_path / "alertmanager.yml"
     path.write_text(text)
     result = subprocess.run([tool("amtool"), "check-config", str(path)], capture_output=True, text=True, timeout=60)

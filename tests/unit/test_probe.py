@@ -18,6 +18,7 @@ import pytest
 
 from gpufleet.catalog import load_catalog
 from gpufleet.probe import PROBE_DIR, PROBE_FILES, probe
+from tests import upstream
 
 REPO = Path(__file__).resolve().parents[2]
 PROFILES = ["h100-sxm-8", "h200-8", "a100-80gb-8", "a100-40gb-1", "l40s-4", "rtx4090-1"]
@@ -224,9 +225,12 @@ class FakeNvml:
     def nvmlDeviceGetPciInfo(self, h):
         return SimpleNamespace(busId=b"00000000:18:00.0", pciDeviceId=0x233010DE)
 
+    recovery_action = 0
+
     def nvmlDeviceGetFieldValues(self, h, ids):
-        # NVML_FI_DEV_MEMORY_TEMP answered as NVML_VALUE_TYPE_UNSIGNED_INT
-        return [SimpleNamespace(fieldId=ids[0], nvmlReturn=0, valueType=1, value=SimpleNamespace(uiVal=48))]
+        # NVML_FI_DEV_MEMORY_TEMP and NVML_FI_DEV_GET_GPU_RECOVERY_ACTION answered as NVML_VALUE_TYPE_UNSIGNED_INT
+        value = {82: 48, 230: self.recovery_action}[ids[0]]
+        return [SimpleNamespace(fieldId=ids[0], nvmlReturn=0, valueType=1, value=SimpleNamespace(uiVal=value))]
 
 
 def test_failures_are_recorded_per_field_and_never_abort():
@@ -254,6 +258,28 @@ def test_field_value_with_its_own_error_code():
                                                                     value=SimpleNamespace(uiVal=0))]
     gpu = probe.collect_nvml(nvml)["gpus"][0]
     assert gpu["temperature"]["memory_c"] is None and gpu["errors"]["temperature.memory_c"] == "not_supported"
+
+
+def test_recovery_action_from_nvml_where_the_driver_has_it():
+    nvml = FakeNvml()
+    nvml.recovery_action = 1
+    assert probe.collect_nvml(nvml)["gpus"][0]["recovery_action"] == 1
+    old_driver = FakeNvml()
+    old_driver.nvmlDeviceGetFieldValues = lambda h, ids: [SimpleNamespace(
+        nvmlReturn=0 if ids[0] == 82 else 3, valueType=1, value=SimpleNamespace(uiVal=45))]
+    gpu = probe.collect_nvml(old_driver)["gpus"][0]
+    assert gpu["recovery_action"] is None and gpu["errors"]["recovery_action"] == "not_supported"
+    assert gpu["temperature"]["memory_c"] == 45
+
+
+def test_nvml_ids_the_probe_uses_are_nvml_s():
+    nvml = upstream.nvml_facts()
+    assert probe._FI_DEV_GET_GPU_RECOVERY_ACTION == nvml["field_ids"]["NVML_FI_DEV_GET_GPU_RECOVERY_ACTION"]["value"]
+    assert probe._FI_DEV_MEMORY_TEMP == nvml["field_ids"]["NVML_FI_DEV_MEMORY_TEMP"]["value"]
+    thresholds = nvml["temperature_thresholds"]
+    assert (probe._THRESHOLD_SHUTDOWN, probe._THRESHOLD_SLOWDOWN, probe._THRESHOLD_MEM_MAX,
+            probe._THRESHOLD_GPU_MAX) == tuple(thresholds[f"NVML_TEMPERATURE_THRESHOLD_{k}"]["value"]
+                                               for k in ("SHUTDOWN", "SLOWDOWN", "MEM_MAX", "GPU_MAX"))
 
 
 def test_old_pynvml_without_event_reason_api_uses_throttle_name():
