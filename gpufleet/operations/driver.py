@@ -236,17 +236,19 @@ def _apt_keyring_path(keyring_url: str) -> str:
     return f"{KEYRING_DIR}/{KEYRING_NAME}{'.asc' if armored else '.gpg'}"
 
 
+def apt_source(keyring: str, repo_url: str) -> str:
+    """The one-line apt source of the flat repository (``URL/ /``, like NVIDIA's CUDA repositories)."""
+    return ("# Managed by gpufleet: NVIDIA driver repository (flat, like NVIDIA's CUDA repositories).\n"
+            f"deb [signed-by={keyring}] {repo_url.rstrip('/')}/ /\n")
+
+
 def _apt_repository(repo_url: str, keyring_url: str, keyring_sha256: str | None):
     keyring = _apt_keyring_path(keyring_url)
     download = list(files.download._inner(src=keyring_url, dest=keyring, mode="644", sha256sum=keyring_sha256))
     if download:
         yield f"mkdir -p {KEYRING_DIR}"  # not there before apt 2.4 (Ubuntu 22.04, Debian 12 have it)
     yield from download
-    source = (
-        "# Managed by gpufleet: NVIDIA driver repository (flat, like NVIDIA's CUDA repositories).\n"
-        f"deb [signed-by={keyring}] {repo_url.rstrip('/')}/ /\n"
-    )
-    source_changed = yield from _put(APT_SOURCE, source)
+    source_changed = yield from _put(APT_SOURCE, apt_source(keyring, repo_url))
     return bool(download) or source_changed
 
 

@@ -55,7 +55,7 @@ def test_defaults_need_a_grafana_password():
     ({**OK, "gpufleet_monitoring_receivers": [{"name": "m", "type": "email", "to": "ops@example.com"}]},
      "mon1: gpufleet_monitoring_receivers[0].from=None: missing or not a string (email receivers need it)"),
     ({**OK, "gpufleet_monitoring_receivers": [{"name": "w", "type": "webhook", "url": "ftp://x"}]},
-     "mon1: gpufleet_monitoring_receivers[0].url='ftp://x': not a URL"),
+     "mon1: gpufleet_monitoring_receivers[0].url='ftp://x/***': not a URL"),
     ({**OK, "gpufleet_monitoring_routes": [{"receiver": "nobody"}]},
      "mon1: gpufleet_monitoring_routes[0]={'receiver': 'nobody'}: not a route to a defined receiver"),
     ({**OK, "gpufleet_monitoring_alert_for": {"GpuOverheat": "1m"}},
