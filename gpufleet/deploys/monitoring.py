@@ -26,6 +26,7 @@ from pyinfra.operations.util import any_changed
 from gpufleet.config import ConfigError, ConfigErrors, NodeConfig, validate_pyinfra_inventory
 from gpufleet.monitoring import render, rules
 from gpufleet.monitoring.config import MonitoringSettings, check_monitoring_host, load_monitoring_settings, seconds
+from gpufleet.operations.files import secret_file
 
 from ._inputs import InputError
 
@@ -35,6 +36,7 @@ PROMETHEUS_CONFIG = f"{render.PROMETHEUS_DIR}/prometheus.yml"
 ALERTMANAGER_CONFIG = f"{render.PROMETHEUS_DIR}/alertmanager.yml"
 PROMETHEUS_DEFAULTS = "/etc/default/prometheus"
 ALERTMANAGER_DEFAULTS = "/etc/default/prometheus-alertmanager"
+ALERTMANAGER_GROUP = "prometheus"  # the service's group (Debian's package: adduser --system --group prometheus)
 GRAFANA_KEYRING = "/etc/apt/keyrings/grafana.asc"
 GRAFANA_SOURCE = "/etc/apt/sources.list.d/grafana.list"
 GRAFANA_PROVISIONING = "/etc/grafana/provisioning"
@@ -154,7 +156,10 @@ def prometheus_stage(settings: MonitoringSettings, targets) -> None:
     for file_name, text in rule_files(settings, targets).items():
         path = posixpath.join(render.RULES_DIR, file_name)
         prom_files.append(_put(path, text, path))
-    am_files = [_put(ALERTMANAGER_CONFIG, render.alertmanager_config(settings), ALERTMANAGER_CONFIG)]
+    # receiver URLs hold tokens: never shown by --diff/--json, 0640 root:prometheus from the start (Debian's
+    # prometheus-alertmanager runs as User=prometheus; its postinst adds the prometheus user and group)
+    am_files = [secret_file(name=ALERTMANAGER_CONFIG, path=ALERTMANAGER_CONFIG,
+                            content=render.alertmanager_config(settings), mode="640", group=ALERTMANAGER_GROUP)]
     check = f"promtool check config {PROMETHEUS_CONFIG}"
     server.shell(name="promtool check config, then restart Prometheus (its arguments changed)",
                  commands=[f"{check} && systemctl restart prometheus"], _if=any_changed(defaults[0]))
