@@ -392,7 +392,7 @@ def test_receiver_secrets_never_show_and_the_file_is_0640_root_prometheus(mon, t
     inventory = write_inventory(tmp_path / "secret_inventory.py", mon.inventory,
                                 {**MONITORING_DATA, "gpufleet_monitoring_receivers": SECRET_RECEIVERS})
     for options in (["--dry", "--diff"], ["--dry", "--json"]):
-        result = subprocess.run([str(BIN / "pyinfra"), "-y", *options, str(inventory), "deploys/monitoring.py"],
+        result = subprocess.run([str(BIN / "pyinfra"), *options, str(inventory), "deploys/monitoring.py"],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900, cwd=REPO)
         assert result.returncode == 0, result.stdout
         assert "alertmanager.yml" in result.stdout  # the change is announced ...

@@ -1,0 +1,79 @@
+"""Repository signing keys checked against the fingerprint the user gives (pure: no host access).
+
+A key fetched over plain HTTP (NVIDIA's CUDA repositories, most mirrors) is only as trustworthy as the network it
+crossed. With a fingerprint setting (``gpufleet_driver_repo_key_fingerprint``; the Grafana step can use the same
+helpers), the key is downloaded to a temporary file beside its destination, its primary key fingerprints are read
+with ``gpg --show-keys`` (an empty, throw-away GNUPGHOME: root's keyring is never touched), and it replaces the
+destination only when one of them is the expected one; otherwise the host fails naming both fingerprints. A key
+file already in place is kept when the :class:`~gpufleet.facts.repository.KeyFingerprints` fact finds the
+fingerprint in it, and fetched again (and checked) when not.
+
+NVIDIA's keys, as NVIDIA documents them (NVIDIA/cuda-repo-management, SIGNATURES.md, commit
+ee8303dff360b1523307eb18c45a6a5b987512ce): apt ``3bf863cc.pub`` EB69 3B30 35CD 5710 E231 E123 A4B4 6996 3BF8 63CC,
+rpm ``D42D0685.pub`` 610C 7B14 E068 A878 070D A4E9 9CD0 A493 D42D 0685.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+import shlex
+from typing import Any
+
+from pyinfra.api import StringCommand
+
+from gpufleet.masking import mask_urls
+
+NVIDIA_APT_KEY_FINGERPRINT = "EB693B3035CD5710E231E123A4B469963BF863CC"
+NVIDIA_RPM_KEY_FINGERPRINT = "610C7B14E068A878070DA4E99CD0A493D42D0685"
+_FINGERPRINT_RE = re.compile(r"^(?:[0-9A-F]{40}|[0-9A-F]{64})\Z")  # OpenPGP v4 (SHA-1) or v5/v6 (SHA-256)
+
+
+def normalise_fingerprint(value: Any) -> str | None:
+    """``value`` as gpg prints a fingerprint in ``--with-colons`` (upper-case hex, no spaces), or None where it
+    is not a full v4 (40 hex digits) or v6 (64) fingerprint. Key ids (8 or 16 digits) are refused: they can be
+    forged."""
+    if not isinstance(value, str):
+        return None
+    text = re.sub(r"\s+", "", value).upper().removeprefix("0X")
+    return text if _FINGERPRINT_RE.match(text) else None
+
+
+def fingerprints_script(path: str) -> str:
+    """Shell printing the primary key fingerprint of every key in the key file ``path`` (armored or binary), one a
+    line, with a throw-away GNUPGHOME."""
+    return _fingerprints_of(shlex.quote(path))
+
+
+def _fingerprints_of(word: str) -> str:
+    return (f'h=$(mktemp -d) && GNUPGHOME="$h" gpg --batch --show-keys --with-colons {word} '
+            "2>/dev/null | awk -F: '$1 == \"pub\" {want = 1; next} $1 == \"fpr\" && want {print $10; want = 0}'; "
+            'rm -rf "$h"')
+
+
+def key_is_trusted(found: dict | None, fingerprint: str) -> bool:
+    """Whether the key file the ``KeyFingerprints`` fact read holds a key with ``fingerprint``."""
+    return bool(found and fingerprint in (found.get("fingerprints") or ()))
+
+
+def fetch_checked_key(src: str, dest: str, fingerprint: str, mode: str = "644",
+                      setting: str = "the key fingerprint") -> StringCommand:
+    """One command: download ``src`` (curl, else wget) to a temporary file beside ``dest``, and move it over
+    ``dest`` with ``mode`` only when one of its primary keys has ``fingerprint``; otherwise fail naming the
+    fingerprints found, the one expected and ``setting`` (the key is never installed)."""
+    directory, name = posixpath.split(dest)
+    url, temp = shlex.quote(src), shlex.quote(f"{directory}/.{name}.gpufleet-XXXXXX")
+    shown = shlex.quote(mask_urls(src))
+    read_temp = _fingerprints_of('"$tmp"')
+    script = (
+        "command -v gpg >/dev/null 2>&1 || { echo 'gpufleet: error: gpg is needed to check the repository key "
+        "fingerprint (install gnupg, or leave the fingerprint setting out)' >&2; exit 1; }; "
+        f"mkdir -p {shlex.quote(directory)} && tmp=$(mktemp {temp}) && trap 'rm -f \"$tmp\"' EXIT && "
+        f"{{ curl -sSLf {url} -o \"$tmp\" 2>/dev/null || wget -q -O \"$tmp\" {url}; }} && "
+        f"found=$({read_temp}) && "
+        f"if printf '%s\\n' \"$found\" | grep -qx {fingerprint}; then "
+        f"chmod {shlex.quote(mode)} \"$tmp\" && mv -f \"$tmp\" {shlex.quote(dest)}; "
+        f"else echo \"gpufleet: error: the key at \"{shown}\" has the fingerprint(s) $(echo ${{found:-none}}), "
+        f"not {fingerprint} ({setting}): not installed\" >&2; exit 1; fi"
+    )
+    return StringCommand(script)
