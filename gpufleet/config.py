@@ -182,6 +182,7 @@ class DriverConfig:
     repo_keyring_url: str | None = None  # None: the repository's default keyring location
     packages_style: str | None = None  # None: chosen by OS (ubuntu on Ubuntu, nvidia elsewhere)
     secure_boot_signing: bool = False
+    repo_key_fingerprint: str | None = None  # None: the key is not checked (see operations/_repo_keys.py)
 
 
 @dataclass(frozen=True)
@@ -355,6 +356,29 @@ def _url(ctx: _Ctx, key: str, value: Any) -> Any:
                   "https://mirror.example.com/cuda/ubuntu2204/x86_64/", "not a URL")
         return _INVALID
     return value
+
+
+_FINGERPRINT_RE = re.compile(r"^(?:[0-9A-F]{40}|[0-9A-F]{64})\Z")  # OpenPGP v4 (SHA-1) or v6 (SHA-256)
+
+
+def normalise_fingerprint(value: Any) -> str | None:
+    """``value`` as gpg prints a fingerprint with ``--with-colons`` (upper-case hex, no spaces), or None where it is
+    not a full v4 (40 hex digits) or v6 (64) fingerprint. Key ids (8 or 16 digits) are refused: they can be forged."""
+    if not isinstance(value, str):
+        return None
+    text = re.sub(r"\s+", "", value).upper().removeprefix("0X")
+    return text if _FINGERPRINT_RE.match(text) else None
+
+
+def _fingerprint(ctx: _Ctx, key: str, value: Any) -> Any:
+    if value is None:
+        return None
+    found = normalise_fingerprint(value)
+    if found is None:
+        ctx.error(key, value, 'the key\'s full fingerprint: 40 hex digits, spaces allowed, e.g. '
+                  '"EB69 3B30 35CD 5710 E231 E123 A4B4 6996 3BF8 63CC"', "not a key fingerprint")
+        return _INVALID
+    return found
 
 
 _POWER_ALLOWED = (
@@ -929,6 +953,7 @@ _KEYS: dict[str, tuple[Any, Any]] = {
     "gpufleet_driver_flavour": (_choice(FLAVOURS), "auto"),
     "gpufleet_driver_repo_url": (_url, None),
     "gpufleet_driver_repo_keyring_url": (_url, None),
+    "gpufleet_driver_repo_key_fingerprint": (_fingerprint, None),
     "gpufleet_driver_packages_style": (_choice(PACKAGE_STYLES, optional=True), None),
     "gpufleet_driver_secure_boot_signing": (_bool, False),
     "gpufleet_power_limit": (_power_limit, None),
@@ -1007,6 +1032,7 @@ def _collect(host_name: str, data: Mapping) -> tuple[NodeConfig | None, list[Con
             flavour=values["gpufleet_driver_flavour"],
             repo_url=values["gpufleet_driver_repo_url"],
             repo_keyring_url=values["gpufleet_driver_repo_keyring_url"],
+            repo_key_fingerprint=values["gpufleet_driver_repo_key_fingerprint"],
             packages_style=values["gpufleet_driver_packages_style"],
             secure_boot_signing=values["gpufleet_driver_secure_boot_signing"],
         ),

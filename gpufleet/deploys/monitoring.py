@@ -26,7 +26,7 @@ from pyinfra.operations.util import any_changed
 from gpufleet.config import ConfigError, ConfigErrors, NodeConfig, validate_pyinfra_inventory
 from gpufleet.monitoring import render, rules
 from gpufleet.monitoring.config import MonitoringSettings, check_monitoring_host, load_monitoring_settings, seconds
-from gpufleet.operations.files import secret_file
+from gpufleet.operations.files import managed_file, secret_file
 
 from ._inputs import InputError
 
@@ -136,7 +136,7 @@ def rule_files(settings: MonitoringSettings, targets) -> dict[str, str]:
 
 
 def _put(name: str, text: str, dest: str, mode: str = "644"):
-    return files.put(name=name, src=io.StringIO(text), dest=dest, mode=mode, user="root", group="root")
+    return managed_file(name=name, path=dest, content=text, mode=mode)  # files.put's upload name is predictable
 
 
 def prometheus_stage(settings: MonitoringSettings, targets) -> None:

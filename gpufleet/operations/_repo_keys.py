@@ -16,39 +16,17 @@ rpm ``D42D0685.pub`` 610C 7B14 E068 A878 070D A4E9 9CD0 A493 D42D 0685.
 from __future__ import annotations
 
 import posixpath
-import re
 import shlex
-from typing import Any
 
 from pyinfra.api import StringCommand
 
+from gpufleet.config import normalise_fingerprint
+from gpufleet.facts.repository import fingerprints_of, fingerprints_script
 from gpufleet.masking import mask_urls
 
 NVIDIA_APT_KEY_FINGERPRINT = "EB693B3035CD5710E231E123A4B469963BF863CC"
 NVIDIA_RPM_KEY_FINGERPRINT = "610C7B14E068A878070DA4E99CD0A493D42D0685"
-_FINGERPRINT_RE = re.compile(r"^(?:[0-9A-F]{40}|[0-9A-F]{64})\Z")  # OpenPGP v4 (SHA-1) or v5/v6 (SHA-256)
-
-
-def normalise_fingerprint(value: Any) -> str | None:
-    """``value`` as gpg prints a fingerprint in ``--with-colons`` (upper-case hex, no spaces), or None where it
-    is not a full v4 (40 hex digits) or v6 (64) fingerprint. Key ids (8 or 16 digits) are refused: they can be
-    forged."""
-    if not isinstance(value, str):
-        return None
-    text = re.sub(r"\s+", "", value).upper().removeprefix("0X")
-    return text if _FINGERPRINT_RE.match(text) else None
-
-
-def fingerprints_script(path: str) -> str:
-    """Shell printing the primary key fingerprint of every key in the key file ``path`` (armored or binary), one a
-    line, with a throw-away GNUPGHOME."""
-    return _fingerprints_of(shlex.quote(path))
-
-
-def _fingerprints_of(word: str) -> str:
-    return (f'h=$(mktemp -d) && GNUPGHOME="$h" gpg --batch --show-keys --with-colons {word} '
-            "2>/dev/null | awk -F: '$1 == \"pub\" {want = 1; next} $1 == \"fpr\" && want {print $10; want = 0}'; "
-            'rm -rf "$h"')
+__all__ = ["fetch_checked_key", "fingerprints_script", "key_is_trusted", "normalise_fingerprint"]
 
 
 def key_is_trusted(found: dict | None, fingerprint: str) -> bool:
@@ -64,7 +42,7 @@ def fetch_checked_key(src: str, dest: str, fingerprint: str, mode: str = "644",
     directory, name = posixpath.split(dest)
     url, temp = shlex.quote(src), shlex.quote(f"{directory}/.{name}.gpufleet-XXXXXX")
     shown = shlex.quote(mask_urls(src))
-    read_temp = _fingerprints_of('"$tmp"')
+    read_temp = fingerprints_of('"$tmp"')
     script = (
         "command -v gpg >/dev/null 2>&1 || { echo 'gpufleet: error: gpg is needed to check the repository key "
         "fingerprint (install gnupg, or leave the fingerprint setting out)' >&2; exit 1; }; "

@@ -141,8 +141,10 @@ def put_file(current: dict | None, path: str, content: str, mode: str = "644", u
             _show_diff(path, content, current)
         if current is None:
             yield StringCommand("mkdir", "-p", shlex.quote(posixpath.dirname(path)))
+        # a random upload name (pyinfra's default for no key): a name derived from ``path``, as files.put uses, is
+        # known in advance, and a symlink another user of the host left there would be written through as root
         yield FileUploadCommand(StringIO(content), path,
-                                remote_temp_filename=host.get_temp_filename(path, temp_directory=_temp_dir()))
+                                remote_temp_filename=host.get_temp_filename(temp_directory=_temp_dir()))
     chown = current is None or (current["user"], current["group"]) != (user, group)
     chmod = current is None or current["mode"] != mode
     if state.config.DIFF and current is not None:

@@ -42,3 +42,35 @@ def secret_file(path: str, content: str, mode: str = "640", user: str = "root", 
     if not commands:
         host.noop(f"{path} is up to date (mode {mode}, {user}:{group})")
     yield from commands
+
+
+@operation()
+def managed_file(path: str, content: str, mode: str = "644", user: str = "root", group: str = "root"):
+    """
+    Write a file from a string, as ``files.put`` with a ``StringIO`` does (same ``--diff``), uploaded under a random
+    temporary name.
+
+    + path: the file (absolute)
+    + content: its text
+    + mode: its mode, e.g. ``"644"``
+    + user: its owner
+    + group: its group
+
+    ``files.put`` uploads to ``/tmp/pyinfra-<sha1 of the destination>``: a name known in advance, where a
+    symlink left by another user of the host would be written through as root. This writer uploads under a random
+    name and reads the file's state in one ``ManagedState`` with every file gpufleet manages.
+
+    **Example:**
+
+    .. code:: python
+
+        from gpufleet.operations import files
+
+        files.managed_file(name="Prometheus configuration", path="/etc/prometheus/prometheus.yml", content=text)
+    """
+    check_path(path)
+    current = get_state(paths=(path,))["files"][path]
+    commands = list(put_file(current, path, content, mode, user, group))
+    if not commands:
+        host.noop(f"{path} is up to date")
+    yield from commands

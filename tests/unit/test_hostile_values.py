@@ -210,7 +210,7 @@ NODE_POSITIONS = [
       for key in ("gpufleet_driver_branch", "gpufleet_driver_flavour", "gpufleet_driver_packages_style",
                   "gpufleet_power_limit", "gpufleet_clocks", "gpufleet_slurm_gres", "gpufleet_exporters_gpu",
                   "gpufleet_exporters_gpu_listen", "gpufleet_exporters_node_listen",
-                  "gpufleet_exporters_textfile_dir")),
+                  "gpufleet_exporters_textfile_dir", "gpufleet_driver_repo_key_fingerprint")),
     ("gpufleet_stages", lambda v: {"gpufleet_stages": ["driver", v]}, None),
     ("gpufleet_power_limit_by_model", lambda v: {"gpufleet_power_limit_by_model": {v: 300}}, None),
     ("gpufleet_power_limit_by_model", lambda v: {"gpufleet_power_limit_by_model": {"h100-sxm": v}}, None),

@@ -158,3 +158,21 @@ def test_a_converged_secret_file_is_left_alone():
     with ctx_state.use(state), ctx_host.use(host):
         assert list(files.secret_file._inner(path="/etc/prometheus/alertmanager.yml", content=text, mode="640",
                                              group="prometheus")) == []
+
+
+def test_the_upload_name_is_random_not_derived_from_the_destination():
+    """files.put uploads to /tmp/pyinfra-<sha1 of dest>: a name another user can plant a symlink at."""
+    keys = []
+
+    class KeyHost(DiffHost):
+        def get_temp_filename(self, hash_key=None, temp_directory=None, **_kwargs) -> str:
+            keys.append(hash_key)
+            return "/tmp/upload"
+
+    facts = {ManagedState: lambda paths=(), read=(), units=(): {"files": {p: None for p in paths}}}
+    host = KeyHost(facts)
+    state = State()
+    state.config = Config()
+    with ctx_state.use(state), ctx_host.use(host):
+        assert any(isinstance(c, FileUploadCommand) for c in put_file(None, PATH, "NCCL_DEBUG=WARN\n"))
+    assert keys == [None]  # pyinfra then names it after a uuid4

@@ -192,3 +192,13 @@ def test_example_group_data_takes_the_grafana_password_from_the_environment(monk
         "mon1: gpufleet_monitoring_grafana_admin_password=None: Grafana is enabled but has no admin password "
         "(gpufleet never deploys Grafana's default admin/admin); allowed: a password of at least 12 characters "
         "that is not a default one, or gpufleet_monitoring_grafana: false"]
+
+
+def test_alertmanager_config_group_is_the_debian_packages_service_group():
+    from pathlib import Path
+
+    from gpufleet.deploys.monitoring import ALERTMANAGER_GROUP
+
+    upstream = Path(__file__).resolve().parents[1] / "reference" / "upstream" / "debian-prometheus-alertmanager"
+    assert f"User={ALERTMANAGER_GROUP}\n" in (upstream / "prometheus-alertmanager.service").read_text()
+    assert f"--group --gecos \"Prometheus daemon\" {ALERTMANAGER_GROUP}" in (upstream / "postinst.excerpt").read_text()

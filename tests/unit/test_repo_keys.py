@@ -58,3 +58,22 @@ def test_a_present_key_is_kept_only_with_the_fingerprint():
     assert _repo_keys.key_is_trusted({"fingerprints": [KEY_FINGERPRINT]}, KEY_FINGERPRINT)
     assert not _repo_keys.key_is_trusted({"fingerprints": [KEY_FINGERPRINT]}, _repo_keys.NVIDIA_APT_KEY_FINGERPRINT)
     assert not _repo_keys.key_is_trusted(None, KEY_FINGERPRINT)
+
+
+def test_the_setting_is_normalised_and_a_short_key_id_refused():
+    from gpufleet.config import ConfigErrors, load_node_config
+
+    config = load_node_config("n1", {"gpufleet_driver_repo_key_fingerprint":
+                                     "EB69 3B30 35CD 5710 E231 E123 A4B4 6996 3BF8 63CC"})
+    assert config.driver.repo_key_fingerprint == _repo_keys.NVIDIA_APT_KEY_FINGERPRINT
+    with pytest.raises(ConfigErrors, match="n1: gpufleet_driver_repo_key_fingerprint='3BF863CC': "
+                                           "not a key fingerprint"):
+        load_node_config("n1", {"gpufleet_driver_repo_key_fingerprint": "3BF863CC"})
+
+
+def test_nvidias_fingerprints_are_the_ones_nvidia_documents():
+    excerpt = (Path(__file__).resolve().parents[1] / "reference" / "upstream" / "nvidia-cuda-repo-management"
+               / "SIGNATURES.excerpt.md").read_text()
+    shown = {line.split(": ", 1)[1].replace(" ", "") for line in excerpt.splitlines()
+             if line.startswith(("Primary key fingerprint: ", "Fingerprint: "))}
+    assert shown == {_repo_keys.NVIDIA_APT_KEY_FINGERPRINT, _repo_keys.NVIDIA_RPM_KEY_FINGERPRINT}
