@@ -32,11 +32,11 @@ What, installed by the gpufleet deploy only (:func:`install`, on the hosts of on
 * **Read-ahead.** :meth:`FactMemo.read_ahead` (what :func:`install` uses) reads given facts, and every read the
   deploy made on the same host in its previous run (remembered per host in a cache directory as DATA: the fact's
   class name and its arguments, never a command nor an output, see :func:`fact_entry`; the command is generated
-  again from the fact class at run time, and an entry that does not name a fact class of :data:`FACT_MODULES`
-  with JSON arguments is dropped; none with a masked value, password or environment; not those made only
-  before that run changed the host, unless the run before it made them too, nor those an operation made after its
-  own command: only an operation that changes the host makes them), in ONE remote command
-  per host (:func:`read_ahead_script`: the first read alone, the lock's, then the others concurrently). Each
+  again from the fact class at run time, and an entry that does not name a fact class of :data:`FACT_PACKAGE`
+  or :data:`PYINFRA_FACTS` with plain arguments is dropped; none with a masked value, password or environment; not
+  those made only before that run changed the host, unless the run before it made them too, nor those an operation
+  made after its own command: only an operation that changes the host makes them), in ONE remote command per host
+  (:func:`read_ahead_script`: the first read alone, the lock's, then the others concurrently). Each
   output is stored as its own read would have been; one that failed, or that did not come back, is read again
   when the deploy asks for it. A converged host's no-op run then costs one round trip for all its reads.
 
@@ -112,7 +112,7 @@ PYINFRA_FACTS = frozenset({
 })
 # A remembered argument's strings: no whitespace, quote, $, `, ;, |, &, <, >, (, ), \ or newline, so that even a
 # fact that puts an argument into its command unquoted cannot be made to run anything by a cache file
-_PLAIN_RE = re.compile(r"^[A-Za-z0-9_./:@%+=,*~^-]*$")
+_PLAIN_RE = re.compile(r"^[A-Za-z0-9_./:@%+=,*~^-]*\Z")
 
 
 class UnsafeCache(PyinfraError):

@@ -744,3 +744,9 @@ def test_a_cache_of_another_user_is_refused(state, tmp_path):
     os.chown(tmp_path / "reads" / "h1.json", 65534, 65534)
     with pytest.raises(prefetch.UnsafeCache, match=r"h1\.json: refused: .*owned by .*uid 65534"):
         prefetch.install(state, [Value], cache_dir=tmp_path)
+
+
+def test_an_argument_with_a_trailing_line_feed_is_not_plain():
+    assert prefetch.fact_call({"fact": f"{Word.__module__}.Word", "args": ["x\n"], "kwargs": {}}) is None
+    assert prefetch.fact_entry(Word, ("x\n",), {}) is None
+    assert prefetch.fact_call({"fact": f"{Word.__module__}.Word", "args": ["x"], "kwargs": {}}) == (Word, ("x",), {})
