@@ -24,6 +24,7 @@ from pyinfra.operations import apt, files, server, systemd
 from pyinfra.operations.util import any_changed
 
 from gpufleet.config import ConfigError, ConfigErrors, NodeConfig, validate_pyinfra_inventory
+from gpufleet.masking import mask_urls
 from gpufleet.monitoring import render, rules
 from gpufleet.monitoring.config import MonitoringSettings, check_monitoring_host, load_monitoring_settings, seconds
 from gpufleet.operations.files import managed_file, secret_file
@@ -83,7 +84,8 @@ def _check_with_tools(name: str, settings: MonitoringSettings, targets) -> list[
             result = subprocess.run(["amtool", "check-config", str(path)], capture_output=True, text=True,
                                     timeout=60)
             if result.returncode != 0:
-                problems.append(f"{name}: amtool check-config failed: {result.stdout}{result.stderr}")
+                # amtool may quote the receivers' URLs (their tokens) back
+                problems.append(f"{name}: amtool check-config failed: {mask_urls(result.stdout + result.stderr)}")
     return problems
 
 
