@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TextIO
 
+from gpufleet import pyinfra_args
+from gpufleet.pyinfra_args import PyinfraArgs
 from gpufleet.rollout import converge
 
 EXIT_IN_SYNC, EXIT_DRIFT, EXIT_UNKNOWN = 0, 1, 2
-DEFAULT_DEPLOY = "deploys/gpu_node.py"
+DEFAULT_DEPLOY = pyinfra_args.DEFAULT_DEPLOY
 
 
 def setting_name(operation: str) -> str:
@@ -93,14 +96,22 @@ def text(drift: Drift) -> str:
     return "\n".join(lines)
 
 
-def run_drift(inventory: str, deploy: str = DEFAULT_DEPLOY) -> Drift:
-    hosts, error = converge.inventory_order(inventory)
+def run_drift(inventory: str, deploy: str = DEFAULT_DEPLOY, args: PyinfraArgs | None = None,
+              log: TextIO | None = None) -> Drift:
+    """The drift of the hosts ``args.limit`` selects (every host without), pyinfra run with the user's ``--data``,
+    ``-v`` and SSH options (its log to ``log`` with ``-v``)."""
+    problem = pyinfra_args.check_deploy(deploy)
+    if problem:
+        return Drift([], error=problem)
+    hosts, error = converge.inventory_order(inventory, args=args)
     if error:
         return Drift([], error=error)
-    return drift_from_run(converge.run_pyinfra(inventory, deploy, None, dry=True), hosts)
+    chosen = hosts if args and args.patterns else None
+    return drift_from_run(converge.run_pyinfra(inventory, deploy, chosen, dry=True, args=args, log=log), hosts)
 
 
-def main(inventory: str, deploy: str = DEFAULT_DEPLOY, *, as_json: bool = False, echo=print) -> int:
-    drift = run_drift(inventory, deploy)
+def main(inventory: str, deploy: str = DEFAULT_DEPLOY, *, as_json: bool = False, echo=print,
+         args: PyinfraArgs | None = None, log: TextIO | None = None) -> int:
+    drift = run_drift(inventory, deploy, args, log if log is not None else sys.stderr)
     echo(json.dumps(drift.to_dict(), indent=1) if as_json else text(drift))
     return drift.exit_code

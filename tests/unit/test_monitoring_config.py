@@ -195,10 +195,10 @@ def test_example_group_data_takes_the_grafana_password_from_the_environment(monk
 
 
 def test_alertmanager_config_group_is_the_debian_packages_service_group():
-    from pathlib import Path
-
     from gpufleet.deploys.monitoring import ALERTMANAGER_GROUP
+    from tests import upstream
 
-    upstream = Path(__file__).resolve().parents[1] / "reference" / "upstream" / "debian-prometheus-alertmanager"
-    assert f"User={ALERTMANAGER_GROUP}\n" in (upstream / "prometheus-alertmanager.service").read_text()
-    assert f"--group --gecos \"Prometheus daemon\" {ALERTMANAGER_GROUP}" in (upstream / "postinst.excerpt").read_text()
+    package = "debian/bookworm/prometheus-alertmanager"
+    unit = f"{package}/lib/systemd/system/prometheus-alertmanager.service"
+    assert upstream.unit_values(unit, "Service", "User") == [ALERTMANAGER_GROUP]
+    assert f"--group --gecos \"Prometheus daemon\" {ALERTMANAGER_GROUP}" in upstream.read(f"{package}/DEBIAN/postinst")

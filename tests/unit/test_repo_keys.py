@@ -72,8 +72,11 @@ def test_the_setting_is_normalised_and_a_short_key_id_refused():
 
 
 def test_nvidias_fingerprints_are_the_ones_nvidia_documents():
-    excerpt = (Path(__file__).resolve().parents[1] / "reference" / "upstream" / "nvidia-cuda-repo-management"
-               / "SIGNATURES.excerpt.md").read_text()
-    shown = {line.split(": ", 1)[1].replace(" ", "") for line in excerpt.splitlines()
-             if line.startswith(("Primary key fingerprint: ", "Fingerprint: "))}
-    assert shown == {_repo_keys.NVIDIA_APT_KEY_FINGERPRINT, _repo_keys.NVIDIA_RPM_KEY_FINGERPRINT}
+    from tests import upstream
+
+    facts = upstream.recorded("nvidia-cuda-repo-management/SIGNATURES.md")["statements"]
+    assert _repo_keys.normalise_fingerprint(facts["apt_key_fingerprint"]["value"]) == \
+        _repo_keys.NVIDIA_APT_KEY_FINGERPRINT
+    assert _repo_keys.normalise_fingerprint(facts["rpm_key_fingerprint"]["value"]) == \
+        _repo_keys.NVIDIA_RPM_KEY_FINGERPRINT
+    assert facts["apt_key_file"]["value"] == "3bf863cc.pub"  # the default key URL's file (operations/_packaging.py)
