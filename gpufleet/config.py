@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet.catalog import GpuModel, UnknownGpuModel, load_catalog
+from gpufleet.masking import mask_urls
 
 KEY_PREFIX = "gpufleet_"
 IGNORED_PREFIXES = ("gpufleet_sim_",)
@@ -50,12 +51,13 @@ POWER_WATTS_MAX = 5000.0
 POWER_PERCENT_MAX = 200.0
 CLOCK_MHZ_MAX = 5000
 
-_BRANCH_RE = re.compile(r"^\d{3}$")
-_URL_RE = re.compile(r"^https?://[A-Za-z0-9.\-]+(?::\d{1,5})?(?:/[^\s'\"\\]*)?$")
-_PERCENT_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
-_UUID_RE = re.compile(r"^GPU-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
-_PCI_FILTER_RE = re.compile(r"^0[xX][0-9a-fA-F]{8}$")
-_MIG_PROFILE_RE = re.compile(r"^\d+g\.\d+gb(?:[+-][a-z]+(?:\.[a-z]+)*)*$")
+_BRANCH_RE = re.compile(r"^\d{3}\Z")
+# a path of RFC 3986 characters that mean nothing to a shell, YAML, INI or apt source line (no quotes, $, `, {}, \)
+_URL_RE = re.compile(r"^https?://[A-Za-z0-9.\-]+(?::\d{1,5})?(?:/[A-Za-z0-9\-._~:/?#@!&()*+,;=%]*)?\Z")
+_PERCENT_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*\Z")
+_UUID_RE = re.compile(r"^GPU-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\Z")
+_PCI_FILTER_RE = re.compile(r"^0[xX][0-9a-fA-F]{8}\Z")
+_MIG_PROFILE_RE = re.compile(r"^\d+g\.\d+gb(?:[+-][a-z]+(?:\.[a-z]+)*)*\Z")
 _MIG_CI_PROFILE_RE = re.compile(r"^\d+c\.\d+g\.\d+gb")
 
 _registered_namespaces: set[str] = set()
@@ -95,7 +97,7 @@ class FrozenMap(Mapping):
 
 
 def _show(value: Any, limit: int = 80) -> str:
-    text = repr(value)
+    text = mask_urls(repr(value))  # a URL's user:token@ and query values never reach a message
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -180,6 +182,7 @@ class DriverConfig:
     repo_keyring_url: str | None = None  # None: the repository's default keyring location
     packages_style: str | None = None  # None: chosen by OS (ubuntu on Ubuntu, nvidia elsewhere)
     secure_boot_signing: bool = False
+    repo_key_fingerprint: str | None = None  # None: the key is not checked (see operations/_repo_keys.py)
 
 
 @dataclass(frozen=True)
@@ -353,6 +356,29 @@ def _url(ctx: _Ctx, key: str, value: Any) -> Any:
                   "https://mirror.example.com/cuda/ubuntu2204/x86_64/", "not a URL")
         return _INVALID
     return value
+
+
+_FINGERPRINT_RE = re.compile(r"^(?:[0-9A-F]{40}|[0-9A-F]{64})\Z")  # OpenPGP v4 (SHA-1) or v6 (SHA-256)
+
+
+def normalise_fingerprint(value: Any) -> str | None:
+    """``value`` as gpg prints a fingerprint with ``--with-colons`` (upper-case hex, no spaces), or None where it is
+    not a full v4 (40 hex digits) or v6 (64) fingerprint. Key ids (8 or 16 digits) are refused: they can be forged."""
+    if not isinstance(value, str):
+        return None
+    text = re.sub(r"\s+", "", value).upper().removeprefix("0X")
+    return text if _FINGERPRINT_RE.match(text) else None
+
+
+def _fingerprint(ctx: _Ctx, key: str, value: Any) -> Any:
+    if value is None:
+        return None
+    found = normalise_fingerprint(value)
+    if found is None:
+        ctx.error(key, value, 'the key\'s full fingerprint: 40 hex digits, spaces allowed, e.g. '
+                  '"EB69 3B30 35CD 5710 E231 E123 A4B4 6996 3BF8 63CC"', "not a key fingerprint")
+        return _INVALID
+    return found
 
 
 _POWER_ALLOWED = (
@@ -660,11 +686,11 @@ _NCCL_PROTOS = ("ll", "ll128", "simple")
 _NCCL_FUNCS = ("broadcast", "reduce", "allgather", "reducescatter", "allreduce")
 _NCCL_SUBSYS = ("INIT", "COLL", "P2P", "SHM", "NET", "GRAPH", "TUNING", "ENV", "ALLOC", "ALLOC_HOST", "CALL",
                 "PROXY", "NVLS", "BOOTSTRAP", "REG", "PROFILE", "RAS", "DESTROY", "ALL")
-_IFNAME_RE = re.compile(r"^\^?=?[A-Za-z0-9_.:@-]+(?:,=?[A-Za-z0-9_.:@-]+)*$")
+_IFNAME_RE = re.compile(r"^\^?=?[A-Za-z0-9_.:@-]+(?:,=?[A-Za-z0-9_.:@-]+)*\Z")
 _HCA_ITEM = r"[A-Za-z0-9_.-]+(?::\d*(?::-?\d*(?::-?\d*)?)?)?"  # <hca>[:<port>[:<rail>[:<plane>]]]
-_HCA_RE = re.compile(rf"^\^?=?{_HCA_ITEM}(?:,{_HCA_ITEM})*$")
-_PATH_RE = re.compile(r"^/[^\s'\"]*$")
-_TOKEN_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
+_HCA_RE = re.compile(rf"^\^?=?{_HCA_ITEM}(?:,{_HCA_ITEM})*\Z")
+_PATH_RE = re.compile(r"^/[^\s'\"]*\Z")
+_TOKEN_RE = re.compile(r"^[A-Za-z0-9_.-]+\Z")
 
 
 def _nccl_choice(choices: tuple[str, ...], case_insensitive: bool = False):
@@ -677,7 +703,7 @@ def _nccl_choice(choices: tuple[str, ...], case_insensitive: bool = False):
 
 def _nccl_ints(low: int, high: int | None):
     def check(text: str) -> str | None:
-        if re.match(r"^-?\d+$", text) and int(text) >= low and (high is None or int(text) <= high):
+        if re.match(r"^-?\d+\Z", text) and int(text) >= low and (high is None or int(text) <= high):
             return str(int(text))
         return None
 
@@ -689,7 +715,7 @@ def _nccl_level(levels: tuple[str, ...]):
     def check(text: str) -> str | None:
         if text.upper() in levels:
             return text.upper()
-        if re.match(r"^\d+$", text):
+        if re.match(r"^\d+\Z", text):
             return text
         return None
 
@@ -724,7 +750,7 @@ def _nccl_subsys(text: str) -> str | None:
 
 
 def _nccl_regex(regex: re.Pattern):
-    return lambda text: text if regex.match(text) else None
+    return lambda text: text if regex.match(text) and text.isprintable() else None  # as nccl.conf_text checks
 
 
 NCCL_KEYS: dict[str, tuple[Any, str]] = {
@@ -836,8 +862,8 @@ def _clocks(ctx: _Ctx, key: str, value: Any) -> Any:
 
 GPU_EXPORTERS = ("auto", "dcgm", "nvml", "none")
 DEFAULT_TEXTFILE_DIR = "/var/lib/prometheus/node-exporter"  # Debian/Ubuntu prometheus-node-exporter's own
-_LISTEN_RE = re.compile(r"^(?:(?P<v4>\d{1,3}(?:\.\d{1,3}){3})|\[(?P<v6>[0-9A-Fa-f:]+)\]|(?P<any>)):(?P<port>\d{1,5})$")
-_TEXTFILE_PATH_RE = re.compile(r"^/[A-Za-z0-9._/-]*$")
+_LISTEN_RE = re.compile(r"^(?:(?P<v4>\d{1,3}(?:\.\d{1,3}){3})|\[(?P<v6>[0-9A-Fa-f:]+)\]|(?P<any>)):(?P<port>\d{1,5})\Z")
+_TEXTFILE_PATH_RE = re.compile(r"^/[A-Za-z0-9._/-]*\Z")
 
 
 @dataclass(frozen=True)
@@ -927,6 +953,7 @@ _KEYS: dict[str, tuple[Any, Any]] = {
     "gpufleet_driver_flavour": (_choice(FLAVOURS), "auto"),
     "gpufleet_driver_repo_url": (_url, None),
     "gpufleet_driver_repo_keyring_url": (_url, None),
+    "gpufleet_driver_repo_key_fingerprint": (_fingerprint, None),
     "gpufleet_driver_packages_style": (_choice(PACKAGE_STYLES, optional=True), None),
     "gpufleet_driver_secure_boot_signing": (_bool, False),
     "gpufleet_power_limit": (_power_limit, None),
@@ -1005,6 +1032,7 @@ def _collect(host_name: str, data: Mapping) -> tuple[NodeConfig | None, list[Con
             flavour=values["gpufleet_driver_flavour"],
             repo_url=values["gpufleet_driver_repo_url"],
             repo_keyring_url=values["gpufleet_driver_repo_keyring_url"],
+            repo_key_fingerprint=values["gpufleet_driver_repo_key_fingerprint"],
             packages_style=values["gpufleet_driver_packages_style"],
             secure_boot_signing=values["gpufleet_driver_secure_boot_signing"],
         ),

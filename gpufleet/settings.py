@@ -72,6 +72,11 @@ _DOCS: dict[str, tuple[str, str, str, str, str | None]] = {
                                  "NVIDIA's CUDA repository for the OS"),
     "gpufleet_driver_repo_keyring_url": ("http(s) URL", "driver", "the repository's signing key",
                                          '"http://mirror.internal/nvidia/3bf863cc.pub"', "the repository's keyring"),
+    "gpufleet_driver_repo_key_fingerprint": ("the key's full fingerprint (40 hex digits)", "driver",
+                                             "install the repository key only if it has this fingerprint "
+                                             "(needs gpg on the node)",
+                                             '"EB69 3B30 35CD 5710 E231 E123 A4B4 6996 3BF8 63CC"',
+                                             "unset (not checked)"),
     "gpufleet_driver_packages_style": ("`ubuntu` \\| `nvidia`", "driver", "package names: Ubuntu's or NVIDIA's",
                                        '"nvidia"', "by OS"),
     "gpufleet_driver_secure_boot_signing": ("bool (DKMS signing is set up)", "driver",

@@ -45,6 +45,7 @@ def driver_stage(config: NodeConfig, facts: preflight.HostFacts):
         flavour=preflight.choose_kernel_flavour(config.driver.flavour, models),
         repo_url=config.driver.repo_url,
         keyring_url=config.driver.repo_keyring_url,
+        keyring_fingerprint=config.driver.repo_key_fingerprint,
         nvswitch=bool((facts.pci or {}).get("nvswitch_present")),
         packages_style=config.driver.packages_style,
         allow_reboot=config.allow_reboot,
@@ -120,7 +121,8 @@ def exporters_stage(config: NodeConfig, facts: preflight.HostFacts, driver_chang
     kind = choose_gpu_exporter(settings.gpu, models, offered)
     if kind == "dcgm":
         driver.nvidia_repository(name="NVIDIA repository (DCGM)", repo_url=config.driver.repo_url,
-                                 keyring_url=config.driver.repo_keyring_url)
+                                 keyring_url=config.driver.repo_keyring_url,
+                                 keyring_fingerprint=config.driver.repo_key_fingerprint)
     exporters.gpu_exporter(name="GPU exporter", kind=kind, listen=settings.gpu_listen,
                            profiling=bool(models) and all(m is not None and m.datacenter for m in models))
     if settings.node and kind != "none":

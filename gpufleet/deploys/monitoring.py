@@ -24,8 +24,10 @@ from pyinfra.operations import apt, files, server, systemd
 from pyinfra.operations.util import any_changed
 
 from gpufleet.config import ConfigError, ConfigErrors, NodeConfig, validate_pyinfra_inventory
+from gpufleet.masking import mask_urls
 from gpufleet.monitoring import render, rules
 from gpufleet.monitoring.config import MonitoringSettings, check_monitoring_host, load_monitoring_settings, seconds
+from gpufleet.operations.files import managed_file, secret_file
 
 from ._inputs import InputError
 
@@ -35,6 +37,7 @@ PROMETHEUS_CONFIG = f"{render.PROMETHEUS_DIR}/prometheus.yml"
 ALERTMANAGER_CONFIG = f"{render.PROMETHEUS_DIR}/alertmanager.yml"
 PROMETHEUS_DEFAULTS = "/etc/default/prometheus"
 ALERTMANAGER_DEFAULTS = "/etc/default/prometheus-alertmanager"
+ALERTMANAGER_GROUP = "prometheus"  # the service's group (Debian's package: adduser --system --group prometheus)
 GRAFANA_KEYRING = "/etc/apt/keyrings/grafana.asc"
 GRAFANA_SOURCE = "/etc/apt/sources.list.d/grafana.list"
 GRAFANA_PROVISIONING = "/etc/grafana/provisioning"
@@ -81,7 +84,8 @@ def _check_with_tools(name: str, settings: MonitoringSettings, targets) -> list[
             result = subprocess.run(["amtool", "check-config", str(path)], capture_output=True, text=True,
                                     timeout=60)
             if result.returncode != 0:
-                problems.append(f"{name}: amtool check-config failed: {result.stdout}{result.stderr}")
+                # amtool may quote the receivers' URLs (their tokens) back
+                problems.append(f"{name}: amtool check-config failed: {mask_urls(result.stdout + result.stderr)}")
     return problems
 
 
@@ -134,7 +138,7 @@ def rule_files(settings: MonitoringSettings, targets) -> dict[str, str]:
 
 
 def _put(name: str, text: str, dest: str, mode: str = "644"):
-    return files.put(name=name, src=io.StringIO(text), dest=dest, mode=mode, user="root", group="root")
+    return managed_file(name=name, path=dest, content=text, mode=mode)  # files.put's upload name is predictable
 
 
 def prometheus_stage(settings: MonitoringSettings, targets) -> None:
@@ -155,7 +159,10 @@ def prometheus_stage(settings: MonitoringSettings, targets) -> None:
     for file_name, text in rule_files(settings, targets).items():
         path = posixpath.join(render.RULES_DIR, file_name)
         prom_files.append(_put(path, text, path))
-    am_files = [_put(ALERTMANAGER_CONFIG, render.alertmanager_config(settings), ALERTMANAGER_CONFIG)]
+    # receiver URLs hold tokens: never shown by --diff/--json, 0640 root:prometheus from the start (Debian's
+    # prometheus-alertmanager runs as User=prometheus; its postinst adds the prometheus user and group)
+    am_files = [secret_file(name=ALERTMANAGER_CONFIG, path=ALERTMANAGER_CONFIG,
+                            content=render.alertmanager_config(settings), mode="640", group=ALERTMANAGER_GROUP)]
     check = f"promtool check config {PROMETHEUS_CONFIG}"
     server.shell(name="promtool check config, then restart Prometheus (its arguments changed)",
                  commands=[f"{check} && systemctl restart prometheus"], _if=any_changed(defaults[0]))

@@ -30,11 +30,13 @@ What, installed by the gpufleet deploy only (:func:`install`, on the hosts of on
   fails while an nvidia-smi query holds the GPU).
 
 * **Read-ahead.** :meth:`FactMemo.read_ahead` (what :func:`install` uses) reads given facts, and every read the
-  deploy made on the same host in its previous run (remembered per host in a cache directory: commands and
-  connector arguments, never outputs; none with a masked value, password or environment; not those made only
-  before that run changed the host, unless the run before it made them too, nor those an operation made after its
-  own command: only an operation that changes the host makes them), in ONE remote command
-  per host (:func:`read_ahead_script`: the first read alone, the lock's, then the others concurrently). Each
+  deploy made on the same host in its previous run (remembered per host in a cache directory as DATA: the fact's
+  class name and its arguments, never a command nor an output, see :func:`fact_entry`; the command is generated
+  again from the fact class at run time, and an entry that does not name a fact class of :data:`FACT_PACKAGE`
+  or :data:`PYINFRA_FACTS` with plain arguments is dropped; none with a masked value, password or environment; not
+  those made only before that run changed the host, unless the run before it made them too, nor those an operation
+  made after its own command: only an operation that changes the host makes them), in ONE remote command per host
+  (:func:`read_ahead_script`: the first read alone, the lock's, then the others concurrently). Each
   output is stored as its own read would have been; one that failed, or that did not come back, is read again
   when the deploy asks for it. A converged host's no-op run then costs one round trip for all its reads.
 
@@ -52,6 +54,7 @@ pyinfra's own, plain read: slower, same results.
 from __future__ import annotations
 
 import atexit
+import importlib
 import inspect
 import json
 import os
@@ -71,7 +74,9 @@ import gevent
 from gevent.event import Event
 from gevent.lock import BoundedSemaphore
 from pyinfra import logger
+from pyinfra.api import FactBase
 from pyinfra.api.command import StringCommand
+from pyinfra.api.exceptions import PyinfraError
 
 try:  # an internal: where it moved, supported() says so and the memo stays off
     from pyinfra.api.facts import get_fact
@@ -79,6 +84,8 @@ except ImportError:  # pragma: no cover - depends on the installed pyinfra
     get_fact = None
 from pyinfra.api.state import StateStage
 from pyinfra.connectors.util import CommandOutput, OutputLine
+
+from gpufleet.control_files import UnsafePath, private_dir, read_private, write_atomic
 
 TESTED_PYINFRA = ((3, 10), (4, 0))  # [first, last) pyinfra version the memo is known to work with
 PER_HOST_CHANNELS = 4  # concurrent prefetch commands per host (sshd allows 10 sessions per connection)
@@ -91,6 +98,25 @@ _CHANGING_METHODS = ("put_file", "rsync")
 FactCall = tuple[type, tuple, dict]  # (fact class, args, kwargs) as given to host.get_fact
 BATCH_MARK = "@@gpufleet-read-ahead"  # separates the outputs of one read-ahead command's reads
 MAX_LEARNED = 96  # reads remembered per host for the next run's read-ahead
+# The facts a remembered read may name (the cache holds fact names and arguments, never commands): any fact class of
+# gpufleet's own fact modules, and the pyinfra facts the gpu_node deploy reads (directly or through the pyinfra
+# operations it calls). Not pyinfra's facts at large: some run what their argument says (server.Command).
+FACT_PACKAGE = "gpufleet.facts"
+PYINFRA_FACTS = frozenset({
+    "pyinfra.facts.server.Arch", "pyinfra.facts.server.KernelVersion", "pyinfra.facts.server.LinuxDistribution",
+    "pyinfra.facts.server.RebootRequired", "pyinfra.facts.server.Which", "pyinfra.facts.server.Os",
+    "pyinfra.facts.files.File", "pyinfra.facts.files.FileContents", "pyinfra.facts.files.Directory",
+    "pyinfra.facts.files.Link", "pyinfra.facts.files.Sha1File", "pyinfra.facts.files.Sha256File",
+    "pyinfra.facts.apt.DebPackages", "pyinfra.facts.deb.DebPackages", "pyinfra.facts.dnf.DnfEnabledModules",
+    "pyinfra.facts.rpm.RpmPackages", "pyinfra.facts.systemd.SystemdStatus", "pyinfra.facts.systemd.SystemdEnabled",
+})
+# A remembered argument's strings: no whitespace, quote, $, `, ;, |, &, <, >, (, ), \ or newline, so that even a
+# fact that puts an argument into its command unquoted cannot be made to run anything by a cache file
+_PLAIN_RE = re.compile(r"^[A-Za-z0-9_./:@%+=,*~^-]*\Z")
+
+
+class UnsafeCache(PyinfraError):
+    """The fact cache directory (or a file in it) could have been written by another user: the run stops."""
 
 
 class _Prefetched(Exception):
@@ -125,9 +151,10 @@ class _HostMemo:
     prefetching: set = field(default_factory=set)  # prefetch greenlets running a read on this host
     op_reads: dict[str, FactCall] = field(default_factory=dict)  # reads made by operations while preparing
     channels: BoundedSemaphore = field(default_factory=lambda: BoundedSemaphore(PER_HOST_CHANNELS))
-    # the deploy's reads this run, in order: key -> (command, connector arguments); saved for the next run
-    learned: dict[tuple, tuple[str, dict]] = field(default_factory=dict)
-    remembered: list | None = None  # what the cache held for this host when this run read it (None: not read)
+    # the deploy's reads this run, in order: key -> the fact read (fact_entry); saved for the next run
+    learned: dict[tuple, dict] = field(default_factory=dict)
+    remembered: list | None = None  # the fact reads the cache held for this host when this run read it (None: not read)
+    remembered_keys: set = field(default_factory=set)  # the keys of their commands, as generated this run
     changed: bool = False  # an operation's command or an upload ran on the host during this run
     changed_by: str | None = None  # the operation (hash) whose command or upload last changed the host
     read_after_change: set = field(default_factory=set)  # keys of the deploy's reads made once the host changed
@@ -143,7 +170,7 @@ class FactMemo:
         self.state = state
         self.stage = state.current_stage
         self.hosts: dict[Any, _HostMemo] = {}
-        self._reading: dict[tuple, int] = {}  # (greenlet, host) -> depth of host.get_fact calls in progress
+        self._reading: dict[tuple, list[FactCall]] = {}  # (greenlet, host) -> host.get_fact calls in progress
         self._prefetchers: set = set()  # greenlets running a prefetch
         self._collecting: set = set()  # read-ahead greenlets asking pyinfra for a fact's command
         self._originals: dict[Any, Callable] = {}  # host -> its own run_shell_command
@@ -181,15 +208,14 @@ class FactMemo:
         return started
 
     def save(self, cache_dir: Path) -> None:
-        """Remember each host's reads of this run (command and connector arguments, never their output) for the
+        """Remember each host's reads of this run (fact name and arguments, never a command nor an output) for the
         next run's :meth:`read_ahead`; only when the run reached execution (a run stopped by preflight read
         less than the next one will)."""
         if not self.executed:
             return
         for host, memo in self.hosts.items():
             if memo.learned:
-                reads = [{"command": text, "arguments": kwargs} for key, (text, kwargs) in memo.learned.items()
-                         if _remember(memo, key, text, kwargs)][:MAX_LEARNED]
+                reads = [entry for key, entry in memo.learned.items() if _remember(memo, key)][:MAX_LEARNED]
                 if reads != memo.remembered:  # a converged host's run reads what the last one did: nothing to write
                     _write_json(_learned_path(cache_dir, host), reads)
 
@@ -220,11 +246,11 @@ class FactMemo:
         if self._sync() and self.stage == StateStage.Prepare and host.in_op:
             self._memo(host).op_reads.setdefault(repr((cls, args, sorted(kwargs.items()))), (cls, args, kwargs))
         key = (gevent.getcurrent(), host)
-        self._reading[key] = self._reading.get(key, 0) + 1
+        self._reading.setdefault(key, []).append((cls, args, dict(kwargs)))
         try:
             return original(cls, *args, **kwargs)
         finally:
-            self._reading[key] -= 1
+            self._reading[key].pop()
             if not self._reading[key]:
                 del self._reading[key]
 
@@ -242,7 +268,7 @@ class FactMemo:
                 raise _Prefetched()
             return original(*args, **kwargs)
         if not prefetching:
-            self._learn(host, key, args[0], kwargs)
+            self._learn(host, key, args[0], kwargs, self._reading[(current, host)][-1])
         return self._read(host, key, prefetching, lambda: original(*args, **kwargs))
 
     def _connect(self, host, original, *args, **kwargs):
@@ -271,9 +297,10 @@ class FactMemo:
 
     # -------------------------------------------------------------------------------------- internals
 
-    def _learn(self, host, key: tuple, command, kwargs: dict) -> None:
-        """Note a read of the deploy for the next run, unless it carries a secret (a masked part, a password, an
-        environment) that must not be written to disk."""
+    def _learn(self, host, key: tuple, command, kwargs: dict, call: FactCall) -> None:
+        """Note a read of the deploy (``call``, the fact read that ran ``command``) for the next run, unless it
+        carries a secret (a masked part, a password, an environment) that must not be written to disk, or cannot be
+        remembered as data (:func:`fact_entry`)."""
         memo = self._memo(host)
         if memo.changed:
             memo.read_after_change.add(key)
@@ -284,14 +311,11 @@ class FactMemo:
         arguments = _connector_kwargs(kwargs)
         if isinstance(command, StringCommand) and command.get_raw_value() != command.get_masked_value():
             return
-        if any(value for name, value in arguments.items() if "password" in name or name == "_env"):
+        if any(value for name, value in (*arguments.items(), *call[2].items()) if "password" in name or name == "_env"):
             return
-        try:
-            if json.loads(json.dumps(arguments)) != arguments:
-                return
-        except (TypeError, ValueError):
-            return
-        memo.learned[key] = (_command_text(command), arguments)
+        entry = fact_entry(*call)
+        if entry is not None:
+            memo.learned[key] = entry
 
     def _collect(self, host, call: FactCall) -> _Collected | None:
         """The command (and connector arguments) pyinfra runs for ``call`` on ``host``, without running it."""
@@ -309,18 +333,18 @@ class FactMemo:
         return None
 
     def _plan_reads(self, host, calls: Sequence[FactCall], cache_dir: Path | None) -> dict[tuple, tuple[str, dict]]:
-        """key -> (command, connector arguments) of ``calls`` and of the reads remembered for ``host``."""
+        """key -> (command, connector arguments) of ``calls`` and of the reads remembered for ``host``: each
+        command generated by its fact class now, never taken from the cache."""
+        memo = self._memo(host)
+        remembered = _load_learned(cache_dir, host) if cache_dir is not None else []
+        memo.remembered = [entry for entry, _ in remembered]
         reads: dict[tuple, tuple[str, dict]] = {}
-        for call in calls:
+        for call, was_remembered in [*((call, False) for call in calls), *((call, True) for _, call in remembered)]:
             collected = self._collect(host, call)
             if collected is not None:
                 reads.setdefault(collected.key, (collected.text, collected.kwargs))
-        remembered = _load_learned(cache_dir, host) if cache_dir is not None else []
-        self._memo(host).remembered = [{"command": text, "arguments": kwargs} for text, kwargs in remembered]
-        for text, kwargs in remembered:
-            key = _cache_key((text,), kwargs)
-            if key is not None:
-                reads.setdefault(key, (text, kwargs))
+                if was_remembered:
+                    memo.remembered_keys.add(collected.key)
         return reads
 
     def _claim(self, host, reads: dict[tuple, tuple[str, dict]]) -> list[list[tuple[tuple, str, dict, _Entry]]]:
@@ -442,7 +466,7 @@ class FactMemo:
             return False
 
 
-def _remember(memo: _HostMemo, key: tuple, text: str, kwargs: dict) -> bool:
+def _remember(memo: _HostMemo, key: tuple) -> bool:
     """Whether the next run reads ``read`` ahead.
 
     * A read an operation made only after its own command (a driver install's package policy once the repository is
@@ -453,8 +477,7 @@ def _remember(memo: _HostMemo, key: tuple, text: str, kwargs: dict) -> bool:
       remembered only if the run before this one needed it too.
     * Every other read is: the deploy made it on the host as this run leaves it, or the host did not change."""
     return key in memo.read_before_own_change and (
-        not memo.changed or key in memo.read_after_change
-        or {"command": text, "arguments": kwargs} in (memo.remembered or ()))
+        not memo.changed or key in memo.read_after_change or key in memo.remembered_keys)
 
 
 def _cache_key(args: tuple, kwargs: dict) -> tuple | None:
@@ -542,23 +565,112 @@ def _learned_path(cache_dir: Path, host) -> Path:
     return cache_dir / "reads" / f"{quote(name, safe='')}.json"
 
 
-def _load_learned(cache_dir: Path, host) -> list[tuple[str, dict]]:
+def _load_learned(cache_dir: Path, host) -> list[tuple[dict, FactCall]]:
+    """(entry, fact call) of each read remembered for ``host`` that names a known fact (:func:`fact_call`); the
+    others are dropped. Raises :class:`~gpufleet.control_files.UnsafePath` where the cache is not private."""
+    text = read_private(_learned_path(cache_dir, host))
     try:
-        reads = json.loads(_learned_path(cache_dir, host).read_text())
-        return [(read["command"], dict(read["arguments"])) for read in reads[:MAX_LEARNED]
-                if isinstance(read.get("command"), str)]
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):
-        return []  # none yet, or unreadable: this run reads as it goes and writes a new one
+        reads = json.loads(text) if text is not None else []
+    except ValueError:
+        return []  # unreadable: this run reads as it goes and writes a new one
+    found = []
+    for entry in reads[:MAX_LEARNED] if isinstance(reads, list) else ():
+        call = fact_call(entry)
+        if call is None:
+            logger.debug(f"gpufleet: dropped a remembered read that names no known fact: {str(entry)[:200]}")
+        else:
+            found.append((entry, call))
+    return found
 
 
 def _write_json(path: Path, data) -> None:
+    """Write ``data`` to ``path`` in the private cache directory (0700; the file 0600, atomically)."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(f".{path.name}.{os.getpid()}")
-        partial.write_text(json.dumps(data, indent=1))
-        partial.replace(path)  # atomic: concurrent runs never read half a file
-    except OSError as error:
+        private_dir(path.parent)
+        write_atomic(path, json.dumps(data, indent=1), mode=0o600)  # concurrent runs never read half a file
+    except (OSError, UnsafePath) as error:
         logger.debug(f"gpufleet: could not remember the reads in {path}: {error}")
+
+
+def _fact_name(cls) -> str | None:
+    """``module.Class`` of a fact class a remembered read may name, or None."""
+    module, name = getattr(cls, "__module__", ""), getattr(cls, "__qualname__", "")
+    full = f"{module}.{name}"
+    if not (isinstance(cls, type) and issubclass(cls, FactBase)) or not name.isidentifier():
+        return None
+    return full if full in PYINFRA_FACTS or module == FACT_PACKAGE or module.startswith(FACT_PACKAGE + ".") \
+        else None
+
+
+def _encode(value: Any) -> Any:
+    """A fact argument as JSON that gives back the same Python value (tuples and dicts tagged); TypeError or
+    ValueError where it cannot be remembered (another type, a string that is not plain)."""
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    if isinstance(value, str):
+        if not _PLAIN_RE.match(value):
+            raise ValueError("not a plain string")
+        return value
+    if isinstance(value, list):
+        return [_encode(v) for v in value]
+    if isinstance(value, tuple):
+        return {"tuple": [_encode(v) for v in value]}
+    if isinstance(value, dict) and all(isinstance(k, str) and _PLAIN_RE.match(k) for k in value):
+        return {"dict": {k: _encode(v) for k, v in value.items()}}
+    raise TypeError(type(value).__name__)
+
+
+def _decode(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    if isinstance(value, str):
+        if not _PLAIN_RE.match(value):
+            raise ValueError("not a plain string")
+        return value
+    if isinstance(value, list):
+        return [_decode(v) for v in value]
+    if isinstance(value, dict) and len(value) == 1:
+        (tag, inner), = value.items()
+        if tag == "tuple" and isinstance(inner, list):
+            return tuple(_decode(v) for v in inner)
+        if tag == "dict" and isinstance(inner, dict):
+            return {_decode(k): _decode(v) for k, v in inner.items()}
+    raise ValueError("not an encoded argument")
+
+
+def fact_entry(cls, args: tuple, kwargs: dict) -> dict | None:
+    """What the cache remembers of a fact read: ``{"fact": "module.Class", "args": [...], "kwargs": {...}}``, or
+    None where it cannot be remembered as data (a fact not allowed, an argument JSON cannot give back exactly, a
+    string with anything but letters, digits and ``_./:@%+=,*~^-``)."""
+    name = _fact_name(cls)
+    if name is None:
+        return None
+    try:
+        entry = {"fact": name, "args": _encode(list(args)), "kwargs": _encode(dict(kwargs))["dict"]}
+        json.dumps(entry, allow_nan=False)
+    except (TypeError, ValueError):
+        return None
+    return entry if fact_call(entry) == (cls, tuple(args), dict(kwargs)) else None
+
+
+def fact_call(entry: Any) -> FactCall | None:
+    """The fact read (class, args, kwargs) a remembered entry names, or None where it does not name an allowed
+    fact class (imported only from gpufleet's fact modules or :data:`PYINFRA_FACTS`) with plain arguments."""
+    if not isinstance(entry, dict) or set(entry) != {"fact", "args", "kwargs"} or not isinstance(entry["fact"], str):
+        return None
+    module, _, name = entry["fact"].rpartition(".")
+    if not name.isidentifier() or not (entry["fact"] in PYINFRA_FACTS or module == FACT_PACKAGE
+                                       or module.startswith(FACT_PACKAGE + ".")):
+        return None
+    try:
+        cls = getattr(importlib.import_module(module), name, None)
+        args = _decode(entry["args"])
+        kwargs = _decode({"dict": entry["kwargs"]})
+    except (ImportError, ValueError, TypeError):
+        return None
+    if _fact_name(cls) != entry["fact"] or not isinstance(args, list):
+        return None
+    return cls, tuple(args), kwargs
 
 
 def _copy(result: tuple[bool, CommandOutput]) -> tuple[bool, CommandOutput]:
@@ -709,12 +821,22 @@ def install(state, facts: Sequence[type] = (), cache_dir: Path | None = None) ->
                 _unsupported.add(state)
                 logger.warning(f"gpufleet: fact memo off ({reason}): every fact read is a remote command")
             return None
+        if cache_dir is not None:
+            try:
+                for directory in (cache_dir, cache_dir / "reads"):
+                    if directory == cache_dir or directory.exists():
+                        private_dir(directory)
+            except UnsafePath as error:
+                raise UnsafeCache(f"gpufleet fact cache: {error}") from None
         memo = _memos[state] = FactMemo(state)
         trim_pyinfra_overhead(state)
         for host in state.inventory:
             if host.connected:
                 set_nodelay(host)
-        memo.read_ahead(state.inventory.get_active_hosts(), [(cls, (), {}) for cls in facts], cache_dir)
+        try:
+            memo.read_ahead(state.inventory.get_active_hosts(), [(cls, (), {}) for cls in facts], cache_dir)
+        except UnsafePath as error:
+            raise UnsafeCache(f"gpufleet fact cache: {error}") from None
         gevent.sleep(0)  # the read-ahead's requests leave now, not once the deploy has validated its inputs
         if cache_dir is not None:
             atexit.register(memo.save, cache_dir)

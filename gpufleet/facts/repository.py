@@ -70,3 +70,39 @@ class AptRepositoryIndex(FactBase):
                                                                                                     "Version:"))]
             return {"packages": {}, "error": (errors[-1] if errors else f"download failed (exit {index.rc})")}
         return {"packages": parse_index(index.lines), "error": None}
+
+
+def fingerprints_script(path: str) -> str:
+    """Shell printing the primary key fingerprint of every key in the key file ``path`` (armored or binary), one a
+    line, with a throw-away GNUPGHOME."""
+    return fingerprints_of(shlex.quote(path))
+
+
+def fingerprints_of(word: str) -> str:
+    """:func:`fingerprints_script` of the shell word ``word`` (e.g. ``"$tmp"``)."""
+    return (f'h=$(mktemp -d) && GNUPGHOME="$h" gpg --batch --show-keys --with-colons {word} '
+            "2>/dev/null | awk -F: '$1 == \"pub\" {want = 1; next} $1 == \"fpr\" && want {print $10; want = 0}'; "
+            'rm -rf "$h"')
+
+
+class KeyFingerprints(FactBase):
+    """
+    The primary key fingerprints of a repository key file on the node (``gpg --show-keys``, a throw-away
+    GNUPGHOME):
+
+    .. code:: python
+
+        {"present": True, "gpg": True, "fingerprints": ["EB693B3035CD5710E231E123A4B469963BF863CC"]}
+        {"present": False, "gpg": None, "fingerprints": []}
+    """
+
+    def command(self, path: str) -> str:
+        quoted = shlex.quote(path)
+        return (f"if [ -e {quoted} ]; then if command -v gpg >/dev/null 2>&1; then echo gpg=yes; "
+                f"{fingerprints_script(path)}; else echo gpg=no; fi; else echo absent; fi")
+
+    def process(self, output):
+        lines = [line.strip() for line in output if line.strip()]
+        if not lines or lines[0] == "absent":
+            return {"present": False, "gpg": None, "fingerprints": []}
+        return {"present": True, "gpg": lines[0] == "gpg=yes", "fingerprints": lines[1:]}

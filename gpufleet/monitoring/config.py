@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpufleet.config import ConfigError, catalog_model, did_you_mean, register_namespace
+from gpufleet.masking import secret_url
 
 from .rules import DURATION_RE, alert_names, alert_rules, duration, longest_lookback, recording_rules, seconds
 
@@ -46,10 +47,14 @@ RECEIVER_TYPES = {"webhook": ("url",), "email": ("to", "from", "smarthost"), "sl
 _RECEIVER_OPTIONAL = {"webhook": (), "email": (), "slack": ("channel",)}
 DEFAULT_GRAFANA_REPO = "https://apt.grafana.com stable main"
 DEFAULT_PASSWORDS = {"admin", "password", "grafana", "changeme", "prom-operator", "deepops", "secret"}
-_LISTEN_RE = re.compile(r"^(?:\d{1,3}(?:\.\d{1,3}){3}|\[[0-9A-Fa-f:]+\])?:(\d{1,5})$")
-_URL_RE = re.compile(r"^https?://[A-Za-z0-9.\-]+(?::\d{1,5})?(?:/[^\s'\"\\]*)?$")
-_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-_LABEL_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_LISTEN_RE = re.compile(r"^(?:\d{1,3}(?:\.\d{1,3}){3}|\[[0-9A-Fa-f:]+\])?:(\d{1,5})\Z")
+# a path of RFC 3986 characters that mean nothing to a shell, YAML, INI or apt source line (no quotes, $, `, {}, \)
+_URL_RE = re.compile(r"^https?://[A-Za-z0-9.\-]+(?::\d{1,5})?(?:/[A-Za-z0-9\-._~:/?#@!&()*+,;=%]*)?\Z")
+_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}\Z")
+_LABEL_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
+_SMARTHOST_RE = re.compile(r"^(?:[A-Za-z0-9.-]+|\[[0-9A-Fa-f:]+\]):\d{1,5}\Z")
+# Alertmanager fields it expands as Go templates (its configuration docs: <tmpl_string>): {{ }} would run there
+_TEMPLATED = {"to", "from", "channel"}
 
 KEYS: dict[str, str] = {
     "gpufleet_monitoring_scrape_interval": "a Prometheus duration between 1s and 1h, e.g. \"15s\"",
@@ -96,6 +101,20 @@ class TargetSettings:
     gpu_model: str = ""
 
 
+def text_problem(value: str, templated: bool = False) -> str | None:
+    """Why ``value`` cannot go into a generated file as it is (control characters, text that is not UTF-8, template
+    syntax in a field Alertmanager expands as a template), or None."""
+    if any(ord(c) < 0x20 or 0x7f <= ord(c) < 0xa0 for c in value):
+        return "contains a control character (line feed, tab, ...)"
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return "not valid UTF-8 text"
+    if templated and ("{{" in value or "}}" in value):
+        return "contains template syntax ({{ or }}), which Alertmanager would expand"
+    return None
+
+
 def _port(listen: str) -> int:
     return int(listen.rsplit(":", 1)[1])
 
@@ -111,7 +130,7 @@ class _Errors:
 
 
 def _duration(err: _Errors, key: str, value: Any, low: float = 0.0, high: float | None = None) -> str | None:
-    if not isinstance(value, str) or not DURATION_RE.match(value):
+    if not isinstance(value, str) or not DURATION_RE.fullmatch(value):
         err.add(key, value, "not a Prometheus duration")
         return None
     if seconds(value) < low or (high is not None and seconds(value) > high):
@@ -150,11 +169,27 @@ def _receiver(err: _Errors, index: int, value: Any) -> dict | None:
     for required in RECEIVER_TYPES[kind]:
         field_value = value.get(required)
         if not isinstance(field_value, str) or not field_value or any(c in field_value for c in "\n\r"):
-            err.add(f"{key}.{required}", field_value, f"missing or not a string ({kind} receivers need it)",
+            shown = secret_url(field_value) if required in ("url", "api_url") and field_value else field_value
+            err.add(f"{key}.{required}", shown, f"missing or not a string ({kind} receivers need it)",
                     ", ".join(RECEIVER_TYPES[kind]))
             ok = False
         elif required in ("url", "api_url") and not _URL_RE.match(field_value):
-            err.add(f"{key}.{required}", field_value, "not a URL", "an http:// or https:// URL")
+            # the URL holds the receiver's token (user:token@, query, Slack's path): never echoed
+            err.add(f"{key}.{required}", secret_url(field_value), "not a URL", "an http:// or https:// URL")
+            ok = False
+        elif required == "smarthost" and not _SMARTHOST_RE.match(field_value):
+            err.add(f"{key}.{required}", field_value, "not HOST:PORT", "HOST:PORT, e.g. mail.example.com:587")
+            ok = False
+        elif text_problem(field_value, required in _TEMPLATED):
+            err.add(f"{key}.{required}", field_value, text_problem(field_value, required in _TEMPLATED),
+                    "text without control characters or {{ }}")
+            ok = False
+    for optional in _RECEIVER_OPTIONAL[kind]:
+        field_value = value.get(optional)
+        if field_value is not None and (not isinstance(field_value, str)
+                                        or text_problem(field_value, optional in _TEMPLATED)):
+            err.add(f"{key}.{optional}", field_value, "not a string" if not isinstance(field_value, str)
+                    else text_problem(field_value, optional in _TEMPLATED), "text without control characters or {{ }}")
             ok = False
     return dict(value) if ok else None
 
@@ -220,7 +255,11 @@ def load_monitoring_settings(host: str, data: Mapping[str, Any]) -> tuple[Monito
                                                             and isinstance(v, str) for k, v in matchers.items()):
                 err.add(f"{key}.matchers", matchers, "not a label matcher mapping", "{label: value}")
                 continue
-            routes.append({"receiver": route["receiver"], "matchers": dict(matchers)})
+            bad = {k: text_problem(v) for k, v in matchers.items() if text_problem(v)}
+            for label, problem in sorted(bad.items()):
+                err.add(f"{key}.matchers.{label}", matchers[label], problem, "a label value without control characters")
+            if not bad:
+                routes.append({"receiver": route["receiver"], "matchers": dict(matchers)})
         values["routes"] = tuple(routes)
     raw = ours.get(PREFIX + "grafana")
     if raw is not None:

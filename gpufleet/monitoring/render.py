@@ -100,6 +100,15 @@ def _receiver(r: Mapping[str, Any]) -> dict[str, Any]:
     return {"name": r["name"], "slack_configs": [slack]}
 
 
+def matcher(label: str, value: str) -> str:
+    """One equality matcher as Alertmanager parses it (prometheus/alertmanager ``pkg/labels/parse.go``
+    ``ParseMatcher``): the value in double quotes with ``\\``, ``"`` and a line feed escaped (``\\\\``, ``\\"``,
+    ``\\n``), so that no value can close the quotes and add matchers (``a",host=~".+``). ``label`` is a label name
+    (validated by :mod:`gpufleet.monitoring.config`)."""
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return f'{label}="{escaped}"'
+
+
 def alertmanager_config(settings: MonitoringSettings) -> str:
     """Routes and receivers from data; NodeDown (no exporter of the host answers) inhibits the host's other alerts."""
     receivers = [_receiver(r) for r in settings.receivers] or [{"name": "null"}]
@@ -112,7 +121,7 @@ def alertmanager_config(settings: MonitoringSettings) -> str:
     }
     if settings.routes:
         route["routes"] = [{"receiver": r["receiver"],
-                            "matchers": [f'{k}="{v}"' for k, v in sorted(r["matchers"].items())]}
+                            "matchers": [matcher(k, v) for k, v in sorted(r["matchers"].items())]}
                            for r in settings.routes]
     config = {
         "route": route,

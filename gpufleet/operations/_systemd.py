@@ -118,7 +118,7 @@ def _show_diff(path: str, content: str, current: dict | None) -> None:
 
 
 def put_file(current: dict | None, path: str, content: str, mode: str = "644", user: str = "root",
-             group: str = "root"):
+             group: str = "root", secret: bool = False):
     """Commands that make ``path`` a regular file with ``content``, mode and owner (given its ``ManagedState``
     entry). Yields nothing when it already is.
 
@@ -127,16 +127,24 @@ def put_file(current: dict | None, path: str, content: str, mode: str = "644", u
     "Will modify" unified diff (and mode/owner changes), ``_temp_dir`` chooses where the upload lands before
     it is moved into place. It differs in what it reads: the file's state comes from the ``ManagedState`` the
     operation already read (ONE remote command for all its files and units) instead of ``files.put``'s three
-    or four facts per file; the current text is read only under ``--diff`` and only when it differs."""
+    or four facts per file; the current text is read only under ``--diff`` and only when it differs.
+
+    ``secret``: the file holds secrets (:func:`_put_secret`): ``--diff`` says that it changes, never its text, and
+    the text reaches the host only on a command's stdin, written with ``mode`` from the start."""
     if current is not None and current["type"] != "file":
         raise OperationValueError(f"{path} exists and is not a regular file ({current['type']})")
+    if secret and (current is None or current["sha1"] != sha1(content)):
+        yield from _put_secret(current, path, content, mode, user, group)
+        return
     if current is None or current["sha1"] != sha1(content):
         if state.config.DIFF:
             _show_diff(path, content, current)
         if current is None:
             yield StringCommand("mkdir", "-p", shlex.quote(posixpath.dirname(path)))
+        # a random upload name (pyinfra's default for no key): a name derived from ``path``, as files.put uses, is
+        # known in advance, and a symlink another user of the host left there would be written through as root
         yield FileUploadCommand(StringIO(content), path,
-                                remote_temp_filename=host.get_temp_filename(path, temp_directory=_temp_dir()))
+                                remote_temp_filename=host.get_temp_filename(temp_directory=_temp_dir()))
     chown = current is None or (current["user"], current["group"]) != (user, group)
     chmod = current is None or current["mode"] != mode
     if state.config.DIFF and current is not None:
@@ -150,6 +158,24 @@ def put_file(current: dict | None, path: str, content: str, mode: str = "644", u
     perms = ["chmod", mode, shlex.quote(path)]
     if chown or chmod:
         yield StringCommand(*(owner if chown else []), *(["&&"] if chown and chmod else []), *(perms if chmod else []))
+
+
+def _put_secret(current: dict | None, path: str, content: str, mode: str, user: str, group: str):
+    """Write a file that holds secrets: its text on the command's stdin (never in a command line, which other users
+    of the host can see in ``ps``, nor in pyinfra's output, nor in an upload's temporary file), into a temporary
+    file beside ``path`` created under ``umask 077``, given its owner and mode, then renamed over ``path``: at no
+    moment readable by anyone else than root."""
+    if not content.endswith("\n"):
+        raise OperationValueError(f"{path}: a secret file's text must end with a line feed (stdin gets one)")
+    if state.config.DIFF:
+        host.log(f"Will {'create' if current is None else 'modify'} {format_text(path, bold=True)} "
+                 "(it holds secrets: its text is not shown)", logger.info)
+    directory, name = posixpath.split(path)
+    temp = shlex.quote(f"{directory}/.{name}.gpufleet-XXXXXX")
+    yield StringCommand(
+        f"mkdir -p {shlex.quote(directory)} && umask 077 && tmp=$(mktemp {temp}) && "
+        f"{{ cat > \"$tmp\" && chown {shlex.quote(f'{user}:{group}')} \"$tmp\" && chmod {shlex.quote(mode)} \"$tmp\" "
+        f"&& mv -f \"$tmp\" {shlex.quote(path)}; }} || {{ rm -f \"$tmp\"; exit 1; }}", _stdin=content)
 
 
 def remove_file(current: dict | None, path: str):

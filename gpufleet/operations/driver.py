@@ -22,9 +22,11 @@ from pyinfra.operations import files, server
 
 from gpufleet.facts.nvidia import GpuInventory
 from gpufleet.facts.packages import NvidiaPackages, PackageHolds
+from gpufleet.facts.repository import KeyFingerprints
 from gpufleet.facts.system import Distribution
 
 from . import _packaging as pkg
+from . import _repo_keys
 from ._systemd import get_state, put_file, read_together, refuse, unit_states
 
 KEYRING_DIR = "/etc/apt/keyrings"
@@ -33,6 +35,8 @@ APT_SOURCE = "/etc/apt/sources.list.d/gpufleet-nvidia.list"
 APT_PIN = "/etc/apt/preferences.d/gpufleet-nvidia-driver"
 DNF_REPO = "/etc/yum.repos.d/gpufleet-nvidia.repo"
 DNF_REPO_ID = "gpufleet-nvidia"
+DNF_KEY = "/etc/pki/rpm-gpg/gpufleet-nvidia.asc"  # the checked key, when a fingerprint is given
+FINGERPRINT_SETTING = "gpufleet_driver_repo_key_fingerprint"
 NOUVEAU_CONF = "/etc/modprobe.d/blacklist-nouveau.conf"
 # The files the driver operations write, read together whenever one is written (one ManagedState read): the same
 # read in the run that creates them as in every later run, which then finds it among the reads it does ahead
@@ -236,21 +240,35 @@ def _apt_keyring_path(keyring_url: str) -> str:
     return f"{KEYRING_DIR}/{KEYRING_NAME}{'.asc' if armored else '.gpg'}"
 
 
-def _apt_repository(repo_url: str, keyring_url: str, keyring_sha256: str | None):
+def apt_source(keyring: str, repo_url: str) -> str:
+    """The one-line apt source of the flat repository (``URL/ /``, like NVIDIA's CUDA repositories)."""
+    return ("# Managed by gpufleet: NVIDIA driver repository (flat, like NVIDIA's CUDA repositories).\n"
+            f"deb [signed-by={keyring}] {repo_url.rstrip('/')}/ /\n")
+
+
+def _checked_key(keyring_url: str, dest: str, fingerprint: str) -> list:
+    """The key fetched and checked against ``fingerprint`` (:mod:`._repo_keys`), unless ``dest`` holds it."""
+    if _repo_keys.key_is_trusted(host.get_fact(KeyFingerprints, path=dest), fingerprint):
+        return []
+    return [_repo_keys.fetch_checked_key(keyring_url, dest, fingerprint, "644", FINGERPRINT_SETTING)]
+
+
+def _apt_repository(repo_url: str, keyring_url: str, keyring_sha256: str | None,
+                    keyring_fingerprint: str | None = None):
     keyring = _apt_keyring_path(keyring_url)
-    download = list(files.download._inner(src=keyring_url, dest=keyring, mode="644", sha256sum=keyring_sha256))
+    download = _checked_key(keyring_url, keyring, keyring_fingerprint) if keyring_fingerprint else list(
+        files.download._inner(src=keyring_url, dest=keyring, mode="644", sha256sum=keyring_sha256))
     if download:
         yield f"mkdir -p {KEYRING_DIR}"  # not there before apt 2.4 (Ubuntu 22.04, Debian 12 have it)
     yield from download
-    source = (
-        "# Managed by gpufleet: NVIDIA driver repository (flat, like NVIDIA's CUDA repositories).\n"
-        f"deb [signed-by={keyring}] {repo_url.rstrip('/')}/ /\n"
-    )
-    source_changed = yield from _put(APT_SOURCE, source)
+    source_changed = yield from _put(APT_SOURCE, apt_source(keyring, repo_url))
     return bool(download) or source_changed
 
 
-def _dnf_repository(repo_url: str, keyring_url: str):
+def _dnf_repository(repo_url: str, keyring_url: str, keyring_fingerprint: str | None = None):
+    if keyring_fingerprint:  # dnf cannot pin a fingerprint: it gets the checked key as a local file
+        yield from _checked_key(keyring_url, DNF_KEY, keyring_fingerprint)
+        keyring_url = f"file://{DNF_KEY}"
     content = (
         "# Managed by gpufleet: NVIDIA driver repository.\n"
         f"[{DNF_REPO_ID}]\n"
@@ -265,7 +283,8 @@ def _dnf_repository(repo_url: str, keyring_url: str):
 
 
 @operation()
-def nvidia_repository(repo_url: str | None = None, keyring_url: str | None = None, keyring_sha256: str | None = None):
+def nvidia_repository(repo_url: str | None = None, keyring_url: str | None = None, keyring_sha256: str | None = None,
+                      keyring_fingerprint: str | None = None):
     """
     Configure NVIDIA's package repository (or a mirror of it) with its signing key.
 
@@ -277,6 +296,8 @@ def nvidia_repository(repo_url: str | None = None, keyring_url: str | None = Non
       repository directory. A URL ending in ``.asc``/``.pub`` is an armored key, anything else a binary keyring.
     + keyring_sha256: optional SHA-256 of the key file: the key is re-downloaded when it differs, and a
       download that does not match fails (without it an existing key file is kept as is).
+    + keyring_fingerprint: optional full fingerprint of the signing key (NVIDIA's apt key: ``EB69 3B30 35CD 5710
+      E231 E123 A4B4 6996 3BF8 63CC``): a key without it is never installed (needs ``gpg`` on the node)
 
     apt: the key goes to ``/etc/apt/keyrings/gpufleet-nvidia.{asc,gpg}`` and the flat repository to
     ``/etc/apt/sources.list.d/gpufleet-nvidia.list`` as ``deb [signed-by=KEY] URL/ /``; ``apt-get update`` runs
@@ -301,10 +322,10 @@ def nvidia_repository(repo_url: str | None = None, keyring_url: str | None = Non
         yield from refuse(str(problem))
         return
     if fam == pkg.APT:
-        if (yield from _apt_repository(repo_url, keyring_url, keyring_sha256)):
+        if (yield from _apt_repository(repo_url, keyring_url, keyring_sha256, keyring_fingerprint)):
             yield "apt-get update"
     else:
-        yield from _dnf_repository(repo_url, keyring_url)
+        yield from _dnf_repository(repo_url, keyring_url, keyring_fingerprint)
 
 
 # --------------------------------------------------------------------------------------- nouveau
@@ -607,6 +628,7 @@ def nvidia_driver(
     repo_url: str | None = None,
     keyring_url: str | None = None,
     keyring_sha256: str | None = None,
+    keyring_fingerprint: str | None = None,
     nvswitch: bool = False,
     packages_style: str | None = None,
     kernel_headers: bool = True,
@@ -624,6 +646,7 @@ def nvidia_driver(
       repository for the host's release and CPU
     + keyring_url: the repository's signing key; default the key NVIDIA publishes in the repository directory
     + keyring_sha256: optional SHA-256 the key file must have
+    + keyring_fingerprint: optional full fingerprint the signing key must have (see ``nvidia_repository``)
     + nvswitch: install the fabric manager of exactly the driver's version and keep it enabled and running
       (HGX/DGX boards with NVSwitch)
     + packages_style: apt package naming, ``"ubuntu"`` (``nvidia-driver-580-server-open`` /
@@ -695,7 +718,7 @@ def nvidia_driver(
         return
 
     if fam == pkg.APT:
-        repo_changed = yield from _apt_repository(repo_url, keyring_url, keyring_sha256)
+        repo_changed = yield from _apt_repository(repo_url, keyring_url, keyring_sha256, keyring_fingerprint)
         yield from _put(APT_PIN, pkg.apt_pin(branch))
         if repo_changed:
             yield "apt-get update"
@@ -709,7 +732,7 @@ def nvidia_driver(
             return
         driver_version, fm_changed = packages
     else:
-        yield from _dnf_repository(repo_url, keyring_url)
+        yield from _dnf_repository(repo_url, keyring_url, keyring_fingerprint)
         yield from _nouveau_blacklist()
         if kernel_headers and _dkms_may_build(_dnf_installed_driver(branch, flavour)):
             yield from _dnf_headers()

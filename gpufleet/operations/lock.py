@@ -37,6 +37,7 @@ from pyinfra.api.exceptions import PyinfraError
 
 from gpufleet.facts import prefetch
 from gpufleet.facts.lock import LOCK_DIR, LOCK_FILE, PRINT_BOOT_ID, HostLock, describe_holder, parse_holder
+from gpufleet.masking import mask_urls
 
 from ._systemd import refuse
 
@@ -98,10 +99,24 @@ echo "generation=$generation" > {lock_file}
 """
 
 
+def shown_argv(argv: list[str]) -> list[str]:
+    """``argv`` as a lock file (readable on the node) names it: a ``--drain command:CMD`` hook's command line (it may
+    hold a token) as ``command:…``, and URLs without their credentials."""
+    shown, hide_next = [], False
+    for arg in argv:
+        if hide_next and arg.startswith("command:"):
+            arg = "command:…"
+        elif arg.startswith("--drain=command:"):
+            arg = "--drain=command:…"
+        hide_next = arg == "--drain"
+        shown.append(mask_urls(arg))
+    return shown
+
+
 def holder_info(command: str | None = None) -> str:
     """This run's holder lines (``key=value``): controller host, pid, start time (UTC), command line."""
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(_process_start()))
-    command = command or " ".join(sys.argv)
+    command = command or " ".join(shown_argv(sys.argv))
     return "\n".join([f"controller={socket.gethostname()}", f"pid={os.getpid()}", f"started={started}",
                       f"command={' '.join(command.split())}"])
 

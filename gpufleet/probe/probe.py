@@ -22,6 +22,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -837,9 +838,11 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(text + "\n")
         sys.stdout.flush()
     else:
-        tmp = args.output + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as fh:
+        # a random name beside it (O_EXCL: never through a symlink another user left), then an atomic rename
+        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(args.output)}.", dir=os.path.dirname(args.output) or ".")
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text + "\n")
+        os.chmod(tmp, 0o644)
         os.replace(tmp, args.output)
     return 0
 

@@ -10,10 +10,10 @@ Every renderer takes a FleetResult or the JSON report dict. ``write_reports(flee
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
+from gpufleet.control_files import write_atomic
 from gpufleet.verify.model import FleetResult, ReportSchemaError, exit_code
 
 from .html import render_html
@@ -33,10 +33,7 @@ REPORT_FILES = {
 
 
 def _write(path: Path, text: str) -> Path:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+    return write_atomic(path, text)  # a random temporary name beside it, then os.replace: no symlink followed
 
 
 def write_reports(fleet: FleetResult, out_dir: str | Path, *, drop_pct: float = DEFAULT_DROP_PCT,

@@ -34,7 +34,14 @@ GROUP_HOSTS_SHOWN = 10  # hosts named in a problem group's row; every one of the
 
 
 def _cell(text: Any) -> str:
-    return str(text if text is not None else "").replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+    """Text as Markdown shows it literally: raw HTML escaped (``<``, ``>``, ``&`` as entities: a GPU or host name
+    cannot add markup to a page that renders the report), link brackets and table pipes backslash-escaped,
+    one line."""
+    text = str(text if text is not None else "").replace("\\", "\\\\")
+    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    for char in "|[]":
+        text = text.replace(char, "\\" + char)
+    return text.replace("\r", " ").replace("\n", " ")
 
 
 def _table(header: list[str], rows: list[list[Any]], *, raw: tuple[int, ...] = ()) -> list[str]:

@@ -19,11 +19,10 @@ metrics ``modelName``:
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from gpufleet.control_files import write_atomic
 from gpufleet.verify.model import VERDICTS, FleetResult
 
 from ._common import as_report, epoch_seconds
@@ -115,15 +114,4 @@ def render_prometheus(report: FleetResult | dict[str, Any], host: str | None = N
 
 def write_textfile(text: str, path: str | Path) -> Path:
     """Write ``text`` to ``path`` atomically (node_exporter must never read a half-written file)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return write_atomic(path, text)

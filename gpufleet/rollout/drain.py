@@ -11,9 +11,12 @@ output as the reason.
 
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
 from dataclasses import dataclass
+
+from gpufleet.masking import mask_urls
 
 
 class DrainError(Exception):
@@ -55,9 +58,12 @@ class CommandDrainer(Drainer):
             raise DrainError(f"--drain {spec!r}: command: needs a command, e.g. command:/usr/local/bin/drain-hook")
         return cls(argv)
 
-    def _call(self, action: str, node: str, env_reason: str | None = None) -> subprocess.CompletedProcess:
-        import os  # noqa: PLC0415
+    def _shown(self, action: str, node: str) -> str:
+        """The hook as messages (and so the state file and reports) name it: its program only, never its arguments,
+        which may hold a token."""
+        return f"{shlex.quote(os.path.basename(self.argv[0]))} … {shlex.join([action, node])}"
 
+    def _call(self, action: str, node: str, env_reason: str | None = None) -> subprocess.CompletedProcess:
         env = dict(os.environ, GPUFLEET_ROLLOUT_ACTION=action, GPUFLEET_NODE=node)
         if env_reason:
             env["GPUFLEET_ROLLOUT_REASON"] = env_reason
@@ -65,13 +71,13 @@ class CommandDrainer(Drainer):
             return subprocess.run([*self.argv, action, node], capture_output=True, text=True, timeout=self.timeout,
                                   check=False, env=env, stdin=subprocess.DEVNULL)
         except (OSError, subprocess.TimeoutExpired) as error:
-            raise DrainError(f"{shlex.join([*self.argv, action, node])}: {error}") from None
+            raise DrainError(f"{self._shown(action, node)}: {mask_urls(str(error))}") from None
 
     def _check(self, proc: subprocess.CompletedProcess, action: str, node: str) -> None:
         if proc.returncode != 0:
             out = (proc.stderr.strip() or proc.stdout.strip()).splitlines()[-3:]
-            raise DrainError(f"{shlex.join([*self.argv, action, node])} exited {proc.returncode}"
-                             + (f": {' | '.join(out)}" if out else ""))
+            raise DrainError(f"{self._shown(action, node)} exited {proc.returncode}"
+                             + (f": {mask_urls(' | '.join(out))}" if out else ""))
 
     def drain(self, node: str, reason: str) -> bool:
         self._check(self._call("drain", node, reason), "drain", node)

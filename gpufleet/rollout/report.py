@@ -17,6 +17,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
+from gpufleet.control_files import write_atomic
 from gpufleet.report.html import badge, page, table
 
 from .state import ACTIVE, DONE, FAILED, PENDING, SKIPPED, RolloutState
@@ -232,9 +233,7 @@ def html(state: RolloutState, out: str | Path) -> str:
 
 
 def _write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    write_atomic(path, text)  # a random temporary name beside it, then os.replace: no symlink followed
 
 
 def write(state: RolloutState, opts: Any) -> dict[str, Path]:

@@ -13,6 +13,7 @@ rollout then always plans every host first (no single-wave shortcut), shows the 
 
 from __future__ import annotations
 
+import hashlib
 import sys
 import time
 import uuid
@@ -76,9 +77,14 @@ class RolloutOptions:
         return Path(self.state) if self.state else Path(self.out) / "state.json"
 
     def recorded(self) -> dict[str, Any]:
-        return {**{k: getattr(self, k) for k in ("canary", "waves", "max_unavailable", "max_failures", "verify",
-                                                 "drain", "wait_for_jobs", "on_timeout")},
-                "limit": self.pyinfra.patterns}
+        """The options as the state file and reports keep them: a ``command:`` drain hook's command line (it may
+        hold a token) only as its kind and a digest (``command:sha256=…``), which says whether it changed."""
+        options = {**{k: getattr(self, k) for k in ("canary", "waves", "max_unavailable", "max_failures", "verify",
+                                                    "drain", "wait_for_jobs", "on_timeout")},
+                   "limit": self.pyinfra.patterns}
+        if self.drain.startswith("command:"):
+            options["drain"] = "command:sha256=" + hashlib.sha256(self.drain.encode()).hexdigest()[:16]
+        return options
 
 
 @dataclass

@@ -12,11 +12,12 @@ record that this rollout drained it, so it is resumed in the scheduler once it p
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from gpufleet.control_files import write_atomic
 
 STATE_SCHEMA = "gpufleet.rollout.state"
 STATE_SCHEMA_VERSION = 1
@@ -124,14 +125,7 @@ class RolloutState:
 
 def save(state: RolloutState, path: str | Path) -> None:
     """Write the state file atomically: a reader (or a crash) sees the old file or the new one, never half."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(state.to_dict(), f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(state.to_dict(), indent=1))  # tempfile beside it + os.replace, fsync'd
 
 
 def load(path: str | Path) -> RolloutState:

@@ -22,8 +22,8 @@ BENCH_PROFILES = ("none", "quick", "full")
 VERIFY_PREFIX = "gpufleet_verify_"
 register_namespace(VERIFY_PREFIX)
 
-_ABS_PATH_RE = re.compile(r"^/[^\x00\n\r]*$")
-_COMMAND_RE = re.compile(r"^[A-Za-z0-9_.+/-]+$")
+_ABS_PATH_RE = re.compile(r"^/[^\x00\n\r]*\Z")
+_COMMAND_RE = re.compile(r"^[A-Za-z0-9_.+/-]+\Z")
 VERIFY_KEYS: dict[str, str] = {
     "gpufleet_verify_textfile_dir": "an absolute directory path (node_exporter's --collector.textfile.directory; "
                                     f"default {DEFAULT_TEXTFILE_DIR}), or False to write no textfile on the node",

@@ -497,3 +497,33 @@ def test_bad_input_is_refused_before_any_change(mon, tmp_path, monitoring, dcgm_
     assert expected in result.stdout, result.stdout
     assert "no host was changed" in result.stdout
     assert {h: _files(mon, h, WATCHED + ("/etc/default/prometheus-node-exporter",)) for h in (MON, DCGM_HOST)} == before
+
+
+SECRETS = ("s3cr3t-slack-T0K3N", "hunter2-basic", "q-t0ken-42")
+SECRET_RECEIVERS = [
+    {"name": "ops", "type": "webhook", "url": f"http://127.0.0.1:9999/alerts?token={SECRETS[2]}"},
+    {"name": "chat", "type": "slack", "api_url": f"https://hooks.slack.com/services/T0/B0/{SECRETS[0]}"},
+]
+
+
+def test_receiver_secrets_never_show_and_the_file_is_0640_root_prometheus(mon, tmp_path):
+    """--dry --diff and --json of a monitoring deploy whose receivers' tokens changed show neither the tokens nor
+    the file's text; a refused receiver URL is masked in the error; alertmanager.yml is 0640 root:prometheus."""
+    stat = ssh(mon, MON, "stat -c '%a %U %G' /etc/prometheus/alertmanager.yml").stdout.split()
+    assert stat == ["640", "root", "prometheus"]
+    before = _files(mon, MON, WATCHED)
+    inventory = write_inventory(tmp_path / "secret_inventory.py", mon.inventory,
+                                {**MONITORING_DATA, "gpufleet_monitoring_receivers": SECRET_RECEIVERS})
+    for options in (["--dry", "--diff"], ["--dry", "--json"]):
+        result = subprocess.run([str(BIN / "pyinfra"), *options, str(inventory), "deploys/monitoring.py"],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900, cwd=REPO)
+        assert result.returncode == 0, result.stdout
+        assert "alertmanager.yml" in result.stdout  # the change is announced ...
+        assert not [s for s in SECRETS if s in result.stdout], result.stdout  # ... its text is not
+    assert _files(mon, MON, WATCHED) == before
+    bad = write_inventory(tmp_path / "bad_url_inventory.py", mon.inventory, {
+        **MONITORING_DATA, "gpufleet_monitoring_receivers": [
+            {"name": "ops", "type": "webhook", "url": f"http://ops:{SECRETS[1]}@127.0.0.1:9999/x y"}]})
+    result = run_pyinfra(bad, "deploys/monitoring.py", check=False)
+    assert result.returncode != 0 and "receivers[0].url='http://127.0.0.1:9999/***': not a URL" in result.stdout
+    assert SECRETS[1] not in result.stdout

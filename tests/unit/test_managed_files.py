@@ -114,3 +114,65 @@ def test_mode_and_owner_changes_are_shown_under_diff(caplog):
         commands = [render(c) for c in put_file(current, "/etc/x", text)]
     assert commands == ["chown root:root /etc/x && chmod 644 /etc/x"]
     assert logged(caplog) == ["mode 600", "mode 644", "user/group nobody:root", "user/group root:root"]
+
+
+def run_secret(current_text: str | None, text: str, *, diff: bool):
+    from gpufleet.operations import files
+
+    facts = {ManagedState: lambda paths=(), read=(), units=(): {"files": {p: current_file(current_text)
+                                                                           for p in paths}}}
+    host = DiffHost(facts)
+    state = State()
+    state.config = Config(DIFF=diff)
+    with ctx_state.use(state), ctx_host.use(host):
+        return list(files.secret_file._inner(path="/etc/prometheus/alertmanager.yml", content=text, mode="640",
+                                             group="prometheus"))
+
+
+def test_a_secret_file_is_never_shown_and_never_wider_than_its_mode(caplog):
+    """--diff names the file but not its text; the text goes on stdin (not in the command line, not in an upload's
+    temporary file); the temporary file is made under umask 077 and gets owner and mode before it is renamed."""
+    text = "receivers:\n- url: https://hooks.example.com/?token=s3cr3t\n"
+    caplog.set_level(logging.INFO)
+    commands = run_secret("old: 1\n", text, diff=True)
+    assert [type(c).__name__ for c in commands] == ["StringCommand"]
+    command = commands[0].get_raw_value()
+    assert "s3cr3t" not in command and "s3cr3t" not in repr(commands[0])
+    assert "s3cr3t" not in "\n".join(logged(caplog))
+    assert any("Will modify" in line and "alertmanager.yml" in line and "not shown" in line for line in logged(caplog))
+    assert commands[0].connector_arguments["_stdin"] == text
+    assert command.index("umask 077") < command.index("mktemp /etc/prometheus/.alertmanager.yml.gpufleet-XXXXXX")
+    assert command.index("chown root:prometheus") < command.index("chmod 640") < command.index("mv -f")
+
+
+def test_a_converged_secret_file_is_left_alone():
+    text = "route: {}\n"
+    current = current_file(text)
+    current.update(mode="640", group="prometheus")
+    from gpufleet.operations import files
+
+    facts = {ManagedState: lambda paths=(), read=(), units=(): {"files": {p: current for p in paths}}}
+    host = DiffHost(facts)
+    state = State()
+    state.config = Config()
+    with ctx_state.use(state), ctx_host.use(host):
+        assert list(files.secret_file._inner(path="/etc/prometheus/alertmanager.yml", content=text, mode="640",
+                                             group="prometheus")) == []
+
+
+def test_the_upload_name_is_random_not_derived_from_the_destination():
+    """files.put uploads to /tmp/pyinfra-<sha1 of dest>: a name another user can plant a symlink at."""
+    keys = []
+
+    class KeyHost(DiffHost):
+        def get_temp_filename(self, hash_key=None, temp_directory=None, **_kwargs) -> str:
+            keys.append(hash_key)
+            return "/tmp/upload"
+
+    facts = {ManagedState: lambda paths=(), read=(), units=(): {"files": {p: None for p in paths}}}
+    host = KeyHost(facts)
+    state = State()
+    state.config = Config()
+    with ctx_state.use(state), ctx_host.use(host):
+        assert any(isinstance(c, FileUploadCommand) for c in put_file(None, PATH, "NCCL_DEBUG=WARN\n"))
+    assert keys == [None]  # pyinfra then names it after a uuid4

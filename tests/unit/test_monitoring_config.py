@@ -56,7 +56,7 @@ def test_defaults_need_a_grafana_password():
     ({**OK, "gpufleet_monitoring_receivers": [{"name": "m", "type": "email", "to": "ops@example.com"}]},
      "mon1: gpufleet_monitoring_receivers[0].from=None: missing or not a string (email receivers need it)"),
     ({**OK, "gpufleet_monitoring_receivers": [{"name": "w", "type": "webhook", "url": "ftp://x"}]},
-     "mon1: gpufleet_monitoring_receivers[0].url='ftp://x': not a URL"),
+     "mon1: gpufleet_monitoring_receivers[0].url='ftp://x/***': not a URL"),
     ({**OK, "gpufleet_monitoring_routes": [{"receiver": "nobody"}]},
      "mon1: gpufleet_monitoring_routes[0]={'receiver': 'nobody'}: not a route to a defined receiver"),
     ({**OK, "gpufleet_monitoring_alert_for": {"GpuOverheat": "1m"}},
@@ -211,3 +211,13 @@ def test_example_group_data_takes_the_grafana_password_from_the_environment(monk
         "mon1: gpufleet_monitoring_grafana_admin_password=None: Grafana is enabled but has no admin password "
         "(gpufleet never deploys Grafana's default admin/admin); allowed: a password of at least 12 characters "
         "that is not a default one, or gpufleet_monitoring_grafana: false"]
+
+
+def test_alertmanager_config_group_is_the_debian_packages_service_group():
+    from gpufleet.deploys.monitoring import ALERTMANAGER_GROUP
+    from tests import upstream
+
+    package = "debian/bookworm/prometheus-alertmanager"
+    unit = f"{package}/lib/systemd/system/prometheus-alertmanager.service"
+    assert upstream.unit_values(unit, "Service", "User") == [ALERTMANAGER_GROUP]
+    assert f"--group --gecos \"Prometheus daemon\" {ALERTMANAGER_GROUP}" in upstream.read(f"{package}/DEBIAN/postinst")

@@ -731,3 +731,25 @@ def test_upstream_version():
     assert _packaging.upstream_version("3:580.95.05-1.el9") == "580.95.05"
     assert _packaging.upstream_version("580.95.05") == "580.95.05"
     assert _packaging.upstream_version(None) is None
+
+
+def test_a_key_fingerprint_is_checked_before_the_key_is_installed():
+    from gpufleet.facts.repository import KeyFingerprints
+    from gpufleet.operations import _repo_keys
+
+    fingerprint = _repo_keys.NVIDIA_APT_KEY_FINGERPRINT
+    absent = {KeyFingerprints: lambda path: {"present": False, "gpg": None, "fingerprints": []}}
+    commands, _ = run_operation(driver.nvidia_repository, facts=apt_facts(extra=absent), repo_url=REPO,
+                                keyring_fingerprint=fingerprint)
+    fetch = next(c for c in commands if "gpg --batch --show-keys" in c)
+    assert f"grep -qx {fingerprint}" in fetch and f"mv -f \"$tmp\" {KEYRING}" in fetch
+    assert not any(c.startswith("curl ") for c in commands)  # never the unchecked download
+    assert commands[-1] == "apt-get update"
+    other = {KeyFingerprints: lambda path: {"present": True, "gpg": True, "fingerprints": ["AB" * 20]}}
+    commands, _ = run_operation(driver.nvidia_repository, facts=converged(extra=other), repo_url=REPO,
+                                keyring_fingerprint=fingerprint)
+    assert any("gpg --batch --show-keys" in c for c in commands)  # a key without it is replaced (if it checks)
+    trusted = {KeyFingerprints: lambda path: {"present": True, "gpg": True, "fingerprints": [fingerprint]}}
+    commands, _ = run_operation(driver.nvidia_repository, facts=converged(extra=trusted), repo_url=REPO,
+                                keyring_fingerprint=fingerprint)
+    assert commands == []

@@ -114,3 +114,13 @@ def test_node_lock_command_runs_the_command_under_the_lock_naming_itself(lock_fi
     holder = parse_holder(seen.read_text().splitlines())
     assert holder["command"] == "gpufleet-mig-apply (boot)" and holder["pid"].isdigit()
     assert fact(lock_file) == {"held": False, "seen": (BOOT_ID, 1)}  # counted: a run that read 0 re-reads facts
+
+
+def test_a_drain_hook_command_line_never_reaches_the_lock_file():
+    from gpufleet.operations.lock import shown_argv
+
+    argv = ["gpufleet", "rollout", "inv.py", "--drain", "command:/opt/hook --token s3cr3t", "--waves", "25%"]
+    assert shown_argv(argv) == ["gpufleet", "rollout", "inv.py", "--drain", "command:…", "--waves", "25%"]
+    assert shown_argv(["gpufleet", "--drain=command:hook s3cr3t", "--drain", "slurm"]) == [
+        "gpufleet", "--drain=command:…", "--drain", "slurm"]
+    assert shown_argv(["pyinfra", "https://u:s3cr3t@h/inv.py"]) == ["pyinfra", "https://***@h/inv.py"]

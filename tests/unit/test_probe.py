@@ -321,8 +321,8 @@ def test_collect_document_shape(tmp_path):
 # --------------------------------------------------------------------------------------------------------------
 
 _STDLIB_OK = {"__future__", "argparse", "ctypes", "json", "math", "os", "platform", "re", "shutil", "socket",
-              "statistics", "subprocess", "sys", "threading", "time", "typing", "collections", "collections.abc",
-              "urllib.request"}
+              "statistics", "subprocess", "sys", "tempfile", "threading", "time", "typing", "collections",
+              "collections.abc", "urllib.request"}
 _OPTIONAL = {"pynvml", "torch", "cupy", "probe", "bench", "exporters"}
 
 

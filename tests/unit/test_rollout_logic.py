@@ -172,7 +172,7 @@ def test_command_drainer_calls_the_hook_with_action_and_node(tmp_path):
 
 def test_command_drainer_failure_names_the_command(tmp_path):
     h = hook(tmp_path, 'echo "scheduler says no" >&2\nexit 3\n')
-    with pytest.raises(DrainError, match=r"hook.sh drain n1 exited 3: scheduler says no"):
+    with pytest.raises(DrainError, match=r"hook.sh … drain n1 exited 3: scheduler says no"):
         make_drainer(f"command:{h}", "r").drain("n1", "x")
     with pytest.raises(DrainError, match="needs a command"):
         make_drainer("command:", "r")
@@ -769,3 +769,15 @@ def test_nothing_to_change_is_not_asked(fake, tmp_path):
     o = opts(tmp_path, fake.deploy)
     assert run.main(o, progress=io.StringIO(), echo=lambda _: None, confirm=asked.append) == 0
     assert asked == []
+
+
+def test_a_drain_hook_command_line_is_not_kept_in_the_state_file_nor_the_reports(fake, tmp_path, monkeypatch):
+    fake(2)
+    monkeypatch.setattr(run, "make_drainer", lambda spec, rid: BusyDrainer(set()))
+    o = opts(tmp_path, fake.deploy, canary=1, waves="100%", drain="command:/opt/hook --token s3cr3t-t0ken")
+    rc, text = go(o)
+    assert rc == 0, text
+    out = Path(o.out)
+    written = {p.name: p.read_text() for p in [o.state_path(), out / "rollout.json", out / "rollout.html"]}
+    assert not [name for name, body in written.items() if "s3cr3t" in body or "/opt/hook" in body], written
+    assert "command:sha256=" in written["rollout.json"]
