@@ -34,7 +34,7 @@ from gpufleet.sim import hosts  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-UNITS = {"nvml": "gpufleet-exporter.service", "dcgm": "dcgm-exporter.service"}
+UNITS = {"nvml": "gpufleet-exporter.service", "dcgm": "nvidia-dcgm-exporter.service"}
 TARGET_P50_MS = 50.0
 TARGET_CORE_PCT = 1.0
 INTERVAL_S = 15.0

@@ -864,6 +864,13 @@ GPU_EXPORTERS = ("auto", "dcgm", "nvml", "none")
 DEFAULT_TEXTFILE_DIR = "/var/lib/prometheus/node-exporter"  # Debian/Ubuntu prometheus-node-exporter's own
 _LISTEN_RE = re.compile(r"^(?:(?P<v4>\d{1,3}(?:\.\d{1,3}){3})|\[(?P<v6>[0-9A-Fa-f:]+)\]|(?P<any>)):(?P<port>\d{1,5})\Z")
 _TEXTFILE_PATH_RE = re.compile(r"^/[A-Za-z0-9._/-]*\Z")
+# dcgm-exporter collects every -c milliseconds and answers a scrape with its last collection: the collect interval
+# follows Prometheus' scrape interval (gpufleet_monitoring_scrape_interval, 15s by default) unless set.
+SCRAPE_INTERVAL_KEY = "gpufleet_monitoring_scrape_interval"
+DEFAULT_COLLECT_INTERVAL_MS = 15_000
+COLLECT_INTERVAL_RANGE_MS = (1_000, 3_600_000)
+_DURATION_PART_RE = re.compile(r"(\d+)(ms|s|m|h)")
+_DURATION_MS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000}
 
 
 @dataclass(frozen=True)
@@ -874,6 +881,7 @@ class ExportersConfig:
     node_listen: str = "0.0.0.0:9100"
     textfile_dir: str = DEFAULT_TEXTFILE_DIR
     gpu_count: int | None = None  # GPUs the host should have (monitoring's GpuMissing); None: the most seen
+    collect_interval_ms: int = DEFAULT_COLLECT_INTERVAL_MS  # dcgm-exporter's -c (milliseconds)
 
     @staticmethod
     def port(listen: str) -> int:
@@ -907,6 +915,41 @@ def _gpu_count(ctx: _Ctx, key: str, value: Any) -> Any:
     return value
 
 
+def duration_ms(value: Any) -> int | None:
+    """Milliseconds of a Prometheus duration up to hours (``"15s"``, ``"1m30s"``, ``"500ms"``); None when ``value``
+    is not one."""
+    if not isinstance(value, str) or not value or _DURATION_PART_RE.sub("", value):
+        return None
+    return sum(int(n) * _DURATION_MS[unit] for n, unit in _DURATION_PART_RE.findall(value))
+
+
+_COLLECT_ALLOWED = "a duration between 1s and 1h, e.g. \"15s\" (unset: the scrape interval, else 15s)"
+
+
+def _collect_interval(ctx: _Ctx, key: str, value: Any) -> Any:
+    ms = duration_ms(value)
+    low, high = COLLECT_INTERVAL_RANGE_MS
+    if ms is None or not low <= ms <= high:
+        ctx.error(key, value, _COLLECT_ALLOWED, "not a collect interval")
+        return _INVALID
+    return ms
+
+
+def _default_collect_interval(ctx: _Ctx, data: Mapping) -> Any:
+    """The scrape interval, when the host's data has it (a group_data of the fleet), else 15 s."""
+    raw = data.get(SCRAPE_INTERVAL_KEY)
+    if raw is None:
+        return DEFAULT_COLLECT_INTERVAL_MS
+    ms = duration_ms(raw)
+    low, high = COLLECT_INTERVAL_RANGE_MS
+    if ms is None or not low <= ms <= high:
+        ctx.error(SCRAPE_INTERVAL_KEY, raw, "a Prometheus duration between 1s and 1h, e.g. \"15s\" (the GPU "
+                  "exporter's collect interval follows it unless gpufleet_exporters_collect_interval is set)",
+                  "not a scrape interval")
+        return _INVALID
+    return ms
+
+
 EXPORTER_SETTINGS: tuple[tuple[str, Any, Any, str], ...] = (
     ("gpufleet_exporters_gpu", _choice(GPU_EXPORTERS), "auto",
      "GPU exporter: dcgm (NVIDIA DCGM + dcgm-exporter from the NVIDIA repository), nvml (gpufleet's own), auto "
@@ -918,16 +961,23 @@ EXPORTER_SETTINGS: tuple[tuple[str, Any, Any, str], ...] = (
      "node_exporter's textfile collector directory; verify writes its results there too"),
     ("gpufleet_exporters_gpu_count", _gpu_count, None,
      "GPUs this host should have (alert GpuMissing below it); unset: the most seen in the last day"),
+    ("gpufleet_exporters_collect_interval", _collect_interval, None,
+     "how often dcgm-exporter collects (its -c); unset: gpufleet_monitoring_scrape_interval where the host's data "
+     "has it, else 15s"),
 )
 
 
-def _exporters_config(ctx: _Ctx, values: Mapping[str, Any]) -> ExportersConfig | None:
-    if any(values[key] is _INVALID for key, *_ in EXPORTER_SETTINGS):
+def _exporters_config(ctx: _Ctx, values: Mapping[str, Any], data: Mapping) -> ExportersConfig | None:
+    collect = values["gpufleet_exporters_collect_interval"]
+    if collect is None:
+        collect = _default_collect_interval(ctx, data)
+    if collect is _INVALID or any(values[key] is _INVALID for key, *_ in EXPORTER_SETTINGS):
         return None
     config = ExportersConfig(
         gpu=values["gpufleet_exporters_gpu"], gpu_listen=values["gpufleet_exporters_gpu_listen"],
         node=values["gpufleet_exporters_node"], node_listen=values["gpufleet_exporters_node_listen"],
-        textfile_dir=values["gpufleet_exporters_textfile_dir"], gpu_count=values["gpufleet_exporters_gpu_count"])
+        textfile_dir=values["gpufleet_exporters_textfile_dir"], gpu_count=values["gpufleet_exporters_gpu_count"],
+        collect_interval_ms=collect)
     if config.node and config.gpu != "none" and config.port(config.gpu_listen) == config.port(config.node_listen):
         ctx.error("gpufleet_exporters_node_listen", config.node_listen,
                   f"a port other than the GPU exporter's (gpufleet_exporters_gpu_listen={config.gpu_listen!r})",
@@ -1018,7 +1068,7 @@ def _collect(host_name: str, data: Mapping) -> tuple[NodeConfig | None, list[Con
         raw = ours.get(key)
         values[key] = default if raw is None else parser(ctx, key, raw)
     mig = _mig(ctx, ours)
-    exporters = _exporters_config(ctx, values)
+    exporters = _exporters_config(ctx, values, data)
     _slurm_gres_problem(ctx, values, mig)
     if ctx.errors:
         return None, ctx.errors

@@ -738,6 +738,31 @@ class ClocksPlan:
 # ---------------------------------------------------------------------------------------------- node plan
 
 
+# ------------------------------------------------------------------------------------------------ exporters
+
+# DCGM's profiling metrics (DCGM_FI_PROF_*) on this architecture and earlier need NVIDIA's proprietary DCGM package
+# (dcgm-exporter's README: "for Ampere and earlier generation GPUs, profiling metrics depend on the
+# datacenter-gpu-manager-4-proprietary package").
+PROFILING_PACKAGE_UP_TO = "Ampere"
+
+
+@dataclass(frozen=True)
+class ExportersPlan:
+    """What the GPU exporter of a host collects: profiling counters where every GPU has them (datacenter GPUs),
+    the proprietary DCGM module where profiling needs it, and how often dcgm-exporter collects."""
+
+    profiling: bool
+    profiling_package: bool
+    collect_interval_ms: int
+
+    @classmethod
+    def resolve(cls, config: NodeConfig, gpus: Iterable[Gpu]) -> ExportersPlan:
+        models = [gpu.model for gpu in gpus]
+        profiling = bool(models) and all(m is not None and m.datacenter for m in models)
+        package = profiling and any(m.architecture_at_most(PROFILING_PACKAGE_UP_TO) for m in models if m)
+        return cls(profiling, package, config.exporters.collect_interval_ms)
+
+
 @dataclass(frozen=True)
 class NodePlan:
     """A host's configuration resolved against its GPUs; a part is None where its stage is off or unset."""

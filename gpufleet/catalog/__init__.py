@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 
 from ._loader import (
+    ARCHITECTURES,
     MODEL_FIELDS,
     PRECISIONS,
     SOURCE_TAGS,
@@ -30,6 +31,7 @@ from ._loader import (
 )
 
 __all__ = [
+    "ARCHITECTURES",
     "MODEL_FIELDS",
     "PRECISIONS",
     "SOURCE_TAGS",

@@ -21,6 +21,9 @@ SCHEMA_VERSION = 1
 SOURCE_TAGS = ("real", "doc", "unverified")
 PRECISIONS = ("fp64", "fp64_tensor", "fp32", "tf32", "bf16", "fp16", "fp8", "int8")
 NVIDIA_VENDOR_ID = 0x10DE
+# NVIDIA's GPU architectures, oldest first: what a rule "on Ampere and earlier" compares (a model's architecture must
+# be one of them).
+ARCHITECTURES = ("Kepler", "Maxwell", "Pascal", "Volta", "Turing", "Ampere", "Ada Lovelace", "Hopper", "Blackwell")
 
 _SOURCE_RE = re.compile(r"^(real|doc|unverified): \S.*$", re.DOTALL)
 _PCI_RE = re.compile(r"^0x[0-9A-F]{4}10DE$")
@@ -214,6 +217,10 @@ class GpuModel:
     @property
     def mig_capable(self) -> bool:
         return self.mig is not None
+
+    def architecture_at_most(self, architecture: str) -> bool:
+        """Whether this GPU's architecture is ``architecture`` or an earlier one (:data:`ARCHITECTURES`)."""
+        return ARCHITECTURES.index(self.architecture) <= ARCHITECTURES.index(architecture)
 
     @property
     def pci_device_id_hex(self) -> str:
@@ -409,6 +416,11 @@ def _str(o: str, w: str, v: Any) -> str:
     return v
 
 
+def _architecture(o: str, w: str, v: Any) -> str:
+    _check(v in ARCHITECTURES, o, w, f"expected one of {', '.join(ARCHITECTURES)}, got {v!r}")
+    return v
+
+
 def _opt_str(o: str, w: str, v: Any) -> str | None:
     return None if v is None else _str(o, w, v)
 
@@ -526,7 +538,7 @@ def _mig(o: str, w: str, v: Any) -> MigSpec | None:
 _MODEL_FIELDS: dict[str, Callable[[str, str, Any], Any]] = {
     "name": _str,
     "pci_device_id": _pci,
-    "architecture": _str,
+    "architecture": _architecture,
     "compute_capability": _cc,
     "datacenter": _bool,
     "form_factor": _str,

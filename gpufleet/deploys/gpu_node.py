@@ -28,7 +28,7 @@ from gpufleet.facts.pci import NvidiaPciDevices
 from gpufleet.facts.system import OsInfo, SecureBoot
 from gpufleet.operations import clocks, driver, exporters, lock, mig, nccl, persistence, power, slurm
 from gpufleet.operations._systemd import refuse
-from gpufleet.plan import NodePlan, gpus_from_facts
+from gpufleet.plan import ExportersPlan, NodePlan, gpus_from_facts
 
 from ._inputs import checked_facts, node_config
 
@@ -123,8 +123,9 @@ def exporters_stage(config: NodeConfig, facts: preflight.HostFacts, driver_chang
         driver.nvidia_repository(name="NVIDIA repository (DCGM)", repo_url=config.driver.repo_url,
                                  keyring_url=config.driver.repo_keyring_url,
                                  keyring_fingerprint=config.driver.repo_key_fingerprint)
-    exporters.gpu_exporter(name="GPU exporter", kind=kind, listen=settings.gpu_listen,
-                           profiling=bool(models) and all(m is not None and m.datacenter for m in models))
+    plan = ExportersPlan.resolve(config, preflight.host_gpus(facts))
+    exporters.gpu_exporter(name="GPU exporter", kind=kind, listen=settings.gpu_listen, profiling=plan.profiling,
+                           profiling_package=plan.profiling_package, collect_interval_ms=plan.collect_interval_ms)
     if settings.node and kind != "none":
         publish_desired_state(config, facts, driver_changes)
 

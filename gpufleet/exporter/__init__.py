@@ -15,6 +15,7 @@ import zipfile
 from pathlib import Path
 
 EXPORTER_SOURCE = Path(__file__).with_name("gpu_exporter.py")
+XID_ERR_MSG_SOURCE = Path(__file__).with_name("xid_err_msg.py")  # the err_msg label of each Xid
 BUNDLE_NAME = "gpufleet-gpu-exporter.pyz"
 _MAIN = b"import sys\nfrom gpu_exporter import main\nsys.exit(main())\n"
 _EPOCH = (1980, 1, 1, 0, 0, 0)
@@ -34,7 +35,8 @@ def _module_origin(name: str) -> Path:
 
 def bundle_files() -> list[tuple[str, bytes]]:
     """(archive name, content) of every file of the bundle, sorted by name."""
-    files = [("__main__.py", _MAIN), ("gpu_exporter.py", EXPORTER_SOURCE.read_bytes())]
+    files = [("__main__.py", _MAIN), ("gpu_exporter.py", EXPORTER_SOURCE.read_bytes()),
+             ("xid_err_msg.py", XID_ERR_MSG_SOURCE.read_bytes())]
     nvml = _module_origin("pynvml")
     files.append(("pynvml.py", nvml.read_bytes()))
     package = _module_origin("prometheus_client").parent

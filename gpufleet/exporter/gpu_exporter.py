@@ -5,11 +5,18 @@ else from gpufleet (the deploy ships it with both libraries in one zip file, lik
 
     python3 gpufleet-gpu-exporter.pyz --listen 0.0.0.0:9400 [--settings-dir /etc/gpufleet]
 
-Every scrape reads NVML afresh (no background polling): one series per GPU for each metric below, labelled like
-dcgm-exporter's (``gpu``, ``UUID``, ``pci_bus_id``, ``device``, ``modelName``, ``hostname``, and
-``DCGM_FI_DRIVER_VERSION``), so one set of rules and dashboards serves both exporters. A metric the GPU does not
-support (NVML ``NOT_SUPPORTED``) is left out for that GPU, as dcgm-exporter does; a GPU NVML cannot reach
-(fallen off the bus) exports nothing but ``gpufleet_gpu_exporter_errors``.
+Every scrape reads NVML afresh (no background polling): one series per GPU for each metric below, in
+dcgm-exporter's exposition (as its released versions, e.g. 4.5.3-4.8.2, render it): labels ``gpu``, ``UUID``,
+``pci_bus_id``, ``device``, ``modelName``, ``Hostname`` (capital H) and ``DCGM_FI_DRIVER_VERSION``, the Prometheus type
+dcgm-exporter's counters file gives each field (``counter`` for energy, ECC totals, remapped rows, PCIe replays and
+NVLink errors, ``gauge`` else), integer fields printed as integers; so one set of rules and dashboards serves both
+exporters. Values are read as DCGM reads them: ``DCGM_FI_DEV_FB_USED`` / ``_FREE`` from NVML's v2 memory info (used
+excludes the driver's reserved memory, ``DCGM_FI_DEV_FB_RESERVED``), ``DCGM_FI_DEV_MEMORY_TEMP`` and
+``DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION`` from NVML field values, ``DCGM_FI_DEV_SLOWDOWN_TEMP`` / ``_SHUTDOWN_TEMP``
+from the GPU's temperature thresholds, the NVLink error totals from NVML's ``*_ERROR_COUNT_TOTAL`` fields (every link
+summed, as DCGM's fields 409/419/429/439). A metric the GPU does not support (NVML ``NOT_SUPPORTED``) is left out for
+that GPU, as dcgm-exporter does; a GPU NVML cannot reach (fallen off the bus) exports nothing but
+``gpufleet_gpu_exporter_errors``.
 
 gpufleet extra (DCGM has no such field): ``gpufleet_gpu_mig_layout_match`` (0/1: MIG mode and GPU-instance profiles
 vs ``SETTINGS_DIR/mig-layout.json``, the MIG stage's file, GPUs by PCI bus id, only for GPUs in the layout). The
@@ -17,10 +24,15 @@ desired power limit, persistence and MIG mode are not exported here: the exporte
 node plan as a node_exporter textfile, for both exporters.
 
 Xids: a background thread (:class:`XidWatcher`) registers every GPU for NVML's Xid critical-error events and waits
-on them; ``DCGM_FI_DEV_XID_ERRORS`` is the last Xid of each GPU since the exporter started (0 before any), as
-DCGM's field, and ``gpufleet_gpu_xid_errors_total{xid=CODE}`` counts them. Where NVML has no events (WSL, some
-platforms: ``NOT_SUPPORTED``) no Xid series is exported for that GPU, ``gpufleet_gpu_exporter_xid_events_supported``
-is 0 and the log says so once.
+on them. ``DCGM_FI_DEV_XID_ERRORS`` has dcgm-exporter's shape: its value is the last Xid of the GPU since the
+exporter started (0 before any) and it carries the labels ``err_code`` (that Xid) and ``err_msg`` (a text of it),
+so each new Xid code is a new series on both exporter paths; a rule watching Xids must match on ``err_code`` or the
+value, not on ``changes()`` of one series. The shape is dcgm-exporter's, the ``err_msg`` text is not: dcgm-exporter
+prints its own table's text of the Xid, which gpufleet does not copy; gpufleet prints NVIDIA's name of the Xid from
+NVIDIA's Xid catalog (``xid_err_msg.py``, e.g. ``ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS`` for 79, ``no Xid`` for
+0), so no rule or dashboard may match the text. ``gpufleet_gpu_xid_errors_total{xid=CODE}``
+counts them. Where NVML has no events (WSL, some platforms: ``NOT_SUPPORTED``) no Xid series is exported for that
+GPU, ``gpufleet_gpu_exporter_xid_events_supported`` is 0 and the log says so once.
 """
 
 from __future__ import annotations
@@ -34,42 +46,107 @@ import socket
 import sys
 import threading
 from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pynvml
-from prometheus_client import CollectorRegistry, start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.process_collector import ProcessCollector
 
-SETTINGS_DIR = "/etc/gpufleet"
-LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "hostname", "DCGM_FI_DRIVER_VERSION")
+try:  # in the bundle every module is top level
+    from xid_err_msg import err_msg
+except ImportError:  # pragma: no cover - imported from the gpufleet package (docs, tools)
+    from gpufleet.exporter.xid_err_msg import err_msg
 
-# name -> (help, NVML reader returning a number); the order is the exposition order
-_HELP = {
-    "DCGM_FI_DEV_GPU_TEMP": "GPU temperature (in C).",
-    "DCGM_FI_DEV_POWER_USAGE": "Power draw (in W).",
-    "DCGM_FI_DEV_POWER_MGMT_LIMIT": "Current power limit (in W).",
-    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": "Total energy consumption since boot (in mJ).",
-    "DCGM_FI_DEV_SM_CLOCK": "SM clock frequency (in MHz).",
-    "DCGM_FI_DEV_MEM_CLOCK": "Memory clock frequency (in MHz).",
-    "DCGM_FI_DEV_GPU_UTIL": "GPU utilization (in %).",
-    "DCGM_FI_DEV_MEM_COPY_UTIL": "Memory utilization (in %).",
-    "DCGM_FI_DEV_FB_FREE": "Framebuffer memory free (in MiB).",
-    "DCGM_FI_DEV_FB_USED": "Framebuffer memory used (in MiB).",
-    "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": "Current clock event reasons (bitmask).",
-    "DCGM_FI_DEV_PERSISTENCE_MODE": "Persistence mode (1 enabled).",
-    "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": "Total number of single-bit volatile ECC errors.",
-    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": "Total number of double-bit volatile ECC errors.",
-    "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL": "Total number of single-bit persistent ECC errors.",
-    "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL": "Total number of double-bit persistent ECC errors.",
-    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": "Number of remapped rows for correctable errors",
-    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": "Number of remapped rows for uncorrectable errors",
-    "DCGM_FI_DEV_ROW_REMAP_PENDING": "Whether remapping of rows is pending",
-    "DCGM_FI_DEV_ROW_REMAP_FAILURE": "Whether remapping of rows has failed",
-    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": "Total number of PCIe retries.",
-    "DCGM_FI_DEV_MIG_MODE": "MIG mode (1 enabled).",
-    "DCGM_FI_DEV_XID_ERRORS": "Value of the last XID error encountered.",
-    "gpufleet_gpu_mig_layout_match": "1 when MIG mode and GPU instances are the layout gpufleet applied, else 0.",
+SETTINGS_DIR = "/etc/gpufleet"
+LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "DCGM_FI_DRIVER_VERSION")
+XID_METRIC = "DCGM_FI_DEV_XID_ERRORS"
+
+# name -> (Prometheus type as dcgm-exporter's counters file gives it, help); the order is the exposition order
+METRICS = {
+    "DCGM_FI_DEV_GPU_TEMP": ("gauge", "GPU temperature (in C)."),
+    "DCGM_FI_DEV_MEMORY_TEMP": ("gauge", "Memory temperature (in C)."),
+    "DCGM_FI_DEV_SLOWDOWN_TEMP": ("gauge", "Slowdown temperature threshold of the GPU (in C)."),
+    "DCGM_FI_DEV_SHUTDOWN_TEMP": ("gauge", "Shutdown temperature threshold of the GPU (in C)."),
+    "DCGM_FI_DEV_POWER_USAGE": ("gauge", "Power draw (in W)."),
+    "DCGM_FI_DEV_POWER_MGMT_LIMIT": ("gauge", "Current power limit (in W)."),
+    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": ("counter", "Total energy consumption since boot (in mJ)."),
+    "DCGM_FI_DEV_SM_CLOCK": ("gauge", "SM clock frequency (in MHz)."),
+    "DCGM_FI_DEV_MEM_CLOCK": ("gauge", "Memory clock frequency (in MHz)."),
+    "DCGM_FI_DEV_GPU_UTIL": ("gauge", "GPU utilization (in %)."),
+    "DCGM_FI_DEV_MEM_COPY_UTIL": ("gauge", "Memory utilization (in %)."),
+    "DCGM_FI_DEV_FB_FREE": ("gauge", "Framebuffer memory free (in MiB)."),
+    "DCGM_FI_DEV_FB_USED": ("gauge", "Framebuffer memory used (in MiB)."),
+    "DCGM_FI_DEV_FB_RESERVED": ("gauge", "Framebuffer memory reserved (in MiB)."),
+    "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": ("gauge", "Current clock event reasons (bitmask)."),
+    "DCGM_FI_DEV_PERSISTENCE_MODE": ("gauge", "Persistence mode (1 enabled)."),
+    "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": ("counter", "Total number of single-bit volatile ECC errors."),
+    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": ("counter", "Total number of double-bit volatile ECC errors."),
+    "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL": ("counter", "Total number of single-bit persistent ECC errors."),
+    "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL": ("counter", "Total number of double-bit persistent ECC errors."),
+    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": ("counter", "Number of remapped rows for correctable errors"),
+    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": ("counter", "Number of remapped rows for uncorrectable errors"),
+    "DCGM_FI_DEV_ROW_REMAP_PENDING": ("gauge", "Whether remapping of rows is pending"),
+    "DCGM_FI_DEV_ROW_REMAP_FAILURE": ("gauge", "Whether remapping of rows has failed"),
+    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": ("counter", "Total number of PCIe retries."),
+    "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL": ("counter", "Total number of NVLink flow-control CRC errors."),
+    "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL": ("counter", "Total number of NVLink data CRC errors."),
+    "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL": ("counter", "Total number of NVLink retries."),
+    "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL": ("counter", "Total number of NVLink recovery errors."),
+    "DCGM_FI_DEV_MIG_MODE": ("gauge", "MIG mode (1 enabled)."),
+    XID_METRIC: ("gauge", "Value of the last XID error encountered."),
+    "DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION": ("gauge", "Recovery action the driver asks for (nvmlGpuRecoveryAction_t: "
+                                            "0 none; 1 GPU reset; 2 node reboot; 3 drain P2P; 4 drain and reset)."),
+    "gpufleet_gpu_mig_layout_match": ("gauge",
+                                      "1 when MIG mode and GPU instances are the layout gpufleet applied, else 0."),
 }
+# DCGM's floating-point fields (printed with six decimals as dcgm-exporter prints them); the others are integers
+DOUBLE_FIELDS = ("DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_POWER_MGMT_LIMIT")
+# NVML field values read per GPU: field id -> metric (DCGM reads these fields through nvmlDeviceGetFieldValues too)
+FIELD_VALUES = {
+    pynvml.NVML_FI_DEV_MEMORY_TEMP: "DCGM_FI_DEV_MEMORY_TEMP",
+    pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: "DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION",
+    pynvml.NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL: "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+    pynvml.NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL: "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
+    pynvml.NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL: "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
+    pynvml.NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL: "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
+}
+_FIELD_VALUE_TYPES = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
+
+
+class Family:
+    """One metric of the exposition: name, Prometheus type, help and samples ([(label, value)] pairs, value)."""
+
+    def __init__(self, name: str, kind: str, help_text: str):
+        self.name, self.kind, self.help = name, kind, help_text
+        self.samples: list[tuple[list[tuple[str, str]], float]] = []
+
+    def add(self, labels, value: float) -> None:
+        self.samples.append((list(labels), value))
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _value(name: str, value: float) -> str:
+    if name in DOUBLE_FIELDS:
+        return f"{value:f}"
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+def exposition(families) -> str:
+    """Prometheus text format 0.0.4 of ``families``, each with its own name and type (prometheus-client would append
+    ``_total`` to a counter's name: dcgm-exporter's counters keep theirs)."""
+    out = []
+    for family in families:
+        if not family.samples:
+            continue
+        out += [f"# HELP {family.name} {family.help}", f"# TYPE {family.name} {family.kind}"]
+        for labels, value in family.samples:
+            text = ",".join(f'{k}="{_escape(str(v))}"' for k, v in labels)
+            out.append(f"{family.name}{{{text}}} {_value(family.name, value)}" if text
+                       else f"{family.name} {_value(family.name, value)}")
+    return "\n".join(out) + "\n" if out else ""
 
 
 def _nvml_optional(call, *args):
@@ -252,42 +329,40 @@ class GpuCollector:
                 self.init_error = str(error)
         return self.initialized
 
-    def collect(self):
+    def families(self) -> list[Family]:
+        """Every metric of one collection, in exposition order."""
         with self.lock:
             ready = self._nvml_ready()
             samples, errors = self._read() if ready else ({}, 0)
-        yield from self._xid_families(samples)
-        up = GaugeMetricFamily("gpufleet_gpu_exporter_nvml_up", "1 when NVML answers (the driver is loaded).",
-                               labels=("hostname",))
-        up.add_metric((self.hostname,), 1 if ready else 0)
-        yield up
-        for name, help_text in _HELP.items():
-            family = GaugeMetricFamily(name, help_text, labels=LABELS)
+        out = list(self._xid_families(samples))
+        up = Family("gpufleet_gpu_exporter_nvml_up", "gauge", "1 when NVML answers (the driver is loaded).")
+        up.add([("hostname", self.hostname)], 1 if ready else 0)
+        out.append(up)
+        for name, (kind, help_text) in METRICS.items():
+            family = Family(name, kind, help_text)
             for labels, value in samples.get(name, []):
-                family.add_metric(labels, value)
-            yield family
-        errors_family = GaugeMetricFamily("gpufleet_gpu_exporter_errors",
-                                          "GPUs NVML could not read in this scrape.", labels=("hostname",))
-        errors_family.add_metric((self.hostname,), errors)
-        yield errors_family
+                family.add(labels, value)
+            out.append(family)
+        errors_family = Family("gpufleet_gpu_exporter_errors", "gauge", "GPUs NVML could not read in this scrape.")
+        errors_family.add([("hostname", self.hostname)], errors)
+        out.append(errors_family)
+        return out
 
     def _xid_families(self, samples):
         """The Xid counter and the events-supported flag, labelled like the GPU's other series."""
         if self.xids is None:
             return
         _, counts, supported = self.xids.snapshot()
-        labels_of = {labels[1]: labels for labels, _ in samples.get("DCGM_FI_DEV_GPU_TEMP", [])}
-        flag = GaugeMetricFamily("gpufleet_gpu_exporter_xid_events_supported",
-                                 "1 when NVML delivers Xid events for this GPU (else no Xid series for it).",
-                                 labels=LABELS)
-        total = CounterMetricFamily("gpufleet_gpu_xid_errors", "Xid errors of this GPU since the exporter started.",
-                                    labels=(*LABELS, "xid"))
+        labels_of = {dict(labels)["UUID"]: labels for labels, _ in samples.get("DCGM_FI_DEV_GPU_TEMP", [])}
+        flag = Family("gpufleet_gpu_exporter_xid_events_supported", "gauge",
+                      "1 when NVML delivers Xid events for this GPU (else no Xid series for it).")
+        total = Family("gpufleet_gpu_xid_errors_total", "counter", "Xid errors of this GPU since the exporter started.")
         for uuid, labels in labels_of.items():
             if uuid in supported:
-                flag.add_metric(labels, 1 if supported[uuid] else 0)
+                flag.add(labels, 1 if supported[uuid] else 0)
         for (uuid, code), count in sorted(counts.items()):
             if uuid in labels_of:
-                total.add_metric((*labels_of[uuid], str(code)), count)
+                total.add([*labels_of[uuid], ("xid", str(code))], count)
         yield flag
         yield total
 
@@ -308,10 +383,17 @@ class GpuCollector:
         uuid = _text(pynvml.nvmlDeviceGetUUID(h))
         bus = _text(pynvml.nvmlDeviceGetPciInfo(h).busId)
         minor = _nvml_optional(pynvml.nvmlDeviceGetMinorNumber, h)
-        labels = (str(index), uuid, bus, f"nvidia{minor if minor is not None else index}",
-                  _text(pynvml.nvmlDeviceGetName(h)), self.hostname, driver)
+        labels = [("gpu", str(index)), ("UUID", uuid), ("pci_bus_id", bus),
+                  ("device", f"nvidia{minor if minor is not None else index}"),
+                  ("modelName", _text(pynvml.nvmlDeviceGetName(h))), ("Hostname", self.hostname),
+                  ("DCGM_FI_DRIVER_VERSION", driver)]
         values = {}
         values["DCGM_FI_DEV_GPU_TEMP"] = pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU)
+        values.update(self._field_values(h))
+        values["DCGM_FI_DEV_SLOWDOWN_TEMP"] = _nvml_optional(pynvml.nvmlDeviceGetTemperatureThreshold, h,
+                                                             pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN)
+        values["DCGM_FI_DEV_SHUTDOWN_TEMP"] = _nvml_optional(pynvml.nvmlDeviceGetTemperatureThreshold, h,
+                                                             pynvml.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN)
         draw = _nvml_optional(pynvml.nvmlDeviceGetPowerUsage, h)
         values["DCGM_FI_DEV_POWER_USAGE"] = None if draw is None else draw / 1000.0
         limit = _nvml_optional(pynvml.nvmlDeviceGetPowerManagementLimit, h)
@@ -324,10 +406,7 @@ class GpuCollector:
         if util is not None:
             values["DCGM_FI_DEV_GPU_UTIL"] = util.gpu
             values["DCGM_FI_DEV_MEM_COPY_UTIL"] = util.memory
-        memory = _nvml_optional(pynvml.nvmlDeviceGetMemoryInfo, h)
-        if memory is not None:
-            values["DCGM_FI_DEV_FB_FREE"] = memory.free // (1024 * 1024)
-            values["DCGM_FI_DEV_FB_USED"] = memory.used // (1024 * 1024)
+        values.update(self._memory(h))
         values["DCGM_FI_DEV_CLOCKS_EVENT_REASONS"] = _nvml_optional(
             pynvml.nvmlDeviceGetCurrentClocksEventReasons, h)
         persistence = _nvml_optional(pynvml.nvmlDeviceGetPersistenceMode, h)
@@ -347,16 +426,52 @@ class GpuCollector:
         mig_mode = _nvml_optional(pynvml.nvmlDeviceGetMigMode, h)
         current_mig = None if mig_mode is None else mig_mode[0]
         values["DCGM_FI_DEV_MIG_MODE"] = current_mig
-        if self.xids is not None:
-            last, _, supported = self.xids.snapshot()
-            if supported.get(uuid):
-                values["DCGM_FI_DEV_XID_ERRORS"] = last.get(uuid, 0)
         wanted = mig.get(norm_bus(bus))
         if wanted is not None:
             values["gpufleet_gpu_mig_layout_match"] = self._mig_match(h, wanted, current_mig)
         for name, value in values.items():
             if value is not None:
                 samples.setdefault(name, []).append((labels, float(value)))
+        if self.xids is not None:
+            last, _, supported = self.xids.snapshot()
+            if supported.get(uuid):  # dcgm-exporter's shape: the last Xid, with its code and text as labels
+                code = last.get(uuid, 0)
+                samples.setdefault(XID_METRIC, []).append(
+                    ([*labels, ("err_code", str(code)), ("err_msg", err_msg(code))], float(code)))
+
+    @staticmethod
+    def _memory(handle) -> dict:
+        """FB_USED / FB_FREE / FB_RESERVED in MiB as DCGM reads them: NVML's v2 memory info (used without the
+        driver's reserved memory); v1 where the driver has no v2 (its used includes the reserved memory)."""
+        mib = 1024 * 1024
+        try:
+            memory = pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2)
+        except pynvml.NVMLError as error:
+            if error.value not in (pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,
+                                   pynvml.NVML_ERROR_NOT_SUPPORTED):
+                raise
+            memory = _nvml_optional(pynvml.nvmlDeviceGetMemoryInfo, handle)
+            if memory is None:
+                return {}
+            return {"DCGM_FI_DEV_FB_FREE": memory.free // mib, "DCGM_FI_DEV_FB_USED": memory.used // mib}
+        return {"DCGM_FI_DEV_FB_FREE": memory.free // mib, "DCGM_FI_DEV_FB_USED": memory.used // mib,
+                "DCGM_FI_DEV_FB_RESERVED": memory.reserved // mib}
+
+    @staticmethod
+    def _field_values(handle) -> dict:
+        """The NVML field values of FIELD_VALUES (one call); a field the GPU does not support is left out."""
+        try:
+            found = pynvml.nvmlDeviceGetFieldValues(handle, list(FIELD_VALUES))
+        except pynvml.NVMLError as error:
+            if error.value in (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND):
+                return {}
+            raise
+        values = {}
+        for value in found:
+            member = _FIELD_VALUE_TYPES.get(value.valueType)
+            if value.nvmlReturn == pynvml.NVML_SUCCESS and member is not None:
+                values[FIELD_VALUES[value.fieldId]] = getattr(value.value, member)
+        return values
 
     @staticmethod
     def _mig_match(handle, wanted: dict, current_mig) -> int:
@@ -375,12 +490,42 @@ def parse_listen(text: str) -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
-def build_registry(settings_dir: str = SETTINGS_DIR, hostname: str | None = None,
-                   xids: XidWatcher | None = None) -> CollectorRegistry:
+def scrape_text(collector: GpuCollector, process: CollectorRegistry | None = None) -> str:
+    """One scrape: the GPU metrics in dcgm-exporter's exposition, then the exporter's own process metrics."""
+    text = exposition(collector.families())
+    return text + (generate_latest(process).decode() if process is not None else "")
+
+
+def process_registry() -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(GpuCollector(settings_dir, hostname, xids))
     registry.register(ProcessCollector(registry=None))
     return registry
+
+
+def serve(address: str, port: int, collector: GpuCollector) -> ThreadingHTTPServer:
+    """``/metrics`` on ADDRESS:PORT (text format 0.0.4, as dcgm-exporter serves it), in a background thread."""
+    process = process_registry()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            if self.path.split("?")[0] != "/metrics":
+                self.send_error(404)
+                return
+            body = scrape_text(collector, process).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    server_class = type("Server", (ThreadingHTTPServer,), {"address_family": family, "daemon_threads": True})
+    server = server_class((address, port), Handler)
+    threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
+    return server
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -389,9 +534,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--settings-dir", default=SETTINGS_DIR)
     args = parser.parse_args(argv)
     xids = XidWatcher().start()
-    registry = build_registry(args.settings_dir, xids=xids)
     address, port = args.listen
-    start_http_server(port, addr=address, registry=registry)
+    serve(address, port, GpuCollector(args.settings_dir, xids=xids))
     print(f"gpufleet-gpu-exporter: listening on {address}:{port}", flush=True)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

@@ -48,23 +48,34 @@ DESIRED_TEXTFILE = "gpufleet_desired.prom"
 PYTHON = "/usr/bin/python3"
 
 # NVIDIA's package names (CUDA repository, DCGM 4): the host engine and the exporter, versions paired by apt's
-# dependency of the exporter on the core package.
+# dependency of the exporter on the core package; the proprietary package carries the profiling module that
+# DCGM_FI_PROF_* need on Ampere and earlier (dcgm-exporter's README).
 DCGM_PACKAGES = ("datacenter-gpu-manager-4-core", "datacenter-gpu-manager-exporter")
+DCGM_PROFILING_PACKAGE = "datacenter-gpu-manager-4-proprietary"
+# NVIDIA's units: DCGM's (nv-hostengine, listening on 127.0.0.1:5555) and the exporter package's
+# (packaging/config-files/systemd/nvidia-dcgm-exporter.service of NVIDIA/dcgm-exporter).
 DCGM_UNIT = "nvidia-dcgm.service"
-DCGM_EXPORTER_UNIT = "dcgm-exporter.service"
+DCGM_EXPORTER_UNIT = "nvidia-dcgm-exporter.service"
 DCGM_EXPORTER_BINARY = "/usr/bin/dcgm-exporter"
+# dcgm-exporter's -r/--remote-hostengine-info: the host engine nvidia-dcgm.service runs (nv-hostengine's default port
+# and bind address); without it dcgm-exporter embeds a second host engine.
+DCGM_HOSTENGINE = "localhost:5555"
 DCGM_COUNTERS = "/etc/dcgm-exporter/gpufleet-counters.csv"
 DCGM_DROP_IN = f"/etc/systemd/system/{DCGM_EXPORTER_UNIT}.d/gpufleet.conf"
+# written by earlier versions under a unit name NVIDIA's package does not have: removed
+OLD_DCGM_DROP_IN = "/etc/systemd/system/dcgm-exporter.service.d/gpufleet.conf"
 # the textfile directory is a setting: its default is read together with the other files
 read_together(NODE_EXPORTER_UNIT, NVML_UNIT, DCGM_UNIT, DCGM_EXPORTER_UNIT,
               files=(NODE_EXPORTER_DEFAULTS, NVML_BUNDLE, NVML_SETTINGS, NVML_UNIT_PATH, DCGM_COUNTERS, DCGM_DROP_IN,
-                     DEFAULT_TEXTFILE_DIR, posixpath.join(DEFAULT_TEXTFILE_DIR, DESIRED_TEXTFILE)))
+                     OLD_DCGM_DROP_IN, DEFAULT_TEXTFILE_DIR, posixpath.join(DEFAULT_TEXTFILE_DIR, DESIRED_TEXTFILE)))
 
 # The counters the alerts and dashboards need (dcgm-exporter's default file comments out ECC, Xid counts,
 # clock events and NVLink errors). (field, type, help); profiling fields only on GPUs that have them.
 HEALTH_COUNTERS = (
     ("DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature (in C)."),
     ("DCGM_FI_DEV_MEMORY_TEMP", "gauge", "Memory temperature (in C)."),
+    ("DCGM_FI_DEV_SLOWDOWN_TEMP", "gauge", "Slowdown temperature threshold of the GPU (in C)."),
+    ("DCGM_FI_DEV_SHUTDOWN_TEMP", "gauge", "Shutdown temperature threshold of the GPU (in C)."),
     ("DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W)."),
     ("DCGM_FI_DEV_POWER_MGMT_LIMIT", "gauge", "Current power limit (in W)."),
     ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "counter", "Total energy consumption since boot (in mJ)."),
@@ -74,9 +85,12 @@ HEALTH_COUNTERS = (
     ("DCGM_FI_DEV_MEM_COPY_UTIL", "gauge", "Memory utilization (in %)."),
     ("DCGM_FI_DEV_FB_FREE", "gauge", "Framebuffer memory free (in MiB)."),
     ("DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used (in MiB)."),
+    ("DCGM_FI_DEV_FB_RESERVED", "gauge", "Framebuffer memory reserved (in MiB)."),
     ("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "gauge", "Current clock event reasons (bitmask)."),
     ("DCGM_FI_DEV_PERSISTENCE_MODE", "gauge", "Persistence mode (1 enabled)."),
     ("DCGM_FI_DEV_XID_ERRORS", "gauge", "Value of the last XID error encountered."),
+    ("DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION", "gauge", "Recovery action the driver asks for (nvmlGpuRecoveryAction_t: "
+     "0 none; 1 GPU reset; 2 node reboot; 3 drain P2P; 4 drain and reset)."),
     ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "counter", "Total number of PCIe retries."),
     ("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "counter", "Total number of single-bit volatile ECC errors."),
     ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "counter", "Total number of double-bit volatile ECC errors."),
@@ -153,9 +167,17 @@ def nvml_unit_text(listen: str) -> str:
                   settings_dir=SETTINGS_DIR)
 
 
-def dcgm_drop_in_text(listen: str) -> str:
-    return ("# Managed by gpufleet (stage exporters)\n[Service]\nExecStart=\n"
-            f"ExecStart={DCGM_EXPORTER_BINARY} -f {DCGM_COUNTERS} -a {listen}\n")
+def dcgm_drop_in_text(listen: str, collect_interval_ms: int) -> str:
+    """The drop-in of NVIDIA's unit: our counters file, listen address and collect interval, the one host engine
+    (``nvidia-dcgm.service``, started first and required), and restarts after any failure (the packaged unit
+    restarts on abort only: a start before the host engine listens would stay failed)."""
+    argv = [DCGM_EXPORTER_BINARY, "-f", DCGM_COUNTERS, "-a", listen, "-c", str(collect_interval_ms),
+            "-r", DCGM_HOSTENGINE]
+    return ("# Managed by gpufleet (stage exporters)\n"
+            f"[Unit]\nRequires={DCGM_UNIT}\nAfter={DCGM_UNIT}\n\n"
+            "[Service]\nExecStart=\n"
+            f"ExecStart={' '.join(shlex.quote(a) for a in argv)}\n"
+            "Restart=on-failure\nRestartSec=2s\n")
 
 
 def _put_bytes(current: dict | None, path: str, data: bytes, mode: str = "644"):
@@ -283,7 +305,8 @@ def desired_state(textfile_dir: str, gpus: list[dict], lost: list[str] | tuple =
 
 
 @operation()
-def gpu_exporter(kind: str, listen: str = "0.0.0.0:9400", profiling: bool = False):
+def gpu_exporter(kind: str, listen: str = "0.0.0.0:9400", profiling: bool = False, profiling_package: bool = False,
+                 collect_interval_ms: int = 15_000):
     """
     Run one GPU exporter on dcgm-exporter's port and names: NVIDIA's (``dcgm``) or gpufleet's (``nvml``).
 
@@ -291,13 +314,16 @@ def gpu_exporter(kind: str, listen: str = "0.0.0.0:9400", profiling: bool = Fals
       ``none`` (both stopped and disabled)
     + listen: ``ADDRESS:PORT`` the exporter listens on
     + profiling: ``dcgm``: export the ``DCGM_FI_PROF_*`` counters (datacenter GPUs only)
+    + profiling_package: ``dcgm``: install ``datacenter-gpu-manager-4-proprietary`` (profiling on Ampere and earlier)
+    + collect_interval_ms: ``dcgm``: how often dcgm-exporter collects (``-c``), the scrape interval
 
     ``nvml``: uploads ``/opt/gpufleet/exporter/gpufleet-gpu-exporter.pyz`` (the exporter with nvidia-ml-py and
     prometheus-client: no pip, no internet on the node) and the hardened unit
     ``gpufleet-exporter.service`` (dynamic unprivileged user, no capabilities, read-only system).
     ``dcgm``: installs ``datacenter-gpu-manager-4-core`` and ``datacenter-gpu-manager-exporter``, writes the
     counters file ``/etc/dcgm-exporter/gpufleet-counters.csv`` (the health counters the alerts need switched
-    on) and a drop-in that runs dcgm-exporter with it on ``listen``; ``nvidia-dcgm`` and ``dcgm-exporter`` are
+    on) and a drop-in of NVIDIA's ``nvidia-dcgm-exporter.service`` that runs dcgm-exporter with it on ``listen``
+    against the host engine of ``nvidia-dcgm.service`` (``-r localhost:5555``: one host engine); both units are
     enabled and running. The other kind's exporter is stopped and disabled. Restarts only when a file changed.
 
     **Example:**
@@ -308,11 +334,12 @@ def gpu_exporter(kind: str, listen: str = "0.0.0.0:9400", profiling: bool = Fals
 
         exporters.gpu_exporter(name="GPU exporter", kind="nvml", listen="0.0.0.0:9400")
     """
-    managed = get_state(paths=(NVML_BUNDLE, NVML_SETTINGS, NVML_UNIT_PATH, DCGM_COUNTERS, DCGM_DROP_IN),
-                        units=(NVML_UNIT, DCGM_UNIT, DCGM_EXPORTER_UNIT))
+    managed = get_state(paths=(NVML_BUNDLE, NVML_SETTINGS, NVML_UNIT_PATH, DCGM_COUNTERS, DCGM_DROP_IN,
+                               OLD_DCGM_DROP_IN), units=(NVML_UNIT, DCGM_UNIT, DCGM_EXPORTER_UNIT))
     files, units = managed["files"], managed["units"]
     commands = []
     commands += remove_file(files[NVML_SETTINGS], NVML_SETTINGS)  # the desired values moved to a textfile
+    commands += remove_file(files[OLD_DCGM_DROP_IN], OLD_DCGM_DROP_IN)
     if kind != "nvml":
         commands += _stop_and_disable(units[NVML_UNIT], NVML_UNIT)
         commands += remove_file(files[NVML_UNIT_PATH], NVML_UNIT_PATH)
@@ -326,9 +353,9 @@ def gpu_exporter(kind: str, listen: str = "0.0.0.0:9400", profiling: bool = Fals
     elif kind == "dcgm":
         if not (yield from _require_apt()):
             return
-        yield from _apt_install(list(DCGM_PACKAGES))
+        yield from _apt_install([*DCGM_PACKAGES, *([DCGM_PROFILING_PACKAGE] if profiling_package else [])])
         changed = list(put_file(files[DCGM_COUNTERS], DCGM_COUNTERS, counters_csv(profiling)))
-        changed += put_file(files[DCGM_DROP_IN], DCGM_DROP_IN, dcgm_drop_in_text(listen))
+        changed += put_file(files[DCGM_DROP_IN], DCGM_DROP_IN, dcgm_drop_in_text(listen, collect_interval_ms))
         commands += changed
         commands += _converge_service(units[DCGM_UNIT], DCGM_UNIT, False)
         commands += _converge_service(units[DCGM_EXPORTER_UNIT], DCGM_EXPORTER_UNIT, bool(changed))

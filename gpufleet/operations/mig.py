@@ -44,6 +44,7 @@ from ._systemd import (
     render,
     systemctl,
 )
+from .exporters import DCGM_EXPORTER_UNIT, DCGM_UNIT, NVML_UNIT
 from .lock import node_lock_command
 
 LAYOUT_PATH = MIG_LAYOUT
@@ -59,11 +60,10 @@ STATUS_PATH = "/run/gpufleet/mig-reboot-required"
 # Services that keep GPUs open, in the order they are stopped (they are started again in reverse order):
 # consumers first (exporters, DCGM's nv-hostengine), then the driver's daemons. Absent ones are skipped.
 DEFAULT_HOLDER_SERVICES = (
-    "gpufleet-exporter.service",
-    "dcgm-exporter.service",
-    "nvidia-dcgm-exporter.service",
-    "nvidia-dcgm.service",
-    "dcgm.service",
+    NVML_UNIT,
+    DCGM_EXPORTER_UNIT,
+    DCGM_UNIT,
+    "dcgm.service",  # the Alias= of DCGM's packaged nvidia-dcgm.service: the same unit by its other name
     "nvidia-fabricmanager.service",
     "nvidia-persistenced.service",
 )
@@ -71,8 +71,8 @@ read_together(UNIT, *DEFAULT_HOLDER_SERVICES, files=(LAYOUT_PATH, APPLIER, LOCKE
               contents=(LAYOUT_PATH, STATUS_PATH))
 # The boot unit runs once the driver's daemons are up, and before what reads MIG devices or GPU settings.
 UNIT_AFTER = ("systemd-modules-load.service", "nvidia-persistenced.service", "nvidia-fabricmanager.service")
-UNIT_BEFORE = ("gpufleet-power-limits.service", "gpufleet-gpu-clocks.service", "nvidia-dcgm.service",
-               "dcgm-exporter.service", "gpufleet-exporter.service")
+UNIT_BEFORE = ("gpufleet-power-limits.service", "gpufleet-gpu-clocks.service", DCGM_UNIT, DCGM_EXPORTER_UNIT,
+               NVML_UNIT)
 
 _MODES = {True: "Enabled", False: "Disabled"}
 

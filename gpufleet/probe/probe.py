@@ -34,7 +34,7 @@ PROBE_VERSION = "0.1.0"
 DEFAULT_SERVICES = (
     "nvidia-persistenced",
     "nvidia-fabricmanager",
-    "dcgm-exporter",
+    "nvidia-dcgm-exporter",
     "nvidia-dcgm",
     "node_exporter",
 )

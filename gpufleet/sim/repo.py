@@ -21,7 +21,7 @@ import textwrap
 from email.utils import formatdate
 from pathlib import Path
 
-from . import network
+from . import dcgm_files, network
 from .paths import cache_dir, sim_dir
 
 PORT = 8731
@@ -116,51 +116,23 @@ fi
 """
 
 
-DCGM_VERSION = "4.2.3"
-DCGM_EXPORTER_VERSION = "4.2.3-4.1.3"
-
-DCGM_UNIT = """\
-[Unit]
-Description=NVIDIA DCGM service
-Wants=network-online.target
-After=network-online.target
-
-[Service]
-User=root
-PrivateTmp=false
-ExecStart=/usr/bin/nv-hostengine -n --service-account nvidia-dcgm
-Restart=on-abort
-
-[Install]
-WantedBy=multi-user.target
-"""
-
-DCGM_EXPORTER_UNIT = """\
-[Unit]
-Description=NVIDIA DCGM exporter
-Wants=nvidia-dcgm.service
-After=nvidia-dcgm.service
-
-[Service]
-ExecStart=/usr/bin/dcgm-exporter -f /etc/dcgm-exporter/default-counters.csv
-Restart=on-failure
-RestartSec=2s
-
-[Install]
-WantedBy=multi-user.target
-"""
-
-DCGM_DEFAULT_COUNTERS = """\
-# Format
-# DCGM FIELD, Prometheus metric type, help message
-DCGM_FI_DEV_SM_CLOCK,  gauge, SM clock frequency (in MHz).
-DCGM_FI_DEV_MEM_CLOCK, gauge, Memory clock frequency (in MHz).
-DCGM_FI_DEV_GPU_TEMP,    gauge, GPU temperature (in C).
-DCGM_FI_DEV_POWER_USAGE,              gauge, Power draw (in W).
-DCGM_FI_DEV_GPU_UTIL,      gauge, GPU utilization (in %).
-DCGM_FI_DEV_FB_FREE, gauge, Framebuffer memory free (in MiB).
-DCGM_FI_DEV_FB_USED, gauge, Framebuffer memory used (in MiB).
-DCGM_FI_DRIVER_VERSION,        label, Driver Version
+# NVIDIA's DCGM packages as the simulator offers them: the release of dcgm-exporter whose facts are recorded in
+# tests/reference/upstream (its DCGM version first), with stand-in binaries (simgpu/dcgm.py) and the units and default
+# counters file gpufleet writes with the packaged files' directives and rows (dcgm_files.py).
+DCGM_VERSION = "4.5.3"
+DCGM_EXPORTER_VERSION = "4.5.3-4.8.2"
+DCGM_PROFILING_PACKAGE = "datacenter-gpu-manager-4-proprietary"
+# DCGM's postinst (scripts/deb/postinst): the service account of nvidia-dcgm.service and DCGM_HOME_DIR
+DCGM_POSTINST = """\
+#!/bin/sh
+set -e
+if [ "$1" = configure ]; then
+    getent passwd nvidia-dcgm >/dev/null || useradd -Urs /usr/sbin/nologin nvidia-dcgm
+    mkdir -p /var/log/nvidia-dcgm
+    if [ -d /run/systemd/system ]; then
+        systemctl daemon-reload || true
+    fi
+fi
 """
 
 
@@ -170,23 +142,29 @@ def _dcgm_wrapper(program: str) -> str:
 
 def _dcgm_tree(work: Path, package: str, version: str, revision: str) -> Path:
     tree = work / package
-    (tree / "usr/bin").mkdir(parents=True)
-    (tree / "lib/systemd/system").mkdir(parents=True)
-    (tree / "DEBIAN").mkdir()
+    (tree / "DEBIAN").mkdir(parents=True)
     if package == "datacenter-gpu-manager-4-core":
+        (tree / "usr/bin").mkdir(parents=True)
         (tree / "usr/bin/nv-hostengine").write_text(_dcgm_wrapper("nv-hostengine"))
         (tree / "usr/bin/nv-hostengine").chmod(0o755)
-        (tree / "lib/systemd/system/nvidia-dcgm.service").write_text(DCGM_UNIT)
+        (tree / "DEBIAN/postinst").write_text(DCGM_POSTINST)
+        (tree / "DEBIAN/postinst").chmod(0o755)
         control = _control(package, f"1:{version}-{revision}", "NVIDIA Datacenter GPU Manager (core)",
                            Depends="nvidia-driver-sim")
+    elif package == DCGM_PROFILING_PACKAGE:
+        (tree / "usr/lib/gpufleet-sim").mkdir(parents=True)
+        (tree / "usr/lib/gpufleet-sim/dcgm-proprietary").write_text("profiling module (simulated)\n")
+        control = _control(package, f"1:{version}-{revision}", "NVIDIA Datacenter GPU Manager (proprietary modules)",
+                           Depends=f"datacenter-gpu-manager-4-core (= 1:{version}-{revision})")
     else:
+        (tree / "usr/bin").mkdir(parents=True)
         (tree / "usr/bin/dcgm-exporter").write_text(_dcgm_wrapper("dcgm-exporter"))
         (tree / "usr/bin/dcgm-exporter").chmod(0o755)
-        (tree / "etc/dcgm-exporter").mkdir(parents=True)
-        (tree / "etc/dcgm-exporter/default-counters.csv").write_text(DCGM_DEFAULT_COUNTERS)
-        (tree / "lib/systemd/system/dcgm-exporter.service").write_text(DCGM_EXPORTER_UNIT)
         control = _control(package, f"1:{version}-{revision}", "NVIDIA DCGM exporter for Prometheus",
                            Depends=f"datacenter-gpu-manager-4-core (>= 1:{DCGM_VERSION})")
+    for relpath, text in dcgm_files.PACKAGE_FILES.get(package, {}).items():
+        (tree / relpath).parent.mkdir(parents=True, exist_ok=True)
+        (tree / relpath).write_text(text)
     (tree / "DEBIAN/control").write_text(control)
     return tree
 
@@ -273,13 +251,14 @@ def packages() -> list[tuple[str, str, str, str]]:
             (f"cuda-drivers-{branch}", version, "1", "cuda-drivers"),
         ]
     found += [("datacenter-gpu-manager-4-core", DCGM_VERSION, "1", "dcgm"),
+              (DCGM_PROFILING_PACKAGE, DCGM_VERSION, "1", "dcgm"),
               ("datacenter-gpu-manager-exporter", DCGM_EXPORTER_VERSION, "1", "dcgm")]
     return found
 
 
 def _source_key() -> str:
     digest = hashlib.sha256()
-    for path in sorted([*SIMGPU_DIR.glob("*.py"), *SIMGPU_DIR.glob("*.c"), Path(__file__)]):
+    for path in sorted([*SIMGPU_DIR.glob("*.py"), *SIMGPU_DIR.glob("*.c"), Path(dcgm_files.__file__), Path(__file__)]):
         digest.update(path.name.encode() + path.read_bytes())
     digest.update(repr(packages()).encode())
     return digest.hexdigest()[:12]

@@ -112,7 +112,8 @@ def grand_total(output: str) -> dict[str, str]:
     return dict(zip(("hosts", "success", "error", "no_change"), match.groups(), strict=True))
 
 
-EXPORTER_UNITS = ("gpufleet-exporter", "dcgm-exporter", "nvidia-dcgm", "prometheus-node-exporter")
+EXPORTER_UNITS = ("gpufleet-exporter", "nvidia-dcgm-exporter", "nvidia-dcgm",
+                  "prometheus-node-exporter")
 
 
 def exporter_units(fleet, names) -> str:

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from conftest import BIN, REPO, bring_up, gpufleet, grand_total, save_deb_cache, ssh
 
+from gpufleet.exporter.xid_err_msg import err_msg
 from gpufleet.monitoring import render
 from gpufleet.monitoring.config import seconds
 from gpufleet.sim import hosts
@@ -54,13 +55,14 @@ _hosts = {{name: data for key, group in _sim.items() if key.startswith("sim_") f
 monitoring = [({mon!r}, {{**_hosts[{mon!r}], **{monitoring}}})]
 gpu_nodes = [({dcgm!r}, {{**_hosts[{dcgm!r}], "gpufleet_exporters_gpu": "dcgm", "gpufleet_monitoring_cluster": "lab",
                           "gpufleet_monitoring_gpu_model": "h100-sxm", "gpufleet_power_limit": {power},
-                          **{dcgm_extra}}}),
+                          "gpufleet_monitoring_scrape_interval": {scrape!r}, **{dcgm_extra}}}),
              ({nvml!r}, {{**_hosts[{nvml!r}], "gpufleet_monitoring_cluster": "lab"}})]
 '''
 
 
 def write_inventory(path: Path, sim_inventory: Path, monitoring: dict | None = None, dcgm_extra: dict | None = None):
     path.write_text(INVENTORY.format(sim=str(sim_inventory), mon=MON, dcgm=DCGM_HOST, nvml=NVML_HOST, power=POWER_W,
+                                     scrape=SCRAPE,
                                      monitoring=repr(monitoring if monitoring is not None else MONITORING_DATA),
                                      dcgm_extra=repr(dcgm_extra or {})))
     return path
@@ -168,7 +170,9 @@ def test_one_series_per_gpu_from_both_exporters(mon):
     for host, model in ((DCGM_HOST, "NVIDIA H100 80GB HBM3"), (NVML_HOST, "NVIDIA GeForce RTX 4090")):
         metric = promql(mon, f'DCGM_FI_DEV_GPU_TEMP{{host="{host}",gpu="0"}}')[0]["metric"]
         assert metric["modelName"] == model and metric["UUID"] == simstate.gpu(sim_state(mon, host), 0)["uuid"]
-        assert metric["hostname"] == host and metric["pci_bus_id"] and metric["device"] == "nvidia0"
+        # released dcgm-exporter labels Hostname; with -r it is the host engine's host (localhost)
+        assert metric["Hostname"] == ("localhost" if host == DCGM_HOST else host) and "hostname" not in metric
+        assert metric["pci_bus_id"] and metric["device"] == "nvidia0"
 
 
 def test_overheat_alert_reaches_alertmanager_and_resolves(mon):
@@ -453,6 +457,99 @@ def test_verify_checks_the_exporters_and_its_textfile_reaches_prometheus(mon, tm
         assert verdicts["config.exporter.gpu"] == "fail" and proc.returncode == 1
     finally:
         ssh(mon, NVML_HOST, "systemctl start gpufleet-exporter.service")
+
+
+# ------------------------------------------------------------------------------------------------ dcgm-exporter as
+# NVIDIA packages it (issue 19): its own unit, one host engine, the collect interval, the label shapes
+
+def live_gpu_holders(fleet, host: str, gpu: int = 0) -> list[str]:
+    """The simulator's record of the processes holding a GPU open (the simulated NVML's clients), live ones only,
+    by name: read inside the host, where the pids are."""
+    script = ("import os, sys; sys.path.insert(0, '/usr/lib/gpufleet-sim'); from simgpu import state; "
+              "s = state.read_state(); "
+              f"print('\\n'.join(sorted(v for k, v in s.items() if k.startswith('gpu.{gpu}.client.') "
+              "and os.path.exists('/proc/' + k.rsplit('.', 1)[1]))))")
+    return ssh(fleet, host, f"python3 -S -c {json.dumps(script)}").stdout.split()
+
+
+def unit_directives(text: str) -> set[tuple[str, str, str]]:
+    """(section, key, value) of every directive of a unit file."""
+    section, found = "", set()
+    for line in map(str.strip, text.splitlines()):
+        if line.startswith("["):
+            section = line.strip("[]")
+        elif line and not line.startswith(("#", ";")):
+            key, value = line.split("=", 1)
+            found.add((section, key.strip(), value.strip()))
+    return found
+
+
+def test_dcgm_exporter_runs_as_nvidias_unit_against_the_one_host_engine(mon):
+    from tests import upstream
+
+    wait_all_up(mon)
+    show = ssh(mon, DCGM_HOST, "systemctl show nvidia-dcgm-exporter.service nvidia-dcgm.service "
+                               "-p Id,ActiveState,FragmentPath,DropInPaths,ExecStart").stdout
+    units = [dict(line.split("=", 1) for line in block.splitlines() if "=" in line) for block in show.split("\n\n")]
+    exporter, engine = units
+    assert (exporter["Id"], exporter["ActiveState"], engine["ActiveState"]) == (
+        "nvidia-dcgm-exporter.service", "active", "active")
+    assert exporter["DropInPaths"] == "/etc/systemd/system/nvidia-dcgm-exporter.service.d/gpufleet.conf"
+    assert " -c 2000 -r localhost:5555 " in exporter["ExecStart"]  # the node's scrape interval (2s), in ms
+    # the unit on the node is the package's, at NVIDIA's path (/lib is /usr/lib on merged-/usr Debian), with every
+    # directive NVIDIA's unit has; no unit under the name earlier versions used
+    relpath = "dcgm-exporter/packaging/config-files/systemd/nvidia-dcgm-exporter.service"
+    installed = upstream.recorded(relpath)["installed_as"]["path"]
+    assert exporter["FragmentPath"] in (installed, "/usr" + installed)
+    fragment = mon.host(DCGM_HOST).dir / "root" / exporter["FragmentPath"].lstrip("/")
+    on_node = unit_directives(fragment.read_text())
+    assert {(section, key, value) for section, directives in upstream.systemd_unit(relpath).items()
+            for key, value in directives} <= on_node
+    assert "0 unit files listed" in ssh(mon, DCGM_HOST, "systemctl list-unit-files dcgm-exporter.service",
+                                        check=False).stdout
+    # one DCGM host engine: nv-hostengine holds the GPUs, dcgm-exporter (no embedded engine) does not
+    for gpu in (0, 7):
+        holders = live_gpu_holders(mon, DCGM_HOST, gpu)
+        assert holders.count("nv-hostengine") == 1 and "dcgm-exporter" not in holders, holders
+    # read through the host engine: the series carry its host, as the release does with -r
+    series = promql(mon, f'DCGM_FI_DEV_GPU_TEMP{{host="{DCGM_HOST}"}}')
+    assert {r["metric"]["Hostname"] for r in series} == {"localhost"}
+
+
+def test_both_exporters_export_each_gpus_thresholds_and_recovery_action(mon):
+    wait_all_up(mon)
+    for host in (DCGM_HOST, NVML_HOST):
+        state = sim_state(mon, host)
+        count = simstate.gpu_count(state)
+        for metric, key in (("DCGM_FI_DEV_SLOWDOWN_TEMP", "temp.slowdown"),
+                            ("DCGM_FI_DEV_SHUTDOWN_TEMP", "temp.shutdown")):
+            found = wait_for(f"{metric} of {host}", lambda m=metric, h=host: promql(mon, f'{m}{{host="{h}"}}'))
+            assert {r["metric"]["gpu"]: float(r["value"][1]) for r in found} == {
+                str(i): float(simstate.gpu(state, i)[key]) for i in range(count)}, (host, metric)
+        actions = wait_for(f"the recovery action of {host}", lambda h=host: promql(
+            mon, f'DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION{{host="{h}"}}'))
+        assert sorted((r["metric"]["gpu"], r["value"][1]) for r in actions) == [(str(i), "0") for i in range(count)]
+
+
+def test_xid_series_carry_err_code_and_err_msg_on_both_paths(mon):
+    """Released dcgm-exporter labels each Xid with its code and text (a new series per Xid); the NVML exporter
+    answers in the same shape. The text on both is gpufleet's (NVIDIA's Xid catalog name), not dcgm-exporter's own."""
+    wait_all_up(mon)
+    wait_for("the NVML exporter registered for Xid events", lambda: promql(
+        mon, f'gpufleet_gpu_exporter_xid_events_supported{{host="{NVML_HOST}"}} == 1'))
+    for host in (DCGM_HOST, NVML_HOST):
+        gpufleet("sim", "fault", host, "xid", "--gpu", "0", "--code", "13")
+    try:
+        for host in (DCGM_HOST, NVML_HOST):
+            found = wait_for(f"Xid 13 of {host}", lambda h=host: promql(
+                mon, f'DCGM_FI_DEV_XID_ERRORS{{host="{h}",gpu="0",err_code="13"}}'))
+            assert found[0]["metric"]["err_msg"] == err_msg(13) and found[0]["value"][1] == "13"
+    finally:
+        for host in (DCGM_HOST, NVML_HOST):
+            gpufleet("sim", "fault", host, "clear")
+        ssh(mon, NVML_HOST, "systemctl restart gpufleet-exporter.service")
+    wait_for("the dcgm path's Xid back to none", lambda: promql(
+        mon, f'DCGM_FI_DEV_XID_ERRORS{{host="{DCGM_HOST}",gpu="0",err_code="0",err_msg="{err_msg(0)}"}}'))
 
 
 def _files(fleet, host: str, paths: tuple[str, ...]) -> dict[str, str]:

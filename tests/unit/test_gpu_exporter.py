@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -19,7 +20,6 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from gpufleet.exporter import bundle, bundle_files, write_bundle
 from gpufleet.sim.gpu import state as simstate
@@ -27,7 +27,9 @@ from gpufleet.sim.gpu.build_nvml import build
 from gpufleet.sim.hardware import build_state
 
 DRIVER = "580.95.05"
-DCGM_LABELS = {"gpu", "UUID", "pci_bus_id", "device", "modelName", "hostname", "DCGM_FI_DRIVER_VERSION"}
+DCGM_LABELS = {"gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "DCGM_FI_DRIVER_VERSION"}
+_SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{(.*)\})? (\S+)$")
+_LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
 
 @pytest.fixture(scope="module")
@@ -56,20 +58,39 @@ def node_env(root: Path) -> dict[str, str]:
                 GPUFLEET_SIM_DRIVER_VERSION_FILE=str(root / "driver-version"), PYTHONPATH="")
 
 
-def scrape(root: Path, pyz: Path, settings: Path | None = None) -> dict[str, list]:
-    """{metric: [(labels, value)]} of one collection, the bundle run by the system python (as on a node)."""
+def parse(text: str) -> tuple[dict[str, list], dict[str, str]]:
+    """({metric: [(labels, value)]}, {metric: type}) of a text exposition, names exactly as exposed (prometheus-client's
+    parser would rename a counter's samples to NAME_total)."""
+    metrics: dict[str, list] = {}
+    types: dict[str, str] = {}
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split(" ", 3)
+            types[name] = kind
+        elif line and not line.startswith("#"):
+            match = _SAMPLE.match(line)
+            assert match, line
+            name, labels, value = match.groups()
+            metrics.setdefault(name, []).append((dict(_LABEL.findall(labels or "")), float(value)))
+            assert name in types, f"{name}: a sample without its TYPE line"
+    return metrics, types
+
+
+def scrape_text(root: Path, pyz: Path, settings: Path | None = None) -> str:
+    """The exposition of one collection, the bundle run by the system python (as on a node)."""
     script = (f"import sys; sys.path.insert(0, {str(pyz)!r})\n"
-              "import pynvml, gpu_exporter\nfrom prometheus_client import generate_latest\n"
-              f"print(generate_latest(gpu_exporter.build_registry({str(settings or root / 'none')!r}, 'node1'))"
-              ".decode())\n")
+              "import gpu_exporter\n"
+              f"print(gpu_exporter.scrape_text(gpu_exporter.GpuCollector({str(settings or root / 'none')!r}, "
+              "'node1')), end='')\n")
     proc = subprocess.run(["/usr/bin/python3", "-c", script], env=node_env(root), capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 0, proc.stderr
-    out: dict[str, list] = {}
-    for family in text_string_to_metric_families(proc.stdout):
-        for sample in family.samples:
-            out.setdefault(sample.name, []).append((sample.labels, sample.value))
-    return out
+    return proc.stdout
+
+
+def scrape(root: Path, pyz: Path, settings: Path | None = None) -> dict[str, list]:
+    """{metric: [(labels, value)]} of one collection."""
+    return parse(scrape_text(root, pyz, settings))[0]
 
 
 def by_gpu(samples: list) -> dict[str, float]:
@@ -96,7 +117,7 @@ def test_one_series_per_gpu_with_dcgm_names_and_labels(env):
     assert set(labels) == DCGM_LABELS
     g0 = simstate.gpu(state, 0)
     assert labels == {"gpu": "0", "UUID": g0["uuid"], "pci_bus_id": g0["pci.bus_id"], "device": f"nvidia{g0['minor']}",
-                      "modelName": "NVIDIA H100 80GB HBM3", "hostname": "node1", "DCGM_FI_DRIVER_VERSION": DRIVER}
+                      "modelName": "NVIDIA H100 80GB HBM3", "Hostname": "node1", "DCGM_FI_DRIVER_VERSION": DRIVER}
     for i in range(8):
         g = simstate.gpu(state, i)
         assert by_gpu(metrics["DCGM_FI_DEV_GPU_TEMP"])[str(i)] == float(g["temp.gpu"])
@@ -120,6 +141,63 @@ def test_faults_show_as_the_alerts_expect(env):
     assert by_gpu(metrics["DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"])["2"] == 2
     assert by_gpu(metrics["DCGM_FI_DEV_ROW_REMAP_PENDING"])["2"] == 1
     assert metrics["gpufleet_gpu_exporter_errors"] == [({"hostname": "node1"}, 1.0)]
+
+
+def test_types_and_label_order_are_dcgm_exporters(env):
+    """Counters stay counters under their own names (energy, ECC, remapped rows, PCIe replays, NVLink errors: the
+    types of the counters file gpufleet gives dcgm-exporter, which are those of dcgm-exporter's default file), and
+    the labels come in dcgm-exporter's order."""
+    from gpufleet.operations.exporters import HEALTH_COUNTERS
+
+    root, pyz = env
+    write_state(root, "h100-sxm-8")
+    text = scrape_text(root, pyz)
+    metrics, types = parse(text)
+    counter_file = {field: kind for field, kind, _ in HEALTH_COUNTERS if kind != "label"}
+    for name in [n for n in metrics if n.startswith("DCGM_FI_")]:
+        assert types[name] == counter_file[name], name
+    assert {n for n, t in types.items() if t == "counter" and n.startswith("DCGM_")} == {
+        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+        "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL", "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
+        "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+        "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
+        "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL"} & set(metrics)
+    assert "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL_total" not in text
+    line = next(x for x in text.splitlines() if x.startswith("DCGM_FI_DEV_GPU_TEMP{"))
+    assert re.findall(r'(\w+)="', line) == ["gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname",
+                                            "DCGM_FI_DRIVER_VERSION"]
+    assert re.search(r"^DCGM_FI_DEV_POWER_USAGE\{.*\} \d+\.\d{6}$", text, re.M)  # a double, as DCGM prints it
+
+
+def test_thresholds_memory_temperature_recovery_action_nvlink_errors_and_fb_as_dcgm_reads_them(env):
+    root, pyz = env
+    path = write_state(root, "h100-sxm-8", **{"gpu.2.recovery_action": "1", "gpu.3.nvlink.errors.crc_flit": "0,2,5",
+                                              "gpu.3.nvlink.errors.replay": "7", "gpu.3.nvlink.errors.crc_data": "1,1",
+                                              "gpu.3.nvlink.errors.recovery": "0,0,0,4"})
+    state = simstate.read_state(str(path))
+    metrics = scrape(root, pyz)
+    for i in range(8):
+        g = simstate.gpu(state, i)
+        assert by_gpu(metrics["DCGM_FI_DEV_SLOWDOWN_TEMP"])[str(i)] == float(g["temp.slowdown"])
+        assert by_gpu(metrics["DCGM_FI_DEV_SHUTDOWN_TEMP"])[str(i)] == float(g["temp.shutdown"])
+        assert by_gpu(metrics["DCGM_FI_DEV_MEMORY_TEMP"])[str(i)] == float(g["temp.memory"])
+        # DCGM's FB_USED: NVML v2 used, without the driver's reserved memory
+        assert by_gpu(metrics["DCGM_FI_DEV_FB_USED"])[str(i)] == float(g["memory.used_mib"])
+        assert by_gpu(metrics["DCGM_FI_DEV_FB_RESERVED"])[str(i)] == float(g["memory.reserved_mib"])
+    assert by_gpu(metrics["DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION"]) == {str(i): 1.0 if i == 2 else 0.0 for i in range(8)}
+    assert by_gpu(metrics["DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL"])["3"] == 7
+    assert by_gpu(metrics["DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL"])["3"] == 2
+    assert by_gpu(metrics["DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL"])["3"] == 7
+    assert by_gpu(metrics["DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL"]) == {
+        str(i): 4.0 if i == 3 else 0.0 for i in range(8)}
+
+
+def test_no_nvlink_no_nvlink_series(env):
+    root, pyz = env
+    write_state(root, "rtx4090-1")
+    metrics = scrape(root, pyz)
+    assert not [name for name in metrics if "NVLINK" in name]
+    assert "DCGM_FI_DEV_MEMORY_TEMP" not in metrics  # GDDR: NVML has no memory temperature
 
 
 def test_geforce_leaves_out_what_it_does_not_support(env):
@@ -218,10 +296,7 @@ def _wait_metrics(url: str, predicate, timeout: float = 30.0) -> dict[str, list]
         except OSError:
             time.sleep(0.1)
             continue
-        metrics = {}
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                metrics.setdefault(sample.name, []).append((sample.labels, sample.value))
+        metrics = parse(text)[0]
         if predicate(metrics):
             return metrics
         time.sleep(0.1)
@@ -241,7 +316,11 @@ def test_xid_events_become_the_last_xid_and_a_counter(env):
         metrics = _wait_metrics(url, lambda m: by_gpu(m.get("DCGM_FI_DEV_XID_ERRORS", [])) == {"0": 79.0})
         counts = {s[0]["xid"]: s[1] for s in metrics["gpufleet_gpu_xid_errors_total"]}
         assert counts == {"13": 1.0, "79": 1.0}
-        assert DCGM_LABELS <= set(metrics["DCGM_FI_DEV_XID_ERRORS"][0][0])
+        # dcgm-exporter's shape: the Xid's code and text as labels (one series per Xid code); the text is NVIDIA's
+        # name of the Xid in its Xid catalog
+        [(labels, _)] = metrics["DCGM_FI_DEV_XID_ERRORS"]
+        assert set(labels) == DCGM_LABELS | {"err_code", "err_msg"}
+        assert (labels["err_code"], labels["err_msg"]) == ("79", "ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS")
     finally:
         proc.terminate()
         assert proc.wait(timeout=20) == 0

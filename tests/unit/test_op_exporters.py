@@ -126,7 +126,41 @@ DCGM_INSTALLED = {"datacenter-gpu-manager-4-core": {"1:4.2.3-1"}, "datacenter-gp
 DCGM_RUNNING = {u: {"active_state": "active", "unit_file_state": "enabled"}
                 for u in (exporters.DCGM_UNIT, exporters.DCGM_EXPORTER_UNIT)}
 COUNTERS = exporters.counters_csv(profiling=True)
-DROP_IN = exporters.dcgm_drop_in_text("0.0.0.0:9400")
+DROP_IN = exporters.dcgm_drop_in_text("0.0.0.0:9400", 15000)
+EXPORTER_DROP_IN_PATH = "/etc/systemd/system/nvidia-dcgm-exporter.service.d/gpufleet.conf"
+
+
+def test_dcgm_drop_in_runs_nvidias_unit_against_the_one_host_engine_at_the_scrape_interval():
+    """The drop-in of NVIDIA's nvidia-dcgm-exporter.service: -r localhost:5555 (no second, embedded host engine),
+    -c in milliseconds, started after and bound to nvidia-dcgm.service, restarted after any failure."""
+    assert exporters.DCGM_DROP_IN == EXPORTER_DROP_IN_PATH
+    assert exporters.dcgm_drop_in_text("0.0.0.0:9400", 15000) == (
+        "# Managed by gpufleet (stage exporters)\n"
+        "[Unit]\nRequires=nvidia-dcgm.service\nAfter=nvidia-dcgm.service\n\n"
+        "[Service]\nExecStart=\n"
+        "ExecStart=/usr/bin/dcgm-exporter -f /etc/dcgm-exporter/gpufleet-counters.csv -a 0.0.0.0:9400 -c 15000 "
+        "-r localhost:5555\n"
+        "Restart=on-failure\nRestartSec=2s\n")
+    assert " -c 30000 " in exporters.dcgm_drop_in_text("[::]:9400", 30000)
+    assert " -a '[::]:9400' " in exporters.dcgm_drop_in_text("[::]:9400", 30000)
+
+
+def test_counters_file_parses_as_dcgm_exporter_reads_it():
+    """Go's encoding/csv with Comment '#': every record has exactly 3 fields (a comma in a help text would
+    make dcgm-exporter refuse the whole file), and the types are ones it knows."""
+    import csv
+    import io
+
+    for profiling in (False, True):
+        rows = [r for r in csv.reader(io.StringIO(exporters.counters_csv(profiling))) if r and not r[0].startswith("#")]
+        assert rows and all(len(r) == 3 for r in rows), [r for r in rows if len(r) != 3]
+        assert {r[1].strip() for r in rows} <= {"gauge", "counter", "histogram", "summary", "label"}
+
+
+def test_counters_file_exports_each_gpus_own_thresholds_and_recovery_action():
+    fields = {line.split(",")[0] for line in exporters.counters_csv(False).splitlines() if not line.startswith("#")}
+    assert {"DCGM_FI_DEV_SLOWDOWN_TEMP", "DCGM_FI_DEV_SHUTDOWN_TEMP", "DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION",
+            "DCGM_FI_DEV_MEMORY_TEMP"} <= fields
 
 
 def apt_host(managed: dict, installed: dict | None = None, units: dict | None = None, distro=DEBIAN) -> dict:
@@ -152,17 +186,23 @@ def test_dcgm_fresh_host_installs_paired_packages_writes_counters_and_starts_bot
         f"upload /etc/dcgm-exporter/gpufleet-counters.csv\n{COUNTERS}",
         "chown root:root /etc/dcgm-exporter/gpufleet-counters.csv && chmod 644 "
         "/etc/dcgm-exporter/gpufleet-counters.csv",
-        "mkdir -p /etc/systemd/system/dcgm-exporter.service.d",
-        f"upload /etc/systemd/system/dcgm-exporter.service.d/gpufleet.conf\n{DROP_IN}",
-        "chown root:root /etc/systemd/system/dcgm-exporter.service.d/gpufleet.conf && chmod 644 "
-        "/etc/systemd/system/dcgm-exporter.service.d/gpufleet.conf",
+        "mkdir -p /etc/systemd/system/nvidia-dcgm-exporter.service.d",
+        f"upload {EXPORTER_DROP_IN_PATH}\n{DROP_IN}",
+        f"chown root:root {EXPORTER_DROP_IN_PATH} && chmod 644 {EXPORTER_DROP_IN_PATH}",
         "systemctl enable nvidia-dcgm.service",
         "systemctl start nvidia-dcgm.service",
         "systemctl daemon-reload",
-        "systemctl enable dcgm-exporter.service",
-        "systemctl start dcgm-exporter.service",
+        "systemctl enable nvidia-dcgm-exporter.service",
+        "systemctl start nvidia-dcgm-exporter.service",
     ]
     assert noops == []
+
+
+def test_dcgm_profiling_on_ampere_installs_the_proprietary_package_too():
+    commands, _ = run_operation(exporters.gpu_exporter, facts=apt_host({}), kind="dcgm", profiling=True,
+                                profiling_package=True)
+    assert commands[len(APT_UPDATE)] == (f"{APT_INSTALL} datacenter-gpu-manager-4-core datacenter-gpu-manager-exporter "
+                                         "datacenter-gpu-manager-4-proprietary")
 
 
 def test_dcgm_converged_is_a_noop():
@@ -171,6 +211,14 @@ def test_dcgm_converged_is_a_noop():
     commands, noops = run_operation(exporters.gpu_exporter, facts=facts, kind="dcgm", profiling=True)
     assert commands == []
     assert noops[-1] == "GPU exporter dcgm running on 0.0.0.0:9400"
+
+
+def test_dcgm_drop_in_of_earlier_versions_under_the_wrong_unit_name_is_removed():
+    facts = apt_host({exporters.DCGM_COUNTERS: COUNTERS, exporters.DCGM_DROP_IN: DROP_IN,
+                      "/etc/systemd/system/dcgm-exporter.service.d/gpufleet.conf": "[Service]\n"},
+                     DCGM_INSTALLED, DCGM_RUNNING)
+    commands, _ = run_operation(exporters.gpu_exporter, facts=facts, kind="dcgm", profiling=True)
+    assert commands == ["rm -f /etc/systemd/system/dcgm-exporter.service.d/gpufleet.conf"]
 
 
 @pytest.mark.parametrize("sub_state, start", [("auto-restart", False), ("start", False), ("dead", True)])
@@ -182,19 +230,19 @@ def test_an_exporter_systemd_is_bringing_up_is_not_started_again(sub_state, star
                                                             "unit_file_state": "enabled"}}
     facts = apt_host({exporters.DCGM_COUNTERS: COUNTERS, exporters.DCGM_DROP_IN: DROP_IN}, DCGM_INSTALLED, units)
     commands, _ = run_operation(exporters.gpu_exporter, facts=facts, kind="dcgm", profiling=True)
-    assert commands == (["systemctl start dcgm-exporter.service"] if start else [])
+    assert commands == (["systemctl start nvidia-dcgm-exporter.service"] if start else [])
 
 
-def test_dcgm_new_listen_address_rewrites_the_drop_in_and_restarts_only_the_exporter():
+@pytest.mark.parametrize("change", [{"listen": "10.0.0.5:9400"}, {"collect_interval_ms": 30000}])
+def test_dcgm_new_listen_address_or_interval_rewrites_the_drop_in_and_restarts_only_the_exporter(change):
     facts = apt_host({exporters.DCGM_COUNTERS: COUNTERS, exporters.DCGM_DROP_IN: DROP_IN}, DCGM_INSTALLED,
                      DCGM_RUNNING)
-    commands, _ = run_operation(exporters.gpu_exporter, facts=facts, kind="dcgm", profiling=True,
-                                listen="10.0.0.5:9400")
+    commands, _ = run_operation(exporters.gpu_exporter, facts=facts, kind="dcgm", profiling=True, **change)
+    args = {"listen": "0.0.0.0:9400", "collect_interval_ms": 15000, **change}
     assert commands == [
-        "upload /etc/systemd/system/dcgm-exporter.service.d/gpufleet.conf\n"
-        + exporters.dcgm_drop_in_text("10.0.0.5:9400"),
+        f"upload {EXPORTER_DROP_IN_PATH}\n" + exporters.dcgm_drop_in_text(args["listen"], args["collect_interval_ms"]),
         "systemctl daemon-reload",
-        "systemctl restart dcgm-exporter.service",
+        "systemctl restart nvidia-dcgm-exporter.service",
     ]
 
 

@@ -1883,8 +1883,11 @@ EXPORT nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device, unsigned int s
 }
 
 /* nvmlDeviceGetFieldValues: the call returns SUCCESS and each value carries its own return code (nvml.h).
- * Only NVML_FI_DEV_MEMORY_TEMP (82) is modelled, from temp.memory (HBM GPUs; GDDR GPUs print "N/A" for the
- * memory temperature, so NOT_SUPPORTED); every other field id answers NOT_SUPPORTED. */
+ * Modelled: NVML_FI_DEV_MEMORY_TEMP (82) from temp.memory (HBM GPUs; GDDR GPUs print "N/A" for the memory
+ * temperature, so NOT_SUPPORTED); the NVLink error totals NVML_FI_DEV_NVLINK_{CRC_FLIT,CRC_DATA,REPLAY,RECOVERY}_
+ * ERROR_COUNT_TOTAL (38, 45, 52, 59: every link's counter summed, as DCGM's *_TOTAL fields read them; NOT_SUPPORTED
+ * without NVLink); NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (230) from recovery_action (absent: 0, none). Every other
+ * field id answers NOT_SUPPORTED. */
 typedef union {
     double dVal;
     unsigned int uiVal;
@@ -1906,6 +1909,34 @@ typedef struct {
 } nvmlFieldValue_t;
 
 #define NVML_FI_DEV_MEMORY_TEMP 82
+#define NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL 38
+#define NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL 45
+#define NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL 52
+#define NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL 59
+#define NVML_FI_DEV_GET_GPU_RECOVERY_ACTION 230
+
+/* nvmlNvLinkErrorCounter_t order: REPLAY, RECOVERY, CRC_FLIT, CRC_DATA (ECC_DATA is not modelled) */
+static const char *const NVLINK_ERROR_KEYS[] = {"nvlink.errors.replay", "nvlink.errors.recovery",
+                                                "nvlink.errors.crc_flit", "nvlink.errors.crc_data"};
+
+/* The counter of one link (link >= 0) or of every link summed (link < 0): nvlink.errors.KIND holds one count
+ * per link, comma-separated (absent: all 0). */
+static unsigned long long nvlink_errors(state_t *st, unsigned gpu, unsigned counter, int link)
+{
+    unsigned long long total = 0;
+    int i = 0;
+    const char *list = gf(st, gpu, NVLINK_ERROR_KEYS[counter]);
+    for (const char *p = list; p && *p; i++) {
+        char *e;
+        unsigned long long v = strtoull(p, &e, 10);
+        if (e == p)
+            break;
+        if (link < 0 || i == link)
+            total += v;
+        p = *e == ',' ? e + 1 : e;
+    }
+    return total;
+}
 
 EXPORT nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCount, nvmlFieldValue_t *values)
 {
@@ -1920,8 +1951,25 @@ EXPORT nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCoun
         v->timestamp = (long long)now.tv_sec * 1000000LL + now.tv_nsec / 1000;
         v->latencyUsec = 0;
         memset(&v->value, 0, sizeof v->value);
+        unsigned links = 0;
+        int nvlink_counter = v->fieldId == NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL     ? 0
+                             : v->fieldId == NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL ? 1
+                             : v->fieldId == NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL ? 2
+                             : v->fieldId == NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL ? 3
+                                                                                           : -1;
+        gf_uint(&c.st, c.gpu, "nvlink.count", &links);
         if (v->fieldId == NVML_FI_DEV_MEMORY_TEMP && gf_uint(&c.st, c.gpu, "temp.memory", &t)) {
             v->valueType = 1;
+            v->value.uiVal = t;
+            v->nvmlReturn = NVML_SUCCESS;
+        } else if (nvlink_counter >= 0 && links) {
+            v->valueType = 3; /* NVML_VALUE_TYPE_UNSIGNED_LONG_LONG */
+            v->value.ullVal = nvlink_errors(&c.st, c.gpu, (unsigned)nvlink_counter, -1);
+            v->nvmlReturn = NVML_SUCCESS;
+        } else if (v->fieldId == NVML_FI_DEV_GET_GPU_RECOVERY_ACTION) {
+            v->valueType = 1;
+            if (!gf_uint(&c.st, c.gpu, "recovery_action", &t))
+                t = 0; /* NVML_GPU_RECOVERY_ACTION_NONE */
             v->value.uiVal = t;
             v->nvmlReturn = NVML_SUCCESS;
         } else {
@@ -2373,6 +2421,23 @@ EXPORT nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int l
         p = *e == ',' ? e + 1 : e;
     }
     *isActive = !down;
+    END(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetNvLinkErrorCounter(nvmlDevice_t device, unsigned int link, unsigned int counter,
+                                                    unsigned long long *counterValue)
+{
+    BEGIN(device, K_GPU, 0);
+    if (!counterValue)
+        END(NVML_ERROR_INVALID_ARGUMENT);
+    nvmlReturn_t r = nvlink_check(&c, link);
+    if (r)
+        END(r);
+    if (counter > 4)
+        END(NVML_ERROR_INVALID_ARGUMENT);
+    if (counter == 4) /* NVML_NVLINK_ERROR_DL_ECC_DATA: not modelled */
+        END(NVML_ERROR_NOT_SUPPORTED);
+    *counterValue = nvlink_errors(&c.st, c.gpu, counter, (int)link);
     END(NVML_SUCCESS);
 }
 

@@ -1,0 +1,1 @@
+../../exporter/xid_err_msg.py
