@@ -19,6 +19,7 @@ import pytest
 from conftest import BIN, REPO, bring_up, exporter_units, grand_total, ssh
 
 from gpufleet.sim import faults, hosts
+from gpufleet.sim import network as sim_network
 from gpufleet.sim import repo as sim_repo
 from gpufleet.sim.gpu import state as gpu_state
 
@@ -338,6 +339,56 @@ def test_verify_with_a_host_lost_during_the_probe_finishes_for_the_others(fleet,
     assert run.returncode == 1, out
     assert re.search(rf"^\[\d/3\] {LOST}\s+PROBE FAILED", out, re.M), out
     assert "3 host(s) (2 verified, 0 unreachable, 1 probe failed)" in out, out
+
+
+# ------------------------------------------------------------------------------------ half-fetched apt lists
+
+
+def cut_off_the_mirror(fleet, name: str, cut: bool) -> None:
+    """The host's network loses (or gets back) everything beyond the fleet's own /24: the Debian mirror and the DNS
+    resolver go, the simulator's repository and SSH stay. A rule in the host's network namespace, where a real
+    host's firewall or a broken uplink would act."""
+    ns = sim_network.netns_name(name, fleet.net)
+    table = "gpufleet_test_cut"
+    rules = (f"table inet {table} {{ chain out {{ type filter hook output priority 0; "
+             f"ip daddr != {fleet.net}.0/24 reject; }}; }}" if cut else f"delete table inet {table}")
+    subprocess.run(["ip", "netns", "exec", ns, "nft", "-f", "-"], input=rules, text=True, check=cut,
+                   capture_output=True)
+
+
+def test_mirror_lost_during_apt_update_fails_the_host_naming_the_source_and_the_rerun_converges(fleet):
+    """Issue 20: apt-get update warns and exits 0 when the mirror cannot be reached; the host must fail there, with
+    the source and apt's reason, not later with "Unable to locate package" or (with old lists) silently install."""
+    inv = inventory(fleet, power="65%")
+    wait_locks_free(fleet)
+    # a package to install on LOST (when the module's earlier tests converged it; alone, everything is to install)
+    ssh(fleet, LOST, "! dpkg-query -W prometheus-node-exporter >/dev/null 2>&1 || "
+                     "DEBIAN_FRONTEND=noninteractive apt-get -y -q remove prometheus-node-exporter >/dev/null")
+    faults.close_gate(fleet.host(LOST), "apt-get", "update")
+    run = start(inv)
+    try:
+        wait_for(lambda: faults.gate_reached(fleet.host(LOST), "apt-get") or run.poll() is not None,
+                 f"apt-get update on {LOST}", timeout=300)
+        assert run.poll() is None, run.communicate()[0]
+        cut_off_the_mirror(fleet, LOST, cut=True)
+        faults.open_gate(fleet.host(LOST), "apt-get")
+        out, _ = run.communicate(timeout=300)
+    finally:
+        faults.open_gate(fleet.host(LOST), "apt-get")
+        cut_off_the_mirror(fleet, LOST, cut=False)
+    assert run.returncode != 0, out
+    assert re.search(rf"\[{LOST}\].*apt-get update could not fetch every package index", out), out
+    assert re.search(rf"\[{LOST}\].*http://deb\.debian\.org/debian/dists/bookworm/InRelease: "
+                     r"Temporary failure resolving 'deb\.debian\.org'", out), out
+    assert "Unable to locate package" not in out, out
+    assert ssh(fleet, LOST, "dpkg-query -W -f='${Status}' prometheus-node-exporter", check=False).stdout \
+        != "install ok installed"
+    # the network is back: the rerun updates again (no "fresh lists" shortcut) and converges the host
+    wait_locks_free(fleet, [LOST])
+    _, out = converge(inv)
+    assert changed_hosts(out) == {LOST}, out
+    assert ssh(fleet, LOST, "systemctl is-active prometheus-node-exporter").stdout.strip() == "active"
+    assert_no_change(fleet, inv)
 
 
 # --------------------------------------------------------------------------------------- no false change
