@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import json
 import re
+import signal
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpufleet import interruption
 from gpufleet.rollout import converge
 
 EXIT_IN_SYNC, EXIT_DRIFT, EXIT_UNKNOWN = 0, 1, 2
@@ -93,6 +96,14 @@ def text(drift: Drift) -> str:
     return "\n".join(lines)
 
 
+def _stderr(text: str) -> None:
+    try:
+        sys.stderr.write(text + "\n")
+        sys.stderr.flush()
+    except OSError:  # the terminal is gone (SIGHUP)
+        pass
+
+
 def run_drift(inventory: str, deploy: str = DEFAULT_DEPLOY) -> Drift:
     hosts, error = converge.inventory_order(inventory)
     if error:
@@ -101,6 +112,14 @@ def run_drift(inventory: str, deploy: str = DEFAULT_DEPLOY) -> Drift:
 
 
 def main(inventory: str, deploy: str = DEFAULT_DEPLOY, *, as_json: bool = False, echo=print) -> int:
-    drift = run_drift(inventory, deploy)
+    try:
+        drift = run_drift(inventory, deploy)
+    except KeyboardInterrupt as error:  # SIGINT, SIGTERM, SIGHUP (gpufleet.interruption.catch_signals)
+        status = interruption.status_of(error)
+        report = getattr(error, "child_report", None)  # pyinfra's own: the hosts it was reading
+        _stderr(f"gpufleet drift: interrupted by {signal.Signals(status - 128).name} (exit {status}); nothing was "
+                "changed (drift only reads); run it again for the answer"
+                + (f"\n{report}" if report else ""))
+        return status
     echo(json.dumps(drift.to_dict(), indent=1) if as_json else text(drift))
     return drift.exit_code

@@ -15,6 +15,8 @@ import shlex
 import subprocess
 from dataclasses import dataclass
 
+from gpufleet import interruption
+
 
 class DrainError(Exception):
     pass
@@ -36,6 +38,11 @@ class Drainer:
     def keep_drained(self, node: str, reason: str) -> None:
         """A node that failed stays drained: record why (where the scheduler keeps a reason)."""
         return None
+
+    def drained_for_rollout(self, node: str) -> bool | None:
+        """Asked again after an interruption, whose signal may have cut a drain or resume command off: whether
+        ``node`` is drained by this rollout now; None when the drainer cannot tell."""
+        return False
 
 
 @dataclass
@@ -62,10 +69,14 @@ class CommandDrainer(Drainer):
         if env_reason:
             env["GPUFLEET_ROLLOUT_REASON"] = env_reason
         try:
-            return subprocess.run([*self.argv, action, node], capture_output=True, text=True, timeout=self.timeout,
+            proc = subprocess.run([*self.argv, action, node], capture_output=True, text=True, timeout=self.timeout,
                                   check=False, env=env, stdin=subprocess.DEVNULL)
         except (OSError, subprocess.TimeoutExpired) as error:
+            interruption.check()  # e.g. ProcessLookupError: the hook died of the signal that stops the rollout
             raise DrainError(f"{shlex.join([*self.argv, action, node])}: {error}") from None
+        if proc.returncode != 0:
+            interruption.check()  # it died of the terminal's signal with the rollout: not the node's failure
+        return proc
 
     def _check(self, proc: subprocess.CompletedProcess, action: str, node: str) -> None:
         if proc.returncode != 0:
@@ -85,6 +96,9 @@ class CommandDrainer(Drainer):
 
     def keep_drained(self, node: str, reason: str) -> None:
         self._call("failed", node, reason)
+
+    def drained_for_rollout(self, node: str) -> bool | None:
+        return None  # the hook says whether a node is drained, not by whom: a cut-off drain may have happened
 
 
 def make_drainer(spec: str, rollout_id: str) -> Drainer:
