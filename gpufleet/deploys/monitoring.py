@@ -23,6 +23,7 @@ from pyinfra.api import deploy
 from pyinfra.operations import apt, files, server, systemd
 from pyinfra.operations.util import any_changed
 
+from gpufleet import interruption
 from gpufleet.config import ConfigError, ConfigErrors, NodeConfig, validate_pyinfra_inventory
 from gpufleet.monitoring import render, rules
 from gpufleet.monitoring.config import MonitoringSettings, check_monitoring_host, load_monitoring_settings, seconds
@@ -199,6 +200,7 @@ def grafana_stage(settings: MonitoringSettings) -> None:
 
 @deploy("gpufleet: monitoring")
 def monitoring() -> None:
+    interruption.install(host.state)  # SIGINT/SIGTERM/SIGHUP: exit 130/143/129 naming the hosts mid-change
     _configs, monitoring_hosts, targets = validated()
     if host.name not in monitoring_hosts:
         return
