@@ -119,8 +119,7 @@ class Controller:
     # ---------------------------------------------------------------------------------------------- plumbing
 
     def say(self, text: str) -> None:
-        self.progress.write(f"[{time.monotonic() - self.start:7.1f}s] {text}\n")
-        self.progress.flush()
+        _write(self.progress, f"[{time.monotonic() - self.start:7.1f}s] {text}\n")
 
     def save(self) -> None:
         save_state(self.state, self.opts.state_path())
@@ -542,8 +541,11 @@ def _rollout(opts: RolloutOptions, parsed: Parsed, state: RolloutState | None, e
                f"drained or changed ({signal_name(status - 128)}, exit {status})"
                + (f"; {path} is as it was\n" if opts.resume else "\n"))
         return interruption.status_of(error)
-    unchanged = [n for n in todo if planned is not None and n not in planned]
-    need = [n for n in todo if planned is None or n in planned]
+    # A node an interruption left drained by this rollout (or maybe drained) goes through its wave again even when it
+    # needs no change: its gate has not passed, and only its wave's return gives it back to the scheduler.
+    unchanged = [n for n in todo if planned is not None and n not in planned
+                 and not (state.nodes[n].drained_by_rollout or state.nodes[n].drain_uncertain)]
+    need = [n for n in todo if n not in unchanged]
     if opts.dry:
         echo(report.dry_plan_text(state, need, unchanged, planned, canary, parsed.waves))
         return EXIT_DONE

@@ -195,12 +195,13 @@ def _node_state(out: Path, node: str) -> str | None:
 
 
 TIMINGS = [
-    # (name, signal, when: fleet, out, rid -> bool; or a gate (program, match) on node01)
-    ("drain status query of wave 2 (sinfo)", signal.SIGINT, ("sinfo", "-n node03")),
+    # (name, signal, moment: a gate (host, program, match) that stops a command, or an event in Slurm / the state file)
+    ("drain status query of wave 2 (sinfo)", signal.SIGINT, ("node01", "sinfo", "-n node03")),
     ("drain of wave 2 applied by Slurm", signal.SIGINT, "slurm-drained-node03"),
     ("converge of wave 2", signal.SIGTERM, "state-converging-node03"),
-    ("resume of wave 2 (scontrol)", signal.SIGINT, ("scontrol", "nodename=node03 state=resume")),
-    ("drain command of wave 3 (scontrol)", signal.SIGHUP, ("scontrol", "nodename=node04 state=drain")),
+    ("verify gate of wave 2 (probe)", signal.SIGINT, ("node03", "python3", "probe")),
+    ("resume of wave 2 (scontrol)", signal.SIGINT, ("node01", "scontrol", "nodename=node03 state=resume")),
+    ("drain command of wave 3 (scontrol)", signal.SIGHUP, ("node01", "scontrol", "nodename=node04 state=drain")),
 ]
 
 
@@ -211,18 +212,19 @@ def test_a_terminal_signal_to_the_process_group_stops_the_rollout_and_resume_fin
     inventory, out = tmp_path / "inventory.py", tmp_path / "out"
     inventory.write_text(INVENTORY.format(watts=watts))
     drain = "slurm:" + shlex.join(hosts.ssh_command(fleet.host("node01")))
-    argv = [str(BIN / "gpufleet"), "rollout", str(inventory), "deploys/gpu_node.py", "--out", str(out), "--drain",
-            drain, "--canary", "1", "--waves", "1", "--max-failures", "5", "--verify", "none"]
-    before = {n: power_w(fleet, n) for n in COMPUTE}
     gate = moment if isinstance(moment, tuple) else None
-    ctl = fleet.host("node01")
+    argv = [str(BIN / "gpufleet"), "rollout", str(inventory), "deploys/gpu_node.py", "--out", str(out), "--drain",
+            drain, "--canary", "1", "--waves", "1", "--max-failures", "5",
+            "--verify", "quick" if gate and gate[1] == "python3" else "none"]
+    before = {n: power_w(fleet, n) for n in COMPUTE}
+    gated = fleet.host(gate[0]) if gate else None
     if gate:
-        faults.close_gate(ctl, gate[0], gate[1])
+        faults.close_gate(gated, gate[1], gate[2])
     run = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                            start_new_session=True)
     try:
         if gate:
-            reached = lambda: faults.gate_reached(ctl, gate[0])  # noqa: E731
+            reached = lambda: faults.gate_reached(gated, gate[1])  # noqa: E731
         elif moment == "slurm-drained-node03":
             reached = lambda: sinfo(fleet).get("node03", ("", ""))[1].startswith("gpufleet rollout")  # noqa: E731
         else:
@@ -231,11 +233,11 @@ def test_a_terminal_signal_to_the_process_group_stops_the_rollout_and_resume_fin
         assert run.poll() is None, run.communicate()
         os.killpg(run.pid, signum)  # as a terminal does: the rollout and its children
         if gate:
-            faults.open_gate(ctl, gate[0])  # the cut-off command's remote side goes on (as on a real controller)
+            faults.open_gate(gated, gate[1])  # the cut-off command's remote side goes on (as on a real controller)
         stdout, stderr = run.communicate(timeout=120)
     finally:
         if gate:
-            faults.open_gate(ctl, gate[0])
+            faults.open_gate(gated, gate[1])
         if run.poll() is None:
             os.killpg(run.pid, signal.SIGKILL)
             run.wait(30)

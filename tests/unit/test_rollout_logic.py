@@ -820,3 +820,33 @@ def test_a_node_failing_before_its_drain_is_recorded_and_listed_as_not_drained(f
     assert rec.not_drained == "failed while draining, before this rollout drained it"
     assert "failed, NOT drained (1): n2 (failed while draining, before this rollout drained it)" in text
     assert "STILL DRAINED" not in text
+
+
+def test_a_node_interrupted_in_its_gate_is_gated_and_resumed_by_resume_though_already_converged(fake, tmp_path,
+                                                                                                 monkeypatch):
+    """Interrupted in its verify gate, n2 is converged but drained and not verified: --resume's plan finds no change
+    for it, yet it must go through its gate and be given back to the scheduler, not be marked done still drained."""
+    from gpufleet import interruption  # noqa: PLC0415
+
+    fleet = fake(3)
+    drainer = BusyDrainer(set())
+    monkeypatch.setattr(run, "make_drainer", lambda spec, rid: drainer)
+    gate = fleet.gate
+    gated = []
+
+    def gate_interrupted_once(ctl, names, wave_index):
+        gated.extend(names)
+        if "n2" in names and not fleet.converged:
+            fleet.converged.add("n2")  # its converge ran: the next plan has no change for it
+            raise interruption.Interrupted(2)
+        return gate(ctl, names, wave_index)
+
+    monkeypatch.setattr(run.Controller, "phase_verify", lambda self, names, i: gate_interrupted_once(self, names, i))
+    o = opts(tmp_path, fake.deploy, canary=1, waves="1", drain="command:true")
+    assert go(o)[0] == 130
+    assert st.load(o.state_path()).nodes["n2"].drained_by_rollout
+    o.resume = True
+    rc, text = go(o)
+    assert rc == 0, text
+    assert gated.count("n2") == 2 and drainer.resumed == ["n1", "n2", "n3"]
+    assert not st.load(o.state_path()).drained_now()
