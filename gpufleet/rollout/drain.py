@@ -41,8 +41,8 @@ class Drainer:
 
     def drained_for_rollout(self, node: str) -> bool | None:
         """Asked again after an interruption, whose signal may have cut a drain or resume command off: whether
-        ``node`` is drained by this rollout now; None when the drainer cannot tell."""
-        return False
+        ``node`` is drained by this rollout now; None when the drainer cannot tell (the record stands)."""
+        return None
 
 
 @dataclass
