@@ -10,6 +10,7 @@ The tests run in order and share one fleet: two A100 40GB (MIG) and one RTX 4090
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
@@ -60,8 +61,9 @@ def inventory(fleet, power: str = "80%", mig=MIG_ON) -> str:
 
 
 def start(inv: str, *extra: str) -> subprocess.Popen:
+    """The converge in a process group of its own, as a terminal's foreground job: signals go to the group."""
     run = subprocess.Popen([str(BIN / "pyinfra"), "-y", *extra, inv, str(DEPLOY)], cwd=REPO,
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     _started.append(run)
     return run
 
@@ -134,8 +136,8 @@ def assert_no_change(fleet, inv: str) -> None:
 
 
 def interrupt_at(fleet, inv: str, host: str, program: str, match: str, signum: int) -> tuple[int, str, float]:
-    """Run the converge, send ``signum`` once ``program`` (args containing ``match``) is about to run on ``host``;
-    return (exit status, output, seconds from the signal to the exit)."""
+    """Run the converge, send ``signum`` to its process group once ``program`` (args containing ``match``) is about
+    to run on ``host``; return (exit status, output, seconds from the signal to the exit)."""
     faults.close_gate(fleet.host(host), program, match)
     run = start(inv)
     try:
@@ -143,7 +145,7 @@ def interrupt_at(fleet, inv: str, host: str, program: str, match: str, signum: i
                  f"{program} {match} on {host}", timeout=300)
         assert run.poll() is None, run.communicate()[0]
         sent = time.monotonic()
-        run.send_signal(signum)
+        os.killpg(run.pid, signum)  # as a terminal sends Ctrl-C (and a closed terminal SIGHUP): the whole group
         out, _ = run.communicate(timeout=120)
         return run.returncode, out, time.monotonic() - sent
     finally:
@@ -236,6 +238,16 @@ def test_sigint_at_the_power_stage_exits_130(fleet):
     assert "gpufleet: interrupted by SIGINT while executing (exit 130)." in out
     assert re.search(rf"^  {RTX}: .*GPU power limits", out, re.M), out
     assert_rerun_converges(fleet, inv, 72, mig_on=True)
+
+
+def test_sighup_at_the_power_stage_exits_129(fleet):
+    """A closed terminal (SIGHUP to the group): exit 129, the host named, the rerun converges."""
+    inv = inventory(fleet, power="73%")
+    rc, out, _ = interrupt_at(fleet, inv, RTX, "nvidia-smi", " -pl ", signal.SIGHUP)
+    assert rc == 129, out
+    assert "gpufleet: interrupted by SIGHUP while executing (exit 129)." in out
+    assert re.search(rf"^  {RTX}: .*GPU power limits", out, re.M), out
+    assert_rerun_converges(fleet, inv, 73, mig_on=True)
 
 
 def test_sigkill_at_the_power_stage_is_repaired_by_the_rerun(fleet):
@@ -389,6 +401,38 @@ def test_mirror_lost_during_apt_update_fails_the_host_naming_the_source_and_the_
     assert changed_hosts(out) == {LOST}, out
     assert ssh(fleet, LOST, "systemctl is-active prometheus-node-exporter").stdout.strip() == "active"
     assert_no_change(fleet, inv)
+
+
+# ---------------------------------------------------------------------------- verify and drift from a terminal
+
+
+@pytest.mark.parametrize("command, program, match, signum", [
+    ("verify", "python3", "probe", signal.SIGINT),
+    ("verify", "python3", "probe", signal.SIGTERM),
+    ("drift", "nvidia-smi", "--query", signal.SIGINT),
+], ids=["verify-SIGINT-probe", "verify-SIGTERM-probe", "drift-SIGINT-facts"])
+def test_verify_and_drift_interrupted_in_their_process_group(fleet, tmp_path, command, program, match, signum):
+    """Ctrl-C (or SIGTERM) to the process group while a probe / a fact read runs on node03: exit 128 + signal, the
+    hosts not finished named, nothing started afterwards; neither command changes a host."""
+    args = ["--out", str(tmp_path)] if command == "verify" else []
+    faults.close_gate(fleet.host(LOST), program, match)
+    run = subprocess.Popen([str(BIN / "gpufleet"), command, inventory(fleet, power="65%"), *args], cwd=REPO,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    _started.append(run)
+    try:
+        wait_for(lambda: faults.gate_reached(fleet.host(LOST), program) or run.poll() is not None,
+                 f"{program} {match} on {LOST}", timeout=300)
+        assert run.poll() is None, run.communicate()[0]
+        os.killpg(run.pid, signum)
+        out, _ = run.communicate(timeout=60)
+    finally:
+        faults.open_gate(fleet.host(LOST), program)
+    name = signal.Signals(signum).name
+    assert run.returncode == 128 + signum, out
+    assert f"gpufleet {command}: interrupted by {name} (exit {128 + signum})" in out, out
+    if command == "verify":
+        assert re.search(rf"probe not finished on: .*{LOST}", out), out
+        assert not (tmp_path / "report.json").exists()  # no half report
 
 
 # --------------------------------------------------------------------------------------- no false change
