@@ -467,6 +467,10 @@ def verify_all(hosts: Sequence[Any], configs: Mapping[str, NodeConfig], settings
         results = slurm.probe(names, bundle, {n: settings[n].python for n in names}, bench)
     except KeyboardInterrupt as error:
         error.in_flight = names  # one job probes them all
+        # its srun was ended here; through a prefix (ssh) the remote srun may not know yet: the job is cancelled
+        # by its name (bounded by the runner's timeout), so that nothing of this verify goes on in the cluster
+        with contextlib.suppress(Exception):
+            slurm.cancel()
         raise
     runs = []
     for done, name in enumerate(names, start=1):
