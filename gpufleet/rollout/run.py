@@ -153,11 +153,14 @@ class Controller:
             if rec.drained_by_rollout:  # drained before an interruption: still ours
                 continue
             interruption.check()  # nothing starts after a signal
+            rec.drain_uncertain = True  # in flight: a signal now leaves it unknown until the drainer is asked again
             try:
                 rec.drained_by_rollout = self.drainer.drain(n, reason)
-                rec.drain_uncertain = False
             except DrainError as error:
+                rec.drain_uncertain = False
                 self.fail(n, f"drain: {error}")
+            else:
+                rec.drain_uncertain = False
         self.save()
         waiting = [n for n in names if self.node(n).state == DRAINING]
         deadline = time.monotonic() + (self.opts.wait_for_jobs or 0)
@@ -290,16 +293,10 @@ class Controller:
         try:
             with gevent.Timeout(ASK_AGAIN_S):
                 for n in active:
-                    rec = self.node(n)
                     ours = self.drainer.drained_for_rollout(n)
-                    if ours is None:
-                        rec.drain_uncertain = rec.state == DRAINING and not rec.drained_by_rollout
-                    else:
-                        rec.drained_by_rollout, rec.drain_uncertain = ours, False
+                    if ours is not None:  # else the record stands (a drain cut off in flight: drain_uncertain)
+                        self.node(n).drained_by_rollout, self.node(n).drain_uncertain = ours, False
         except gevent.Timeout:
-            for n in active:
-                rec = self.node(n)
-                rec.drain_uncertain = rec.drain_uncertain or (rec.state == DRAINING and not rec.drained_by_rollout)
             self.say(f"could not ask {self.drainer.name} within {ASK_AGAIN_S:g} s which nodes it drained")
 
     # ---------------------------------------------------------------------------------------------- waves

@@ -850,3 +850,25 @@ def test_a_node_interrupted_in_its_gate_is_gated_and_resumed_by_resume_though_al
     assert rc == 0, text
     assert gated.count("n2") == 2 and drainer.resumed == ["n1", "n2", "n3"]
     assert not st.load(o.state_path()).drained_now()
+
+
+def test_a_hook_cut_off_mid_drain_leaves_that_node_maybe_drained_and_no_other(fake, tmp_path, monkeypatch):
+    """A command: hook cannot say whose drain a node has: the node whose drain was in flight is "may be drained"
+    (drained again and resumed by --resume); the wave's next node, whose drain never started, is not."""
+    from gpufleet import interruption  # noqa: PLC0415
+
+    fake(4)
+
+    class CutOff(BusyDrainer):
+        def drain(self, node, reason):
+            if node == "n3":
+                raise interruption.Interrupted(2)
+            return True
+
+    monkeypatch.setattr(run, "make_drainer", lambda spec, rid: CutOff(set()))
+    o = opts(tmp_path, fake.deploy, canary=1, waves="100%", drain="command:true")
+    rc, text = go(o)
+    assert rc == 130
+    nodes = st.load(o.state_path()).nodes
+    assert [n for n in nodes if nodes[n].drain_uncertain] == ["n3"] and nodes["n2"].drained_by_rollout
+    assert "MAY BE DRAINED by this rollout (1: " in text and "STILL DRAINED by this rollout (1): n2" in text
