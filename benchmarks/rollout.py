@@ -109,7 +109,7 @@ def main() -> int:
                 else:
                     shape = ["--canary", "0", "--waves", "100%"] if kind == "rollout-1-wave" else \
                         ["--canary", "1", "--waves", "25%"]
-                    argv = [str(BIN / "gpufleet"), "rollout", str(inv), "deploys/gpu_node.py", *shape, "--verify",
+                    argv = [str(BIN / "gpufleet"), "rollout", "-y", str(inv), "deploys/gpu_node.py", *shape, "--verify",
                             "none", "--drain", "none", "--out", str(work / f"out-{kind}-{run}")]
                 env = dict(os.environ, GPUFLEET_ROLLOUT_INPROCESS="off") if kind.endswith("-subprocess") else None
                 wall, cpu, proc = timed(argv, env)

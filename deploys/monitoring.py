@@ -3,7 +3,7 @@ the inventory, gpufleet's alert rules, Alertmanager, Grafana's provisioning:
 
     pyinfra INVENTORY deploys/monitoring.py
 
-Every host's settings are validated before any host is changed. See README.md (Monitoring).
+Every host's settings are validated before any host is changed. See docs/monitoring.md.
 """
 
 from gpufleet.deploys.monitoring import monitoring

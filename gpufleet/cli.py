@@ -1,4 +1,8 @@
-"""The ``gpufleet`` command."""
+"""The ``gpufleet`` command (also ``python -m gpufleet``).
+
+Its commands take pyinfra's host selection and connection options with pyinfra's meaning
+(:mod:`gpufleet.pyinfra_args`), ``-h`` as well as ``--help``, and say their exit codes in their help.
+"""
 
 from __future__ import annotations
 
@@ -6,13 +10,20 @@ import sys
 
 import click
 
+from .pyinfra_args import DEFAULT_DEPLOY, PyinfraArgs, pyinfra_options
 from .sim.cli import sim
 
+CONTEXT_SETTINGS = dict(help_option_names=["-h", "--help"])  # as pyinfra's CLI; inherited by every subcommand
 
-@click.group()
+
+@click.group(context_settings=CONTEXT_SETTINGS)
 @click.version_option(package_name="gpufleet")
 def main() -> None:
-    """gpufleet: make NVIDIA GPU nodes right, keep them right, and prove it."""
+    """gpufleet: make NVIDIA GPU nodes right, keep them right, and prove it.
+
+    Converge with pyinfra (pyinfra INVENTORY gpufleet.deploys.gpu_node.gpu_node), then verify, roll out and
+    watch drift with the commands below. Exit code: each command's own (see COMMAND -h); 2 bad usage.
+    """
 
 
 main.add_command(sim)
@@ -30,8 +41,7 @@ def _patch_for_gevent() -> None:
 
 @main.command()
 @click.argument("inventory")
-@click.option("--limit", multiple=True, metavar="NAME,...",
-              help="only these hosts: host names, group names or glob patterns, comma-separated (repeatable)")
+@pyinfra_options(verbose=False)
 @click.option("--bench", type=click.Choice(["none", "quick", "full"]), default="none", show_default=True,
               help="benchmarks to run on each node after the probe (quick: <= 60 s per node on a real GPU)")
 @click.option("--out", type=click.Path(file_okay=False), default="gpufleet-verify", show_default=True,
@@ -39,24 +49,28 @@ def _patch_for_gevent() -> None:
 @click.option("--via", default="ssh", show_default=True, metavar="ssh|slurm|slurm:PREFIX",
               help="how the probe reaches the nodes: SSH from here, or one Slurm job (srun) run here or through "
                    "PREFIX (e.g. slurm:ssh root@slurm-ctl)")
-def verify(inventory: str, limit: tuple[str, ...], bench: str, out: str, via: str) -> None:
+def verify(inventory: str, pyinfra_args: PyinfraArgs, bench: str, out: str, via: str) -> None:
     """Probe every GPU node of INVENTORY (a pyinfra inventory) in parallel, check it against its configuration and
     write the fleet report.
 
     Exit code: 0 nothing failed, 1 a check failed or a host was unreachable, 2 verify could not run (bad inventory
-    or configuration, no host reachable).
+    or configuration, no host reachable, bad usage).
     """
     _patch_for_gevent()
     from . import interruption  # noqa: PLC0415
     from .verify import run  # noqa: PLC0415
 
     interruption.catch_signals()  # SIGINT/SIGTERM/SIGHUP: exit 130/143/129 naming the hosts not finished
-    sys.exit(run.main(inventory, limit=list(limit), bench=bench, out=out, echo=click.echo, via=via))
+    sys.exit(run.main(inventory, limit=list(pyinfra_args.limit), bench=bench, out=out, echo=click.echo, via=via,
+                      override_data=pyinfra_args.override_data()))
 
 
 @main.command()
 @click.argument("inventory")
-@click.argument("deploy", required=False, default="deploys/gpu_node.py")
+@click.argument("deploy", required=False, default=DEFAULT_DEPLOY)
+@pyinfra_options()
+@click.option("-y", "--yes", is_flag=True,
+              help="roll out without showing the plan and asking first (as pyinfra -y); needed without a terminal")
 @click.option("--canary", type=int, default=1, show_default=True, help="hosts in the first wave (0: no canary)")
 @click.option("--waves", default=None, metavar="N,N,P%",
               help="sizes of the waves after the canary, the last repeated (default 25%)")
@@ -79,18 +93,29 @@ def verify(inventory: str, limit: tuple[str, ...], bench: str, out: str, via: st
 @click.option("--dry", is_flag=True, help="validate, preflight and print the waves; drain and change nothing")
 @click.option("--out", type=click.Path(file_okay=False), default="gpufleet-rollout", show_default=True,
               help="directory for rollout.json, rollout-junit.xml, the state file and each wave's verify report")
-def rollout(inventory: str, deploy: str, canary: int, waves: str | None, batch: str | None,
-            max_unavailable: str | None, max_failures: str, verify_gate: str, drain: str,
+def rollout(inventory: str, deploy: str, pyinfra_args: PyinfraArgs, yes: bool, canary: int, waves: str | None,
+            batch: str | None, max_unavailable: str | None, max_failures: str, verify_gate: str, drain: str,
             wait_for_jobs: float | None, on_timeout: str, state_file: str | None, resume: bool, dry: bool,
             out: str) -> None:
-    """Roll DEPLOY (default deploys/gpu_node.py) out over INVENTORY: validation and preflight of every host,
-    then the canary and the waves in inventory order, each host drained, converged, verified and returned.
+    """Roll DEPLOY out over INVENTORY: validation and preflight of every host, then the canary and the waves in
+    inventory order, each host drained, converged, verified and returned.
 
-    Exit code: 0 every host done, 1 stopped by failures or a host failed, 2 bad input or usage (nothing drained
-    or changed), 130 interrupted (continue with --resume).
+    DEPLOY: a deploy file (FILE.py) or a deploy function (package.module.function), as pyinfra takes it; default
+    gpufleet.deploys.gpu_node.gpu_node. Without -y the plan (waves, what changes on which host) is shown and
+    Enter asked for before the first drain or change, as pyinfra does; without a terminal, -y is required.
+
+    Exit code: 0 every host done, 1 stopped by failures or a host failed, 2 bad input or usage, or the plan not
+    confirmed (nothing drained or changed), 130 interrupted (continue with --resume).
     """
     if waves and batch:
         raise click.UsageError("--waves and --batch: give one of them")
+    confirm = None
+    if not yes and not dry:
+        if not _interactive():
+            click.echo("gpufleet rollout: no terminal to confirm the plan on (stdin is not a terminal): give -y to "
+                       "roll out without asking, or --dry to see the plan; nothing was drained or changed", err=True)
+            sys.exit(2)
+        confirm = _confirm
     # Ctrl-C (SIGINT, also to the whole process group as a terminal sends it), SIGTERM and SIGHUP stop a rollout
     # (state saved, exit 130/143/129, --resume goes on), even where the caller started it with SIGINT ignored, as a
     # shell does for a background job of a script or CI job.
@@ -106,22 +131,65 @@ def rollout(inventory: str, deploy: str, canary: int, waves: str | None, batch: 
     opts = run.RolloutOptions(inventory=inventory, deploy=deploy, canary=canary, waves=waves or batch or "25%",
                               max_unavailable=max_unavailable, max_failures=max_failures, verify=verify_gate,
                               drain=drain, wait_for_jobs=wait_for_jobs, on_timeout=on_timeout, state=state_file,
-                              resume=resume, dry=dry, out=out)
-    sys.exit(run.main(opts, echo=click.echo))
+                              resume=resume, dry=dry, out=out, pyinfra=pyinfra_args)
+    sys.exit(run.main(opts, echo=click.echo, confirm=confirm))
+
+
+def _interactive() -> bool:
+    """Whether someone can answer a question: stdin is a terminal."""
+    return sys.stdin.isatty()
+
+
+def _confirm(plan: str) -> bool:
+    """pyinfra's confirmation: the plan, then Enter to go on; any other answer, end of input or Ctrl-C: no."""
+    click.echo(plan)
+    click.echo("\n    Detected changes displayed above, skip this step with -y", err=True)
+    click.echo("    Press enter to roll out...", err=True, nl=False)
+    try:
+        answer = input()
+    except (EOFError, KeyboardInterrupt):
+        click.echo(err=True)
+        return False
+    if answer:
+        click.echo(f"    Unexpected user input: {answer}", err=True)
+        return False
+    return True
 
 
 @main.command()
 @click.argument("inventory")
-@click.argument("deploy", required=False, default="deploys/gpu_node.py")
+@click.argument("deploy", required=False, default=DEFAULT_DEPLOY)
+@pyinfra_options()
 @click.option("--json", "as_json", is_flag=True, help="print the drift as JSON")
-def drift(inventory: str, deploy: str, as_json: bool) -> None:
-    """What DEPLOY (default deploys/gpu_node.py) would change on every host of INVENTORY, per setting and host:
-    the deploy run with pyinfra --dry (same validation, preflight, facts and operations; nothing is changed).
+def drift(inventory: str, deploy: str, pyinfra_args: PyinfraArgs, as_json: bool) -> None:
+    """What DEPLOY would change on every host of INVENTORY, per setting and host: the deploy run with pyinfra
+    --dry (same validation, preflight, facts and operations; nothing is changed).
 
-    Exit code: 0 no drift, 1 drift, 2 could not tell (bad input, a host unreachable).
+    DEPLOY: a deploy file (FILE.py) or a deploy function (package.module.function), as pyinfra takes it; default
+    gpufleet.deploys.gpu_node.gpu_node.
+
+    Exit code: 0 no drift, 1 drift, 2 could not tell (bad input or usage, a host unreachable).
     """
     from . import interruption  # noqa: PLC0415
     from .drift import main as drift_main  # noqa: PLC0415
 
     interruption.catch_signals()  # SIGINT/SIGTERM/SIGHUP: exit 130/143/129, nothing was changed
-    sys.exit(drift_main(inventory, deploy, as_json=as_json, echo=click.echo))
+    sys.exit(drift_main(inventory, deploy, as_json=as_json, echo=click.echo, args=pyinfra_args))
+
+
+@main.command()
+@click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
+def completion(shell: str) -> None:
+    """Print the shell completion script of gpufleet for SHELL (click's), e.g.
+
+    \b
+      gpufleet completion bash > /etc/bash_completion.d/gpufleet
+      eval "$(gpufleet completion zsh)"     # in ~/.zshrc
+      gpufleet completion fish > ~/.config/fish/completions/gpufleet.fish
+
+    Exit code: 0 printed, 2 bad usage (a shell other than bash, zsh, fish).
+    """
+    from click.shell_completion import get_completion_class  # noqa: PLC0415
+
+    complete = get_completion_class(shell)(main, {}, "gpufleet", "_GPUFLEET_COMPLETE")
+    click.echo(complete.source())

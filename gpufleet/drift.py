@@ -13,13 +13,14 @@ import re
 import signal
 import sys
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TextIO
 
-from gpufleet import interruption
+from gpufleet import interruption, pyinfra_args
+from gpufleet.pyinfra_args import PyinfraArgs
 from gpufleet.rollout import converge
 
 EXIT_IN_SYNC, EXIT_DRIFT, EXIT_UNKNOWN = 0, 1, 2
-DEFAULT_DEPLOY = "deploys/gpu_node.py"
+DEFAULT_DEPLOY = pyinfra_args.DEFAULT_DEPLOY
 
 
 def setting_name(operation: str) -> str:
@@ -104,16 +105,24 @@ def _stderr(text: str) -> None:
         pass
 
 
-def run_drift(inventory: str, deploy: str = DEFAULT_DEPLOY) -> Drift:
-    hosts, error = converge.inventory_order(inventory)
+def run_drift(inventory: str, deploy: str = DEFAULT_DEPLOY, args: PyinfraArgs | None = None,
+              log: TextIO | None = None) -> Drift:
+    """The drift of the hosts ``args.limit`` selects (every host without), pyinfra run with the user's ``--data``,
+    ``-v`` and SSH options (its log to ``log`` with ``-v``)."""
+    problem = pyinfra_args.check_deploy(deploy)
+    if problem:
+        return Drift([], error=problem)
+    hosts, error = converge.inventory_order(inventory, args=args)
     if error:
         return Drift([], error=error)
-    return drift_from_run(converge.run_pyinfra(inventory, deploy, None, dry=True), hosts)
+    chosen = hosts if args and args.patterns else None
+    return drift_from_run(converge.run_pyinfra(inventory, deploy, chosen, dry=True, args=args, log=log), hosts)
 
 
-def main(inventory: str, deploy: str = DEFAULT_DEPLOY, *, as_json: bool = False, echo=print) -> int:
+def main(inventory: str, deploy: str = DEFAULT_DEPLOY, *, as_json: bool = False, echo=print,
+         args: PyinfraArgs | None = None, log: TextIO | None = None) -> int:
     try:
-        drift = run_drift(inventory, deploy)
+        drift = run_drift(inventory, deploy, args, log if log is not None else sys.stderr)
     except KeyboardInterrupt as error:  # SIGINT, SIGTERM, SIGHUP (gpufleet.interruption.catch_signals)
         status = interruption.status_of(error)
         report = getattr(error, "child_report", None)  # pyinfra's own: the hosts it was reading

@@ -38,12 +38,12 @@ PRE_TURING_ARCHITECTURES = ("Kepler", "Maxwell", "Pascal", "Volta")
 # OS (ID, VERSION_ID major) the driver stage supports
 SUPPORTED_OS = {
     "ubuntu": ("22.04", "24.04"),
-    "debian": ("12",),
+    "debian": ("12", "13"),
     "rhel": ("9",),
     "rocky": ("9",),
     "almalinux": ("9",),
 }
-SUPPORTED_OS_TEXT = "Ubuntu 22.04 / 24.04, Debian 12, RHEL / Rocky / AlmaLinux 9"
+SUPPORTED_OS_TEXT = "Ubuntu 22.04 / 24.04, Debian 12 / 13, RHEL / Rocky / AlmaLinux 9"
 
 
 # ----------------------------------------------------------------------------------------------- results

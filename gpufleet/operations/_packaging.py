@@ -26,6 +26,9 @@ NVIDIA_REPO_BASE = "https://developer.download.nvidia.com/compute/cuda/repos"
 # Keys NVIDIA signs those repositories with (ASCII armored), published in every repository directory.
 NVIDIA_APT_KEY = "3bf863cc.pub"
 NVIDIA_RPM_KEY = "D42D0685.pub"
+# Repositories of newer releases are signed with a key of their own ("Kitmaker (Debian 13 Trixie)
+# <kitmaker@nvidia.com>", fingerprint 02182E60104FCDC26EAE1B8597A5D4CB8793F200): repos/debian13/<arch>/8793F200.pub.
+NVIDIA_APT_KEY_BY_REPO = {"debian13": "8793F200.pub"}
 _NVIDIA_ARCH = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "sbsa", "arm64": "sbsa"}
 
 _APT_IDS = {"debian", "ubuntu"}
@@ -119,29 +122,38 @@ def default_style(distro: dict) -> str:
     return "ubuntu" if str(meta.get("ID", "")).lower() == "ubuntu" else "nvidia"
 
 
-def nvidia_repo_url(distro: dict, arch: str) -> str | None:
-    """NVIDIA's repository for this distro release and CPU (``…/repos/ubuntu2404/x86_64/``), or None."""
+def nvidia_repo_name(distro: dict) -> str | None:
+    """The directory NVIDIA names its repository for this distro release by (``ubuntu2404``, ``debian13``,
+    ``rhel9``), or None."""
     meta = distro.get("release_meta") or {}
     version = str(meta.get("VERSION_ID", "")).strip('"')
+    if not version:
+        return None
+    if "ubuntu" in distro_ids(distro) and str(meta.get("ID", "")).lower() == "ubuntu":
+        return "ubuntu" + version.replace(".", "")
+    if str(meta.get("ID", "")).lower() == "debian":
+        return "debian" + version.split(".")[0]
+    if family(distro) == DNF and distro.get("major"):
+        return f"rhel{distro['major']}"
+    return None
+
+
+def nvidia_repo_url(distro: dict, arch: str) -> str | None:
+    """NVIDIA's repository for this distro release and CPU (``…/repos/ubuntu2404/x86_64/``), or None."""
+    name = nvidia_repo_name(distro)
     nv_arch = _NVIDIA_ARCH.get(arch)
-    fam = family(distro)
-    ids = distro_ids(distro)
-    if not nv_arch or not version:
+    if not nv_arch or not name:
         return None
-    if "ubuntu" in ids and str(meta.get("ID", "")).lower() == "ubuntu":
-        slug = "ubuntu" + version.replace(".", "")
-    elif str(meta.get("ID", "")).lower() == "debian":
-        slug = "debian" + version.split(".")[0]
-    elif fam == DNF and distro.get("major"):
-        slug = f"rhel{distro['major']}"
-    else:
-        return None
-    return f"{NVIDIA_REPO_BASE}/{slug}/{nv_arch}/"
+    return f"{NVIDIA_REPO_BASE}/{name}/{nv_arch}/"
 
 
-def default_keyring_url(repo_url: str, fam: str) -> str:
-    """The signing key NVIDIA publishes inside each repository directory (mirrors carry it along)."""
-    return repo_url.rstrip("/") + "/" + (NVIDIA_APT_KEY if fam == APT else NVIDIA_RPM_KEY)
+def default_keyring_url(repo_url: str, fam: str, distro: dict | None = None) -> str:
+    """The signing key NVIDIA publishes inside the release's repository directory (mirrors carry it along):
+    ``8793F200.pub`` in Debian 13's, ``3bf863cc.pub`` in the other apt ones, ``D42D0685.pub`` in the dnf ones."""
+    if fam != APT:
+        return repo_url.rstrip("/") + "/" + NVIDIA_RPM_KEY
+    key = NVIDIA_APT_KEY_BY_REPO.get(nvidia_repo_name(distro or {}) or "", NVIDIA_APT_KEY)
+    return repo_url.rstrip("/") + "/" + key
 
 
 def driver_package(branch: str, flavour: str, style: str) -> str:

@@ -2,7 +2,7 @@
 Install NVIDIA's datacenter driver: repository, branch pin and hold, kernel module flavour, nouveau out of the
 way, kernel headers, fabric manager on NVSwitch systems, reboot when (and only when) allowed.
 
-Supported: Debian 12 and Ubuntu 22.04/24.04 (apt), RHEL/Rocky/Alma 9 (dnf module streams + versionlock).
+Supported: Debian 12/13 and Ubuntu 22.04/24.04 (apt), RHEL/Rocky/Alma 9 (dnf module streams + versionlock).
 Package naming per distribution is in ``gpufleet.operations._packaging``.
 """
 
@@ -213,7 +213,7 @@ def _resolve_repository(repo_url: str | None, keyring_url: str | None, distro: d
             )
     _check_url("repo_url", repo_url)
     if keyring_url is None:
-        keyring_url = pkg.default_keyring_url(repo_url, fam)
+        keyring_url = pkg.default_keyring_url(repo_url, fam, distro)
     _check_url("keyring_url", keyring_url)
     return repo_url, keyring_url
 
@@ -271,11 +271,11 @@ def nvidia_repository(repo_url: str | None = None, keyring_url: str | None = Non
     Configure NVIDIA's package repository (or a mirror of it) with its signing key.
 
     + repo_url: repository URL; default NVIDIA's CUDA repository for the host's release and CPU
-      (``https://developer.download.nvidia.com/compute/cuda/repos/<ubuntu2404|debian12|rhel9>/<x86_64|sbsa>/``).
+      (``https://developer.download.nvidia.com/compute/cuda/repos/<ubuntu2404|debian13|rhel9>/<x86_64|sbsa>/``).
       Point it at a mirror for air-gapped sites.
-    + keyring_url: the repository's OpenPGP signing key; default ``<repo_url>/3bf863cc.pub`` (apt) or
-      ``<repo_url>/D42D0685.pub`` (dnf), the keys NVIDIA publishes in each repository directory. A URL ending
-      in ``.asc``/``.pub`` is an armored key, anything else a binary keyring.
+    + keyring_url: the repository's OpenPGP signing key; default ``<repo_url>/3bf863cc.pub`` (apt;
+      ``8793F200.pub`` on Debian 13) or ``<repo_url>/D42D0685.pub`` (dnf), the keys NVIDIA publishes in each
+      repository directory. A URL ending in ``.asc``/``.pub`` is an armored key, anything else a binary keyring.
     + keyring_sha256: optional SHA-256 of the key file: the key is re-downloaded when it differs, and a
       download that does not match fails (without it an existing key file is kept as is).
 

@@ -17,7 +17,9 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
+
+from gpufleet.pyinfra_args import PyinfraArgs, match_limit, unmatched_error
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -28,12 +30,14 @@ def pyinfra_executable() -> str:
     return str(here) if here.exists() else "pyinfra"
 
 
-def pyinfra_command(inventory: str, deploy: str, hosts: list[str] | None, *, dry: bool) -> list[str]:
-    """``pyinfra --json [-y | --dry] [--limit HOST ...] INVENTORY DEPLOY`` (argv, no shell); ``hosts`` None: every
-    host of the inventory. An empty list is refused: without a ``--limit`` pyinfra would run on every host."""
+def pyinfra_command(inventory: str, deploy: str, hosts: list[str] | None, *, dry: bool,
+                    args: PyinfraArgs | None = None) -> list[str]:
+    """``pyinfra --json [-y | --dry] [ARGS] [--limit HOST ...] INVENTORY DEPLOY`` (argv, no shell); ``hosts``
+    None: every host of the inventory; ``args``: the user's ``--data``, ``-v``, SSH options. An empty list is
+    refused: without a ``--limit`` pyinfra would run on every host."""
     if hosts is not None and not hosts:
         raise ValueError("pyinfra_command: an empty host list (None means every host)")
-    cmd = [pyinfra_executable(), "--json", "--dry" if dry else "-y"]
+    cmd = [pyinfra_executable(), "--json", "--dry" if dry else "-y", *(args.argv() if args else ())]
     for name in hosts or ():
         cmd += ["--limit", name]
     return [*cmd, inventory, deploy]
@@ -126,13 +130,16 @@ def host_outcomes(run: PyinfraRun, hosts: list[str]) -> dict[str, HostOutcome]:
 
 
 def run_pyinfra(inventory: str, deploy: str, hosts: list[str] | None, *, dry: bool, cwd: str | None = None,
-                timeout: float | None = None) -> PyinfraRun:
-    """Run pyinfra; when this process is interrupted (a terminal's signal reaches the pyinfra child too), the
-    child's own report of the hosts it had mid-change is attached to the exception (``child_report``)."""
+                timeout: float | None = None, args: PyinfraArgs | None = None, log: TextIO | None = None
+                ) -> PyinfraRun:
+    """One ``pyinfra --json`` process (see :func:`pyinfra_command`); with ``args.verbosity`` its log is copied to
+    ``log`` (the user asked for it with ``-v``). When this process is interrupted (a terminal's signal reaches the
+    pyinfra child too), the child's own report of the hosts it had mid-change is attached to the exception
+    (``child_report``)."""
     import time  # noqa: PLC0415
 
     start = time.monotonic()
-    proc = subprocess.Popen(pyinfra_command(inventory, deploy, hosts, dry=dry), stdout=subprocess.PIPE,
+    proc = subprocess.Popen(pyinfra_command(inventory, deploy, hosts, dry=dry, args=args), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, cwd=cwd, stdin=subprocess.DEVNULL)
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
@@ -143,6 +150,9 @@ def run_pyinfra(inventory: str, deploy: str, hosts: list[str] | None, *, dry: bo
         proc.kill()
         proc.communicate()
         raise
+    if args and args.verbosity and log is not None:
+        log.write(stderr)
+        log.flush()
     return PyinfraRun(rc=proc.returncode, payload=parse_json_stdout(stdout), stderr=stderr,
                       seconds=time.monotonic() - start)
 
@@ -173,13 +183,16 @@ def planned_changes(run: PyinfraRun) -> dict[str, list[str]]:
     return out
 
 
-def inventory_order(inventory: str, *, cwd: str | None = None) -> tuple[list[str], str | None]:
-    """The hosts of the inventory in pyinfra's order (``pyinfra --json INVENTORY debug-inventory``), or an error."""
+def inventory_order(inventory: str, *, cwd: str | None = None, args: PyinfraArgs | None = None
+                    ) -> tuple[list[str], str | None]:
+    """The hosts of the inventory in pyinfra's order (``pyinfra --json INVENTORY debug-inventory``), those
+    ``args.limit`` selects, or an error."""
     from gpufleet import interruption  # noqa: PLC0415 (the rollout layer sits above it; imported where used)
 
+    data_args = args.argv(verbose=False) if args else []  # the hosts' data as the runs will see it
     try:
-        proc = subprocess.run([pyinfra_executable(), "--json", inventory, "debug-inventory"], capture_output=True,
-                              text=True, cwd=cwd, check=False, stdin=subprocess.DEVNULL)
+        proc = subprocess.run([pyinfra_executable(), "--json", *data_args, inventory, "debug-inventory"],
+                              capture_output=True, text=True, cwd=cwd, check=False, stdin=subprocess.DEVNULL)
     except OSError:
         interruption.check()  # ProcessLookupError: the child died of the signal that interrupts us
         raise
@@ -191,7 +204,21 @@ def inventory_order(inventory: str, *, cwd: str | None = None) -> tuple[list[str
     if proc.returncode != 0 or not isinstance(data, list):
         run = PyinfraRun(rc=proc.returncode, payload=None, stderr=proc.stderr)
         return [], f"cannot load the inventory {inventory}:\n{run.error_text()}"
-    return [h["name"] for h in data], None
+    hosts = [_Listed(h["name"], h.get("groups") or []) for h in data]
+    if args and args.patterns:
+        chosen, unmatched = match_limit(hosts, args.patterns)
+        if unmatched:
+            return [], unmatched_error(unmatched, inventory, hosts)
+        hosts = [h for h in hosts if h in chosen]  # pyinfra's order, not the patterns'
+    return [h.name for h in hosts], None
+
+
+@dataclass(frozen=True)
+class _Listed:
+    """A host as ``debug-inventory`` lists it."""
+
+    name: str
+    groups: list[str]
 
 
 class Subprocess:
@@ -201,17 +228,18 @@ class Subprocess:
     name = "subprocess"
     interruption = None  # the pyinfra process reports its hosts mid-change itself
 
-    def __init__(self, inventory: str, deploy: str) -> None:
-        self.inventory, self.deploy = inventory, deploy
+    def __init__(self, inventory: str, deploy: str, args: PyinfraArgs | None = None, log: TextIO | None = None
+                 ) -> None:
+        self.inventory, self.deploy, self.args, self.log = inventory, deploy, args, log
 
     def order(self) -> tuple[list[str], str | None]:
-        return inventory_order(self.inventory)
+        return inventory_order(self.inventory, args=self.args)
 
     def run(self, hosts: list[str] | None, *, plan: bool, keep_plan: bool = False, refresh: bool = True
             ) -> PyinfraRun:
         """``keep_plan`` and ``refresh`` are for the in-process engine: every wave here is a pyinfra process that
         plans anew on facts read then."""
-        return run_pyinfra(self.inventory, self.deploy, hosts, dry=plan)
+        return run_pyinfra(self.inventory, self.deploy, hosts, dry=plan, args=self.args, log=self.log)
 
     def close(self) -> None:
         return None

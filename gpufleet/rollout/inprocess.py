@@ -79,7 +79,9 @@ import sys
 import time
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
+
+from gpufleet import pyinfra_args
 
 from .converge import PyinfraRun
 
@@ -112,6 +114,7 @@ def supported(version: str | None = None) -> str | None:
         return f"pyinfra {version}: {error}"
     needed = {"pyinfra_cli.inventory.make_inventory": hasattr(inventory, "make_inventory"),
               "pyinfra_cli.util.load_deploy_file": hasattr(util, "load_deploy_file"),
+              "pyinfra_cli.util.load_func": hasattr(util, "load_func"),
               "pyinfra_cli.util.exec_file": hasattr(util, "exec_file"),
               "pyinfra_cli.prints.build_plan_json": hasattr(prints, "build_plan_json"),
               "pyinfra_cli.prints.build_results_json": hasattr(prints, "build_results_json"),
@@ -129,21 +132,38 @@ def supported(version: str | None = None) -> str | None:
 
 
 class _Log(logging.Handler):
-    """pyinfra's log of the run in progress, as the lines its CLI prints on stderr (without colours)."""
+    """pyinfra's log of the run in progress, as the lines its CLI prints on stderr (without colours); also written
+    to ``echo`` as it comes (``-v``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, echo: TextIO | None = None) -> None:
         super().__init__(logging.INFO)
         self.lines: list[str] = []
+        self.echo = echo
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            self.lines.extend(record.getMessage().splitlines() or [""])
+            lines = record.getMessage().splitlines() or [""]
+            self.lines.extend(lines)
+            if self.echo is not None:
+                self.echo.write("".join(line + "\n" for line in lines))
+                self.echo.flush()
         except Exception:  # noqa: BLE001 - a message that cannot be formatted is not worth failing a wave for
             self.handleError(record)
 
     def take(self) -> str:
         text, self.lines = "\n".join(self.lines), []
         return text + "\n" if text else ""
+
+
+def _set_verbosity(state, verbosity: int) -> None:
+    """pyinfra's ``-v``/``-vv``/``-vvv`` on a run's State, as its CLI sets them (``pyinfra_cli.cli._set_verbosity``,
+    3.10): facts and no-op operations, then the commands, then their output."""
+    if verbosity > 0:
+        state.print_fact_info = state.print_noop_info = True
+    if verbosity > 1:
+        state.print_input = state.print_fact_input = True
+    if verbosity > 2:
+        state.print_output = state.print_fact_output = True
 
 
 def describe(error: BaseException) -> str:
@@ -218,11 +238,15 @@ def _close(connector) -> None:
 class Session:
     """pyinfra in this process for the runs of one rollout (see the module docstring); :meth:`close` at the end."""
 
-    def __init__(self, inventory: str, deploy: str, *, cwd: str | None = None) -> None:
+    def __init__(self, inventory: str, deploy: str, *, cwd: str | None = None,
+                 args: pyinfra_args.PyinfraArgs | None = None, log: TextIO | None = None) -> None:
+        """``args``: the user's ``--limit``, ``--data``, ``-v`` and SSH options, as ``pyinfra`` applies them;
+        ``log``: where pyinfra's log goes as it comes with ``-v`` (else it is only read)."""
         import pyinfra  # noqa: PLC0415
         from pyinfra.api import Config  # noqa: PLC0415
 
         self.inventory_arg, self.deploy = inventory, deploy
+        self.args = args or pyinfra_args.PyinfraArgs()
         self.cwd = cwd or os.getcwd()
         self.interruption: str | None = None  # the hosts mid-change when a run was interrupted
         self._connections: dict[str, Any] = {}  # host name -> connector kept connected for the host's wave
@@ -234,7 +258,7 @@ class Session:
         pyinfra.is_cli = True
         if self.cwd not in sys.path:
             sys.path.append(self.cwd)  # as pyinfra's CLI: deploys and inventories import modules beside them
-        self._log = _Log()
+        self._log = _Log(log if self.args.verbosity else None)
         self._logger = logging.getLogger("pyinfra")
         self._logger_was = (self._logger.level, self._logger.propagate)
         self._logger.addHandler(self._log)
@@ -247,14 +271,21 @@ class Session:
         except Exception:
             self.close()
             raise
-        self.hosts = [host.name for host in self._spare]
+        chosen = list(self._spare)
+        if self.args.patterns:
+            chosen, unmatched = pyinfra_args.match_limit(self._spare, self.args.patterns)
+            if unmatched:
+                self.close()
+                raise InventoryError(pyinfra_args.unmatched_error(unmatched, inventory, self._spare))
+        self.hosts = [host.name for host in self._spare if host in chosen]  # pyinfra's order
 
     # ------------------------------------------------------------------------------------------------- public
 
     name = "in-process"
 
     def order(self) -> tuple[list[str], str | None]:
-        """The inventory's hosts in pyinfra's order (as ``pyinfra INVENTORY debug-inventory`` lists them)."""
+        """The inventory's hosts in pyinfra's order (as ``pyinfra INVENTORY debug-inventory`` lists them), those
+        ``--limit`` selects."""
         return list(self.hosts), None
 
     def run(self, hosts: list[str] | None, *, plan: bool, keep_plan: bool = False, refresh: bool = True
@@ -275,7 +306,7 @@ class Session:
         from pyinfra.api.state import StateStage  # noqa: PLC0415
         from pyinfra.context import ctx_config, ctx_inventory, ctx_state  # noqa: PLC0415
         from pyinfra_cli.prints import build_plan_json, build_results_json  # noqa: PLC0415
-        from pyinfra_cli.util import load_deploy_file  # noqa: PLC0415
+        from pyinfra_cli.util import load_deploy_file, load_func  # noqa: PLC0415
 
         from gpufleet import interruption  # noqa: PLC0415
 
@@ -284,6 +315,7 @@ class Session:
         inventory, self._spare = (self._spare or self._load_inventory()), None
         state = State(check_for_changes=plan)
         state.cwd = self.cwd
+        _set_verbosity(state, self.args.verbosity)
         config = self.config.copy()
         self._runs.append((state, inventory))
         wanted = None if hosts is None else set(hosts)
@@ -298,7 +330,10 @@ class Session:
                 self._connect(state, inventory)
                 state.set_stage(StateStage.Prepare)
                 config.lock_current_state()
-                load_deploy_file(state, self.deploy)
+                if pyinfra_args.is_deploy_file(self.deploy):
+                    load_deploy_file(state, self.deploy)
+                else:  # a deploy function (package.module.function), as pyinfra INVENTORY package.module.function
+                    load_func(state, pyinfra_args.deploy_function(self.deploy))
                 config.reset_locked_state()
                 if not plan:
                     self._logger.info("--> Beginning operation run...")
@@ -383,7 +418,7 @@ class Session:
         state.cwd = self.cwd
         try:
             with ctx_state.use(state), ctx_config.use(self.config):
-                return make_inventory(self.inventory_arg, cwd=self.cwd)
+                return make_inventory(self.inventory_arg, cwd=self.cwd, override_data=self.args.override_data())
         except Exception as error:  # noqa: BLE001 - any error in the user's inventory or group_data files
             raise InventoryError(f"cannot load the inventory {self.inventory_arg}: {describe(error)}") from None
 

@@ -31,8 +31,10 @@ def _names(names: list[str], limit: int = 20) -> str:
 
 
 def dry_plan_text(state: RolloutState, need: list[str], unchanged: list[str], planned: dict[str, list[str]],
-                  canary: int, waves: list[Count]) -> str:
-    lines = [f"gpufleet rollout --dry: {len(state.order)} host(s); nothing is drained or changed",
+                  canary: int, waves: list[Count], *, to_confirm: bool = False) -> str:
+    """The waves and what would change on each host: ``--dry``'s output, or the plan the rollout asks to confirm."""
+    lines = [f"gpufleet rollout: {len(state.order)} host(s); the plan to confirm" if to_confirm else
+             f"gpufleet rollout --dry: {len(state.order)} host(s); nothing is drained or changed",
              f"already converged (no change planned): {_names(unchanged)}"]
     for i, wave in enumerate(plan_waves(need, canary=canary, waves=waves), start=1):
         kind = "canary" if i == 1 and canary else "wave"

@@ -3,8 +3,12 @@ waves, each node through drain → converge → verify gate → return, the stat
 and the rollout report (JSON + JUnit).
 
 Exit codes: 0 every node done (or already converged); 1 stopped by failures, or a node failed or was skipped
-(jobs still running, ``--on-timeout skip``); 2 bad input or usage (nothing drained or changed); 130 interrupted
-(the state file says where; ``--resume`` continues).
+(jobs still running, ``--on-timeout skip``); 2 bad input or usage, or the plan not confirmed (nothing drained or
+changed); 130 interrupted (the state file says where; ``--resume`` continues).
+
+The caller that asks before any change (``gpufleet rollout`` without ``-y``) passes ``confirm`` to :func:`main`: the
+rollout then always plans every host first (no single-wave shortcut), shows the plan, and goes on only when
+``confirm`` says yes; library callers that pass none are not asked.
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from gpufleet import interruption
+from gpufleet import interruption, pyinfra_args
+from gpufleet.pyinfra_args import PyinfraArgs
 
 from . import converge, inprocess, report, waves
 from .drain import Drainer, DrainError, make_drainer
@@ -42,7 +47,7 @@ EXIT_DONE, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130  # inter
 ASK_AGAIN_S = 15.0  # after an interruption: how long the rollout may ask the scheduler which nodes it drained
 VERIFY_GATES = {"none": None, "quick": "none", "full": "quick"}  # gate -> verify's --bench profile
 ON_TIMEOUT = ("fail", "skip", "force")
-DEFAULT_DEPLOY = "deploys/gpu_node.py"
+DEFAULT_DEPLOY = pyinfra_args.DEFAULT_DEPLOY
 DEFAULT_OUT = "gpufleet-rollout"
 
 
@@ -67,13 +72,15 @@ class RolloutOptions:
     dry: bool = False
     out: str = DEFAULT_OUT
     poll_s: float = 2.0
+    pyinfra: PyinfraArgs = field(default_factory=PyinfraArgs)  # --limit, --data, -v, SSH options
 
     def state_path(self) -> Path:
         return Path(self.state) if self.state else Path(self.out) / "state.json"
 
     def recorded(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in ("canary", "waves", "max_unavailable", "max_failures", "verify",
-                                              "drain", "wait_for_jobs", "on_timeout")}
+        return {**{k: getattr(self, k) for k in ("canary", "waves", "max_unavailable", "max_failures", "verify",
+                                                 "drain", "wait_for_jobs", "on_timeout")},
+                "limit": self.pyinfra.patterns}
 
 
 @dataclass
@@ -99,8 +106,9 @@ def parse_options(opts: RolloutOptions) -> Parsed:
         raise BadInput(f"--on-timeout {opts.on_timeout}: allowed: {', '.join(ON_TIMEOUT)}")
     if opts.wait_for_jobs is not None and opts.wait_for_jobs < 0:
         raise BadInput(f"--wait-for-jobs {opts.wait_for_jobs}: must be 0 seconds or more")
-    if not Path(opts.deploy).is_file():
-        raise BadInput(f"deploy {opts.deploy}: no such file")
+    problem = pyinfra_args.check_deploy(opts.deploy)
+    if problem:
+        raise BadInput(problem)
     return parsed
 
 
@@ -236,7 +244,7 @@ class Controller:
         out = Path(self.opts.out) / f"wave-{wave_index:03d}-verify"
         try:
             result = verify_run.run_verify(self.opts.inventory, limit=names, bench=bench, out=out,
-                                           progress=self.progress)
+                                           progress=self.progress, override_data=self.opts.pyinfra.override_data())
         except verify_run.VerifyError as error:
             if str(error).startswith("no GPU node to verify"):
                 return names, None  # a wave of hosts without gpufleet stages (e.g. monitoring): nothing to gate
@@ -380,14 +388,15 @@ class Controller:
         return "stopped" if self.stop_reason(total) else "finished"
 
 
-def single_wave(opts: RolloutOptions, parsed: Parsed, todo: list[str], canary: int) -> bool:
+def single_wave(opts: RolloutOptions, parsed: Parsed, todo: list[str], canary: int, *, asks: bool = False) -> bool:
     """Whether the rollout is one wave over every host still to do, without drain (and not ``--dry``): then that
     wave's own ``pyinfra -y`` is the whole-fleet validation and preflight (the deploy validates every host of the
     run and runs preflight while pyinfra prepares them, and raises before any change), and a separate pass
     would only connect and read the same facts twice. The price: no per-host plan first, so an already
     converged host is in the wave too (pyinfra changes nothing there; reported as already converged). A run that
-    stops before executing anything is bad input (exit 2)."""
-    if opts.dry or opts.drain != "none" or canary > 0 or not todo:
+    stops before executing anything is bad input (exit 2). Never when the rollout ``asks`` to confirm its plan.
+    """
+    if asks or opts.dry or opts.drain != "none" or canary > 0 or not todo:
         return False
     first = waves.wave_sizes(len(todo), parsed.waves)[0]
     room = waves.capacity(parsed.max_unavailable, len(todo), 0)
@@ -421,14 +430,15 @@ def open_engine(opts: RolloutOptions, progress: TextIO):
     reason = inprocess.supported()
     if reason is not None:
         progress.write(f"gpufleet rollout: pyinfra runs as a subprocess per pass and wave ({reason})\n")
-        return converge.Subprocess(opts.inventory, opts.deploy)
+        return converge.Subprocess(opts.inventory, opts.deploy, opts.pyinfra, progress)
     try:
-        return inprocess.Session(opts.inventory, opts.deploy)
+        return inprocess.Session(opts.inventory, opts.deploy, args=opts.pyinfra, log=progress)
     except inprocess.InventoryError as error:
         raise BadInput(str(error)) from None
 
 
-def main(opts: RolloutOptions, *, progress: TextIO | None = None, echo=print) -> int:
+def main(opts: RolloutOptions, *, progress: TextIO | None = None, echo=print, confirm=None) -> int:
+    """The rollout; ``confirm(plan_text) -> bool``, where given, is asked before the first drain or change."""
     progress = progress if progress is not None else sys.stderr
     try:
         parsed = parse_options(opts)
@@ -448,6 +458,13 @@ def main(opts: RolloutOptions, *, progress: TextIO | None = None, echo=print) ->
             progress.write(f"gpufleet rollout: --resume: {path} is the rollout of {state.inventory} with "
                            f"{state.deploy}, not {opts.inventory} with {opts.deploy}\n")
             return EXIT_BAD_INPUT
+        recorded = state.options.get("limit") or []
+        if opts.pyinfra.patterns and opts.pyinfra.patterns != recorded:
+            progress.write(f"gpufleet rollout: --resume: {path} is the rollout of "
+                           + (f"--limit {','.join(recorded)}" if recorded else "every host of the inventory")
+                           + f", not --limit {','.join(opts.pyinfra.patterns)} (without --limit, --resume goes on "
+                           "with its own hosts)\n")
+            return EXIT_BAD_INPUT
     elif path.exists() and not opts.dry:
         progress.write(f"gpufleet rollout: {path} exists (an earlier rollout): --resume to continue it, or "
                        "remove it / give another --state to start a new one\n")
@@ -458,7 +475,7 @@ def main(opts: RolloutOptions, *, progress: TextIO | None = None, echo=print) ->
         progress.write(f"gpufleet rollout: {error}\n")
         return EXIT_BAD_INPUT
     try:
-        return _rollout(opts, parsed, state, engine, progress, echo)
+        return _rollout(opts, parsed, state, engine, progress, echo, confirm)
     finally:
         engine.close()
 
@@ -487,7 +504,7 @@ def _echo(echo, text: str) -> None:
 
 
 def _rollout(opts: RolloutOptions, parsed: Parsed, state: RolloutState | None, engine, progress: TextIO,
-             echo) -> int:
+             echo, confirm=None) -> int:
     """The rollout of ``state`` (``--resume``) or of a new one (None), its pyinfra runs made by ``engine``."""
     path = opts.state_path()
     if state is None:
@@ -519,7 +536,7 @@ def _rollout(opts: RolloutOptions, parsed: Parsed, state: RolloutState | None, e
     canary_done = any(w["kind"] == "canary" and all(state.nodes[n].state in (DONE, FAILED, SKIPPED)
                                                     for n in w["hosts"]) for w in state.waves)
     canary = 0 if canary_done else opts.canary
-    ctl.validating_wave = single_wave(opts, parsed, todo, canary)
+    ctl.validating_wave = single_wave(opts, parsed, todo, canary, asks=confirm is not None)
     try:
         if ctl.validating_wave:
             planned = None
@@ -527,7 +544,8 @@ def _rollout(opts: RolloutOptions, parsed: Parsed, state: RolloutState | None, e
                     "before any change")
         else:
             # a new rollout: every host of the inventory (the same hosts as todo, without a --limit per host)
-            planned = _preflight(engine, state.preflight, todo if opts.resume else None, progress,
+            every = not opts.resume and not opts.pyinfra.patterns
+            planned = _preflight(engine, state.preflight, None if every else todo, progress,
                                  keep_plan=opts.drain == "none" and not opts.dry) if todo else {}
     except BadInput as error:
         progress.write(f"gpufleet rollout: {error}\n")
@@ -546,6 +564,11 @@ def _rollout(opts: RolloutOptions, parsed: Parsed, state: RolloutState | None, e
     if opts.dry:
         echo(report.dry_plan_text(state, need, unchanged, planned, canary, parsed.waves))
         return EXIT_DONE
+    if confirm is not None and need:
+        if not confirm(report.dry_plan_text(state, need, unchanged, planned, canary, parsed.waves, to_confirm=True)):
+            progress.write("gpufleet rollout: not confirmed: nothing was drained or changed"
+                           + (f"; {path} is as it was\n" if opts.resume else "\n"))
+            return EXIT_BAD_INPUT
     for n in unchanged:
         state.nodes[n].changed = False
         state.nodes[n].move(DONE)

@@ -50,6 +50,7 @@ class Host:
     index: int
     address: str
     profile: str
+    os: str = image.DEFAULT_OS  # the Debian release it boots (image.RELEASES); fleets saved before had only Debian 12
 
     @property
     def dir(self) -> Path:
@@ -115,23 +116,43 @@ def run_on(host: Host, command: list[str], timeout: float = 60) -> subprocess.Co
 
 # ---------------------------------------------------------------------------------------------- up
 
-def up(count: int, profiles: list[str], driver: str | None = None, inventory: Path | None = None,
-       force: bool = False, net: str | None = None, log=print) -> Fleet:
-    """Bring up ``count`` hosts (profiles assigned round-robin); return the running fleet."""
-    check_requirements()
-    net = net or network.default_net()
-    if count < 1:
-        raise SimError("--hosts must be at least 1")
-    for profile in profiles:
+def parse_host_specs(specs: list[str], default_os: str = image.DEFAULT_OS) -> list[tuple[str, str]]:
+    """``PROFILE`` or ``PROFILE@OS`` per entry (``h100-sxm-8@debian13``) -> [(profile, os)], ``default_os`` where an
+    entry names none; ValueError naming the entry, the bad part and what is allowed."""
+    try:
+        image.release(default_os)
+    except image.UnknownRelease as error:
+        raise ValueError(f"--os: {error}") from None
+    parsed = []
+    for spec in specs:
+        profile, at, os_name = spec.partition("@")
         if profile not in hardware.PROFILES:
             raise hardware.UnknownProfile(profile)
+        if at:
+            try:
+                image.release(os_name)
+            except image.UnknownRelease as error:
+                raise ValueError(f"--profile {spec!r}: {error}") from None
+        parsed.append((profile, os_name if at else default_os))
+    return parsed
+
+
+def up(count: int, profiles: list[str], driver: str | None = None, inventory: Path | None = None,
+       force: bool = False, net: str | None = None, os_name: str = image.DEFAULT_OS, log=print) -> Fleet:
+    """Bring up ``count`` hosts (profiles assigned round-robin, each ``PROFILE`` or ``PROFILE@OS``, ``os_name`` for
+    those that name no OS); return the running fleet."""
+    if count < 1:
+        raise SimError("--hosts must be at least 1")
+    specs = parse_host_specs(profiles, os_name)
     driver_branch = repo.parse_driver_option(driver)
+    check_requirements()
+    net = net or network.default_net()
     if Fleet.load() is not None or (sim_dir() / "hosts").exists():
         if not force:
             raise SimError("a simulated fleet is already up (gpufleet sim down, or sim up --force)")
         down(log=log)
     fleet = Fleet(
-        hosts=[Host(f"node{i + 1:02d}", i, network.host_address(net, i), profiles[i % len(profiles)])
+        hosts=[Host(f"node{i + 1:02d}", i, network.host_address(net, i), *specs[i % len(specs)])
                for i in range(count)],
         net=net, repo_url=repo.url(net), driver=driver,
     )
@@ -157,14 +178,27 @@ def up(count: int, profiles: list[str], driver: str | None = None, inventory: Pa
     return fleet
 
 
+def base_dir(os_name: str) -> Path:
+    """The read-only lower layer of every host of one release."""
+    return sim_dir() / f"base-{os_name}"
+
+
+def _prepare_bases(releases: set[str], log) -> None:
+    legacy = sim_dir() / "base"  # the single Debian 12 layer of fleets before Debian 13 came
+    if (legacy / ".gpufleet-base").exists():
+        shutil.rmtree(legacy)
+    for os_name in sorted(releases):
+        base = base_dir(os_name)
+        marker = base / ".gpufleet-base"
+        if not marker.exists() or marker.read_text() != image.cache_key(os_name):
+            shutil.rmtree(base, ignore_errors=True)
+            image.build(os_name, log=log)
+            image.extract(os_name, base)
+            marker.write_text(image.cache_key(os_name))
+
+
 def _prepare_control(fleet: Fleet, log) -> None:
-    base = sim_dir() / "base"
-    marker = base / ".gpufleet-base"
-    if not marker.exists() or marker.read_text() != image.cache_key():
-        shutil.rmtree(base, ignore_errors=True)
-        image.build(log=log)
-        image.extract(base)
-        marker.write_text(image.cache_key())
+    _prepare_bases({host.os for host in fleet.hosts}, log)
     if not ssh_key().exists():
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(ssh_key())], check=True)
     nspawn_run = Path("/run/systemd/nspawn")
@@ -198,7 +232,7 @@ def _prepare_host(fleet: Fleet, host: Host, driver_branch: str | None) -> None:
     for sub in ("upper", "work", "root", "hw"):
         (h / sub).mkdir(parents=True, exist_ok=True)
     subprocess.run(["mount", "-t", "overlay", "overlay", "-o",
-                    f"lowerdir={sim_dir() / 'base'},upperdir={h / 'upper'},workdir={h / 'work'}", str(h / "root")],
+                    f"lowerdir={base_dir(host.os)},upperdir={h / 'upper'},workdir={h / 'work'}", str(h / "root")],
                    check=True)
     root = h / "root"
     (root / "etc/hostname").write_text(host.name + "\n")
@@ -281,14 +315,15 @@ def inventory_host_data(fleet: Fleet, host: Host) -> dict:
     return {
         "ssh_hostname": host.address, "ssh_user": "root", "ssh_key": str(ssh_key()),
         "ssh_known_hosts_file": str(known_hosts()), "ssh_strict_host_key_checking": "yes",
-        "gpufleet_sim_profile": host.profile, "gpufleet_sim_repo_url": fleet.repo_url,
+        "gpufleet_sim_profile": host.profile, "gpufleet_sim_os": host.os, "gpufleet_sim_repo_url": fleet.repo_url,
         "gpufleet_driver_repo_url": fleet.repo_url + "/",
         "gpufleet_driver_repo_keyring_url": f"{fleet.repo_url}/{repo.KEYRING_NAME}",
     }
 
 
 def write_inventory(fleet: Fleet, path: Path) -> None:
-    """A pyinfra inventory of the fleet: one group per hardware profile (``sim_<profile>``) and ``gpu_nodes``."""
+    """A pyinfra inventory of the fleet: one group per hardware profile (``sim_<profile>``) and ``gpu_nodes``; each
+    host's OS is its ``gpufleet_sim_os``."""
     lines = ["# Generated by `gpufleet sim up`: the simulated fleet as a pyinfra inventory.", ""]
     groups: dict[str, list[Host]] = {}
     for host in fleet.hosts:
@@ -327,7 +362,7 @@ def status() -> list[dict]:
             state = _systemd_state(host) or "starting"
         gpus = gpu_state.read_state(str(host.dir / "hw/gpus.state"))
         rows.append({
-            "name": host.name, "address": host.address, "profile": host.profile, "state": state,
+            "name": host.name, "address": host.address, "profile": host.profile, "os": host.os, "state": state,
             "gpus": gpu_state.gpu_count(gpus), "driver": gpus.get("driver.version") or None,
             "nspawn_pid": _pid(host.dir / "nspawn.pid"),
         })

@@ -32,20 +32,20 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from fnmatch import fnmatch
 from importlib import metadata
 from pathlib import Path
 from typing import Any, TextIO
 
 import gevent
 from pyinfra.api import Config, State
-from pyinfra.api.exceptions import ConnectError, NoGroupError
+from pyinfra.api.exceptions import ConnectError
 from pyinfra.context import ctx_config, ctx_inventory, ctx_state
 from pyinfra_cli.inventory import make_inventory
 from pyinfra_cli.util import exec_file
 
 from gpufleet import connection, interruption
 from gpufleet.config import ConfigErrors, NodeConfig, validate_pyinfra_inventory
+from gpufleet.pyinfra_args import match_limit, split_limit, unmatched_error
 from gpufleet.report import REPORT_FILES, render_prometheus, write_reports
 
 from . import EXIT_COULD_NOT_RUN, FAIL, UNREACHABLE, WARN
@@ -81,29 +81,6 @@ from .settings import (
 # ------------------------------------------------------------------------------------------ inventory
 
 
-def split_limit(limit: Iterable[str] | str | None) -> list[str]:
-    if limit is None:
-        return []
-    items = [limit] if isinstance(limit, str) else list(limit)
-    return [p.strip() for item in items for p in item.split(",") if p.strip()]
-
-
-def match_limit(inventory: Any, patterns: list[str]) -> tuple[list[Any], list[str]]:
-    """(hosts matching any pattern: a group name, a host name or a glob over host names, as pyinfra's --limit;
-    patterns that matched nothing)."""
-    chosen: list[Any] = []
-    unmatched = []
-    for pattern in patterns:
-        try:
-            hosts = list(inventory.get_group(pattern))
-        except NoGroupError:
-            hosts = [h for h in inventory if fnmatch(h.name, pattern)]
-        if not hosts:
-            unmatched.append(pattern)
-        chosen.extend(h for h in hosts if h not in chosen)
-    return chosen, unmatched
-
-
 def _describe(exc: BaseException) -> str:
     """``SyntaxError: ... (in group_data/a100.py)`` for an exception raised by the user's inventory files."""
     inner = getattr(exc, "exception", None)  # pyinfra_cli's UnexpectedExternalError wraps the user's exception
@@ -113,9 +90,10 @@ def _describe(exc: BaseException) -> str:
     return f"{text} (in {where})" if where and str(where) not in text else text
 
 
-def load_inventory(inventory_arg: str, limit: Iterable[str] | str | None = None, *, cwd: str | None = None
-                   ) -> tuple[Any, list[Any]]:
-    """(pyinfra State with the inventory, hosts to verify). Raises VerifyError (exit 2) on a bad inventory."""
+def load_inventory(inventory_arg: str, limit: Iterable[str] | str | None = None, *, cwd: str | None = None,
+                   override_data: Mapping[str, Any] | None = None) -> tuple[Any, list[Any]]:
+    """(pyinfra State with the inventory, hosts to verify). Raises VerifyError (exit 2) on a bad inventory.
+    ``override_data``: host data for every host, as pyinfra's ``--data`` and SSH options give it."""
     cwd = cwd or os.getcwd()
     if cwd not in sys.path:
         sys.path.append(cwd)  # as pyinfra's CLI: inventories and group_data may import modules beside them
@@ -130,7 +108,7 @@ def load_inventory(inventory_arg: str, limit: Iterable[str] | str | None = None,
         with ctx_state.use(state), ctx_config.use(config):
             if config_file.exists():
                 exec_file(str(config_file))
-            inventory = make_inventory(inventory_arg, cwd=cwd)
+            inventory = make_inventory(inventory_arg, cwd=cwd, override_data=dict(override_data or {}))
     except Exception as exc:  # noqa: BLE001 - any error in the user's inventory or group_data files
         raise VerifyError(f"inventory {inventory_arg} could not be loaded: {_describe(exc)}") from None
     patterns = split_limit(limit)
@@ -138,8 +116,7 @@ def load_inventory(inventory_arg: str, limit: Iterable[str] | str | None = None,
     if patterns:
         chosen, unmatched = match_limit(inventory, patterns)
         if unmatched:
-            raise VerifyError(f"--limit {','.join(unmatched)}: no host or group of {inventory_arg} matches; "
-                              f"hosts: {', '.join(h.name for h in inventory)}")
+            raise VerifyError(unmatched_error(unmatched, inventory_arg, inventory))
     state.init(inventory, config, initial_limit=chosen)
     hosts = [h for h in inventory if state.is_host_in_limit(h)]
     if not hosts:
@@ -260,15 +237,17 @@ def _progress_line(run: HostRun, done: int, total: int) -> str:
 
 def run_verify(inventory_arg: str, *, limit: Iterable[str] | str | None = None, bench: str = "none",
                out: str | Path = DEFAULT_OUT, progress: TextIO | None = None, cwd: str | None = None,
-               write_textfiles: bool = True, via: str = "ssh") -> VerifyRun:
+               write_textfiles: bool = True, via: str = "ssh", override_data: Mapping[str, Any] | None = None
+               ) -> VerifyRun:
     """The whole ``gpufleet verify``; raises VerifyError when it cannot run (exit 2). ``via``: ``ssh``, or
-    ``slurm`` / ``slurm:PREFIX`` (:mod:`gpufleet.verify.slurm`: the probe as one Slurm job)."""
+    ``slurm`` / ``slurm:PREFIX`` (:mod:`gpufleet.verify.slurm`: the probe as one Slurm job); ``override_data``: see
+    :func:`load_inventory`."""
     start = time.monotonic()
     if bench not in BENCH_PROFILES:
         raise VerifyError(f"--bench {bench}: allowed: {', '.join(BENCH_PROFILES)}")
     slurm_engine = _slurm_engine(via)
     progress = progress if progress is not None else sys.stderr
-    state, hosts = load_inventory(inventory_arg, limit, cwd=cwd)
+    state, hosts = load_inventory(inventory_arg, limit, cwd=cwd, override_data=override_data)
     with ctx_state.use(state), ctx_config.use(state.config), ctx_inventory.use(state.inventory):
         return _run_verify(state, hosts, inventory_arg, limit=limit, bench=bench, out=out, progress=progress,
                            write_textfiles=write_textfiles, start=start, slurm_engine=slurm_engine)
@@ -403,11 +382,12 @@ def summary_text(run: VerifyRun, out: str | Path) -> str:
 
 def main(inventory_arg: str, *, limit: Iterable[str] | str | None = None, bench: str = "none",
          out: str | Path = DEFAULT_OUT, echo: Callable[[str], Any] = print, progress: TextIO | None = None,
-         via: str = "ssh") -> int:
+         via: str = "ssh", override_data: Mapping[str, Any] | None = None) -> int:
     """``gpufleet verify``: run, print the summary, return the exit code (0, 1 or 2)."""
     progress = progress if progress is not None else sys.stderr
     try:
-        run = run_verify(inventory_arg, limit=limit, bench=bench, out=out, progress=progress, via=via)
+        run = run_verify(inventory_arg, limit=limit, bench=bench, out=out, progress=progress, via=via,
+                         override_data=override_data)
     except VerifyError as error:
         progress.write(f"gpufleet verify: {error}\n")
         progress.flush()

@@ -21,11 +21,9 @@ if _WORKER.startswith("gw"):
     os.environ["GPUFLEET_SIM_DIR"] += f"-{_WORKER}"
     os.environ["GPUFLEET_SIM_NET"] = ".".join([*_net[:2], str((int(_net[2]) + 100 + int(_WORKER[2:])) % 256)])
 
-from gpufleet.sim import hosts  # noqa: E402
-from gpufleet.sim.paths import cache_dir  # noqa: E402
+from gpufleet.sim import hosts, image  # noqa: E402
 from gpufleet.sim.repo import packages as sim_packages  # noqa: E402
 
-DEB_CACHE = cache_dir() / "debs-bookworm"  # the .debs the hosts download from Debian (node_exporter...), kept
 SIM_PACKAGES = {name for name, *_ in sim_packages()}  # the simulator's repository's own: rebuilt, never cached
 
 REPO = Path(__file__).resolve().parents[2]
@@ -55,24 +53,26 @@ def bring_up(tmp_path_factory, profiles: list[str], driver: str | None = None):
 
 def prime_deb_cache(fleet) -> None:
     """Put the cached Debian .debs into every host's apt archive, so apt installs them without downloading."""
-    if not DEB_CACHE.is_dir():
-        return
     for h in fleet.hosts:
+        cache = image.deb_cache_dir(h.os)  # the .debs from Debian (node_exporter...)
+        if not cache.is_dir():
+            continue
         archives = h.dir / "root/var/cache/apt/archives"
         archives.mkdir(parents=True, exist_ok=True)
-        for deb in DEB_CACHE.glob("*.deb"):
+        for deb in cache.glob("*.deb"):
             shutil.copy(deb, archives / deb.name)
 
 
 def save_deb_cache(fleet) -> None:
-    """Keep the Debian .debs the hosts downloaded (atomically: test modules may run in parallel)."""
-    DEB_CACHE.mkdir(parents=True, exist_ok=True)
+    """Keep the Debian .debs the hosts downloaded, per release (atomically: test modules may run in parallel)."""
     for h in fleet.hosts:
+        cache = image.deb_cache_dir(h.os)  # the .debs from Debian (node_exporter...)
+        cache.mkdir(parents=True, exist_ok=True)
         for deb in (h.dir / "root/var/cache/apt/archives").glob("*.deb"):
-            if not (DEB_CACHE / deb.name).exists() and deb.name.split("_")[0] not in SIM_PACKAGES:
-                partial = DEB_CACHE / f".{deb.name}.{os.getpid()}"
+            if not (cache / deb.name).exists() and deb.name.split("_")[0] not in SIM_PACKAGES:
+                partial = cache / f".{deb.name}.{os.getpid()}"
                 shutil.copy(deb, partial)
-                os.replace(partial, DEB_CACHE / deb.name)
+                os.replace(partial, cache / deb.name)
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
-"""`pyinfra inventories/sim.py deploys/gpu_node.py` end to end on bare simulated hosts.
+"""`pyinfra inventories/sim.py deploys/gpu_node.py` end to end on bare simulated hosts, Debian 12 and Debian 13
+(node02) alike.
 
 State is checked through the simulator (its GPU state file and nvidia-smi), never through gpufleet's facts.
 """
@@ -8,20 +9,21 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-from conftest import BIN, REPO, bring_up, exporter_units, gpufleet, grand_total, ssh
+from conftest import BIN, REPO, bring_up, exporter_units, gpufleet, grand_total, save_deb_cache, ssh
 
 from gpufleet.sim import hosts
 from gpufleet.sim.gpu import state as gpu_state
 
 INVENTORY = REPO / "inventories" / "sim.py"
 DEPLOY = REPO / "deploys" / "gpu_node.py"
-PROFILES = ["h100-sxm-8", "a100-40gb-1", "rtx4090-1"]
+PROFILES = ["h100-sxm-8", "a100-40gb-1@debian13", "rtx4090-1"]
 
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
     fleet = bring_up(tmp_path_factory, PROFILES)
     yield fleet
+    save_deb_cache(fleet)
     hosts.down(log=lambda *_: None)
 
 
@@ -36,9 +38,22 @@ def gpus(fleet, name: str) -> list[dict[str, str]]:
 
 
 def untouched(fleet, name: str) -> bool:
-    probe = ssh(fleet, name, "ls -A /etc/apt/sources.list.d; ls -d /etc/nccl.conf /etc/gpufleet 2>/dev/null; "
+    """Nothing of gpufleet's on the host: no apt source but the release's own (Debian 13 lists its archive in
+    sources.list.d/debian.sources), no NCCL or gpufleet file, no driver."""
+    probe = ssh(fleet, name, "ls -A /etc/apt/sources.list.d | grep -vx debian.sources; "
+                             "ls -d /etc/nccl.conf /etc/gpufleet 2>/dev/null; "
                              "command -v nvidia-smi; dpkg -l | grep -c nvidia", check=False)
     return probe.stdout.split() == ["0"]
+
+
+def test_the_fleet_runs_debian_12_and_debian_13(fleet):
+    """The Debian 13 host is what a Debian 13 server is: its os-release, apt 3, its archive in deb822 sources."""
+    release = {name: ssh(fleet, name, ". /etc/os-release; echo $VERSION_CODENAME").stdout.strip()
+               for name in ("node01", "node02", "node03")}
+    assert release == {"node01": "bookworm", "node02": "trixie", "node03": "bookworm"}
+    assert ssh(fleet, "node02", "apt-get --version | head -1").stdout.startswith("apt 3.")
+    assert "Suites: trixie trixie-updates" in ssh(fleet, "node02", "cat /etc/apt/sources.list.d/debian.sources").stdout
+    assert ssh(fleet, "node02", "test -e /etc/apt/sources.list", check=False).returncode != 0
 
 
 def override(tmp_path, group: str, text: str) -> list[str]:

@@ -6,6 +6,7 @@ Judged by the simulator (its nvidia-smi, the files on the host), not by gpufleet
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -97,3 +98,23 @@ def test_converge_twice_then_verify(installed, fleet, inventory):
     verify = run(installed, "gpufleet", "verify", str(inventory), "--out", "verify-out")
     assert verify.returncode == 0, verify.stdout
     assert (installed[1] / "verify-out" / "report.json").is_file()
+
+
+def test_python_dash_m_gpufleet_is_the_cli(installed):
+    result = run(installed, "python", "-m", "gpufleet", "--help")
+    assert result.returncode == 0, result.stdout
+    assert "Usage: python -m gpufleet" in result.stdout and "rollout" in result.stdout
+
+
+def test_rollout_runs_the_packaged_default_deploy_with_pyinfras_data(installed, fleet, inventory):
+    """``gpufleet rollout INVENTORY`` without DEPLOY, outside the checkout: the deploy is the wheel's
+    gpufleet.deploys.gpu_node.gpu_node; ``--data`` reaches the converge and the verify gate alike."""
+    result = run(installed, "gpufleet", "rollout", "-y", str(inventory), "--data", "gpufleet_power_limit=70%",
+                 "--canary", "0", "--out", "rollout-out")
+    assert result.returncode == 0, result.stdout
+    assert "changed (1): node01" in result.stdout, result.stdout
+    smi = ssh(fleet, "node01", "nvidia-smi --query-gpu=power.limit,power.default_limit --format=csv,noheader,nounits")
+    limit, default = (float(cell) for cell in smi.stdout.split(","))
+    assert limit == round(default * 0.7, 2), smi.stdout  # 315 W of an RTX 4090's 450
+    state = json.loads((installed[1] / "rollout-out" / "state.json").read_text())
+    assert state["deploy"] == "gpufleet.deploys.gpu_node.gpu_node"

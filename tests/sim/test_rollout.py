@@ -75,8 +75,8 @@ class Rollout:
         self.out = tmp_path / "out"
 
     def argv(self, *extra: str, drain: str | None = None) -> list[str]:
-        return [str(BIN / "gpufleet"), "rollout", str(self.inventory), "deploys/gpu_node.py", "--out", str(self.out),
-                "--drain", drain or f"command:{self.hook}", *extra]
+        return [str(BIN / "gpufleet"), "rollout", "-y", str(self.inventory), "deploys/gpu_node.py", "--out",
+                str(self.out), "--drain", drain or f"command:{self.hook}", *extra]
 
     def run(self, *extra: str, drain: str | None = None) -> subprocess.CompletedProcess:
         return subprocess.run(self.argv(*extra, drain=drain), cwd=REPO, capture_output=True, text=True, timeout=600)

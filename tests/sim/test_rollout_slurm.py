@@ -87,7 +87,7 @@ def rollout(fleet, tmp_path: Path, watts: int, *extra: str) -> subprocess.Comple
     inventory = tmp_path / "inventory.py"
     inventory.write_text(INVENTORY.format(watts=watts))
     drain = "slurm:" + shlex.join(hosts.ssh_command(fleet.host("node01")))
-    return subprocess.run([str(BIN / "gpufleet"), "rollout", str(inventory), "deploys/gpu_node.py", "--out",
+    return subprocess.run([str(BIN / "gpufleet"), "rollout", "-y", str(inventory), "deploys/gpu_node.py", "--out",
                            str(tmp_path / "out"), "--drain", drain, *extra], cwd=REPO, capture_output=True,
                           text=True, timeout=600)
 

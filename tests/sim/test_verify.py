@@ -1,4 +1,5 @@
-"""`gpufleet verify inventories/sim.py` end to end on three simulated servers converged by deploys/gpu_node.py:
+"""`gpufleet verify inventories/sim.py` end to end on three simulated servers (node03 on Debian 13, the others on
+Debian 12) converged by deploys/gpu_node.py:
 a converged fleet verifies clean, and each injected fault is reported as exactly that fault on exactly that host and
 GPU while nothing else fails; an unreachable host is reported as such while the others are verified; every node
 gets its Prometheus textfile; `pyinfra INVENTORY verify/gpu_node.py` writes the same report."""
@@ -11,12 +12,12 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from conftest import BIN, REPO, bring_up, gpufleet, ssh
+from conftest import BIN, REPO, bring_up, gpufleet, save_deb_cache, ssh
 
 from gpufleet.sim import hosts
 
 INVENTORY = "inventories/sim.py"
-PROFILES = ["h100-sxm-8", "a100-40gb-1", "rtx4090-1"]
+PROFILES = ["h100-sxm-8", "a100-40gb-1", "rtx4090-1@debian13"]
 NODES = ("node01", "node02", "node03")
 TEXTFILE = "/var/lib/prometheus/node-exporter/gpufleet_verify.prom"
 
@@ -29,6 +30,7 @@ def fleet(tmp_path_factory):
     assert converge.returncode == 0, converge.stdout[-3000:]
     fleet.out = tmp_path_factory.mktemp("verify")
     yield fleet
+    save_deb_cache(fleet)
     hosts.down(log=lambda *_: None)
 
 
@@ -100,6 +102,8 @@ def test_every_node_has_its_textfile_and_the_probe_installed(fleet):
         assert listing - {"gpufleet_desired.prom"} == {"gpufleet_verify.prom"}, listing
         installed = ssh(fleet, name, "ls /opt/gpufleet/probe").stdout.split()
         assert {"probe.py", "bench.py", "pynvml.py"} <= set(installed)
+    # the probe ran with each node's own python3: Debian 13's is 3.13 (no crypt, cgi, pipes, telnetlib...)
+    assert ssh(fleet, "node03", "python3 -c 'import sys; print(*sys.version_info[:2])'").stdout.split() == ["3", "13"]
 
 
 def test_second_run_uploads_nothing(fleet):

@@ -3,6 +3,7 @@ what the real one printed; and the ``packages`` operation's commands."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -112,6 +113,9 @@ def test_packages_installed_read_no_lists_and_change_nothing():
 
 
 def test_the_messages_checked_are_apts_own():
-    upstream = (Path(__file__).parents[1] / "reference/upstream/apt/update.cc.excerpt").read_text()
-    assert f'_("{apt_lists.FAILED_TO_FETCH}%s  %s\\n")' in upstream  # "URL  reason": two spaces, as parsed
-    assert f'_("{apt_lists.INDEX_FILES_FAILED}. They have been ignored' in upstream
+    """apt's own message formats (recorded from Debian/apt's apt-pkg/update.cc with provenance): "URL  reason" with
+    two spaces, as the check parses it, and the summary line it looks for."""
+    recorded = json.loads((Path(__file__).parents[1] / "reference/upstream/apt/facts.json").read_text())
+    update = recorded["files"]["apt/apt-pkg/update.cc"]
+    assert update["failed_to_fetch"]["format"] == apt_lists.FAILED_TO_FETCH + "%s  %s\\n"
+    assert update["index_files_failed"]["text"].startswith(apt_lists.INDEX_FILES_FAILED + ". ")

@@ -12,7 +12,7 @@ from pyinfra.facts.dnf import DnfEnabledModules
 from pyinfra.facts.files import Directory, File
 from pyinfra.facts.rpm import RpmPackages
 from pyinfra.facts.server import Arch, KernelVersion, RebootRequired, Which
-from pyinfra_harness import managed_state, run_operation, wrap
+from pyinfra_harness import fixture, managed_state, run_operation, wrap
 
 from gpufleet.facts.files import ManagedState
 from gpufleet.facts.nvidia import GpuInventory
@@ -202,6 +202,26 @@ def test_bare_debian_host_gets_repository_pin_blacklist_driver_fabricmanager_and
     ]
     assert commands.count(UPDATE) == 1
     assert not any("reboot" in noop for noop in noops)
+
+
+def test_debian_13_kernel_headers_are_named_and_asked_for_as_apt_knows_them():
+    """Debian 13's kernels are ``6.12.107+deb13-amd64``: the ``+`` is a regex character to apt-cache, so the
+    headers' name is asked for only where apt lists it, and installed by that exact name."""
+    kernel = "6.12.107+deb13-amd64"
+    headers = f"linux-headers-{kernel}"
+    trixie = {**DEBIAN, "major": 13, "release_meta": {"ID": "debian", "VERSION_ID": "13", "VERSION_CODENAME": "trixie"}}
+
+    def with_headers(packages):
+        found = policy(packages)
+        if headers in packages:
+            found[headers] = {"installed": None, "candidate": "6.12.107-1", "versions": []}
+        return found
+
+    commands, _ = run(apt_facts(extra={Distribution: trixie, KernelVersion: kernel,
+                                       driver._AptCachePolicy: with_headers}))
+    assert f"{APT_INSTALL} {headers}" in commands
+    assert driver._AptCachePolicy().command((headers,)).startswith(
+        f"set --; if apt-cache pkgnames {headers} | grep -qxF -e {headers}; then")
 
 
 def test_pin_admits_only_the_branch_first_record_wins():
@@ -517,6 +537,17 @@ def test_default_repository_is_nvidias_for_the_release_and_cpu():
     assert f"upload {SOURCE}\n{source_text(base)}" in commands
 
 
+def test_default_key_on_debian_13_is_the_key_of_nvidias_debian13_repository():
+    """NVIDIA signs repos/debian13/ with its own key (8793F200.pub); Debian 12's repository keeps 3bf863cc.pub."""
+    for version, codename, key in (("13", "trixie", "8793F200.pub"), ("12", "bookworm", "3bf863cc.pub")):
+        distro = {**DEBIAN, "major": int(version),
+                  "release_meta": {"ID": "debian", "VERSION_ID": version, "VERSION_CODENAME": codename}}
+        commands, _ = run(apt_facts(extra={Distribution: distro, Arch: "x86_64"}), repo_url=None, nvswitch=False)
+        base = f"https://developer.download.nvidia.com/compute/cuda/repos/debian{version}/x86_64"
+        assert next(c for c in commands if c.startswith("curl ")).startswith(f"curl -sSLf {base}/{key} -o ")
+        assert f"upload {SOURCE}\n{source_text(base)}" in commands
+
+
 def test_nvidia_repository_operation_alone():
     commands, _ = run_operation(driver.nvidia_repository, facts=apt_facts(), repo_url=REPO)
     assert commands[-1] == UPDATE
@@ -648,6 +679,19 @@ def test_apt_cache_policy_parses_installed_candidate_and_version_table():
         "set --; if apt-cache pkgnames 'linux-headers-6.1 x' | grep -qxF -e 'linux-headers-6.1 x'; "
         "then set -- \"$@\" 'linux-headers-6.1 x'; fi; if [ $# -gt 0 ]; then LC_ALL=C apt-cache policy \"$@\"; fi"
     )
+
+
+def test_apt_cache_policy_of_apt_3_parses_as_apt_2s():
+    """apt 3.0's ``apt-cache policy`` (Debian 13, real capture on a simulated host) in the same shape."""
+    lines = fixture("apt_cache_policy_debian_13.txt").splitlines()
+    parsed = driver._AptCachePolicy().process(lines)
+    assert parsed["nvidia-open-580"] == {"installed": "580.95.05-1", "candidate": "580.95.05-1",
+                                         "versions": [{"version": "580.95.05-1", "priority": 1000}]}
+    assert parsed["nvidia-open-570"] == {"installed": None, "candidate": "570.172.08-1",
+                                         "versions": [{"version": "570.172.08-1", "priority": 500}]}
+    assert parsed["prometheus-node-exporter"]["candidate"] == "1.9.0-1+b4"
+    assert sorted(parsed) == ["nvidia-fabricmanager-580", "nvidia-open-570", "nvidia-open-580",
+                              "prometheus-node-exporter"]
 
 
 @pytest.mark.skipif(shutil.which("apt-cache") is None, reason="needs apt-cache (a Debian/Ubuntu machine)")

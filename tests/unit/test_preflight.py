@@ -301,13 +301,19 @@ def test_dkms_needed():
     assert dkms_needed(load_node_config("n", {}), rocky)
 
 
+@pytest.mark.parametrize("release", ["debian_12", "debian_13"])
+def test_debian_12_and_13_are_supported(release):
+    facts = dataclasses.replace(hgx_h100_no_driver(), os=os_fact(f"os_release_{release}.txt"))
+    assert messages({"gpufleet_driver_packages_style": "nvidia"}, facts) == []
+
+
 def test_unsupported_os():
     centos7 = OsInfo().process(wrap("os-release", 'ID="centos"\nVERSION_ID="7"\nPRETTY_NAME="CentOS Linux 7 (Core)"'))
     facts = dataclasses.replace(hgx_h100_no_driver(), os=centos7)
     assert messages({}, facts) == [
         "node01: gpufleet_stages=['driver', 'persistence', 'power', 'mig', 'nccl', 'exporters']: the driver stage "
         "does not "
-        "support CentOS Linux 7 (Core); allowed: the driver stage on Ubuntu 22.04 / 24.04, Debian 12, RHEL / "
+        "support CentOS Linux 7 (Core); allowed: the driver stage on Ubuntu 22.04 / 24.04, Debian 12 / 13, RHEL / "
         "Rocky / AlmaLinux 9, or gpufleet_stages without 'driver'"]
     assert messages({"gpufleet_stages": ["power"]}, facts) == []
 

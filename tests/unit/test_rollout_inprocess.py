@@ -12,6 +12,7 @@ import pyinfra
 import pytest
 from pyinfra.connectors.fake import FakeConnector
 
+from gpufleet.pyinfra_args import PyinfraArgs
 from gpufleet.rollout import converge, inprocess, run
 
 HOSTS = ("@fake/a", "@fake/b", "@fake/c")
@@ -206,3 +207,45 @@ def test_a_rollout_in_process_end_to_end(files, monkeypatch):
     assert [p["hosts"] for p in report["preflight"]] == [None]  # the whole-fleet pass, once
     assert sorted(connects) == sorted(HOSTS)
     assert pyinfra.is_cli is False
+
+
+def test_in_process_the_users_limit_data_verbosity_and_a_deploy_function(files, monkeypatch):
+    """As ``pyinfra --limit ... --data ... -v INVENTORY package.module.function``: only the hosts --limit selects
+    (in the inventory's order) are connected to, --data reaches host.data, the deploy is a function, and -v shows
+    pyinfra's log."""
+    tmp_path, _, connects = files
+    (tmp_path / "site_deploys.py").write_text(
+        "from pyinfra import host\nfrom pyinfra.operations import server\n\n\ndef apply():\n"
+        "    server.shell(name='apply value', commands=[f\"apply {host.data.get('value')} {host.name}\"])\n")
+    monkeypatch.setattr(inprocess, "supported", lambda: None)
+    args = PyinfraArgs(limit=("@fake/c,@fake/a",), data=("value=three",), verbosity=1)
+    opts = run.RolloutOptions(inventory=str(tmp_path / "inventory.py"), deploy="site_deploys.apply", canary=1,
+                              waves="1", verify="none", out=str(tmp_path / "out"), pyinfra=args)
+    lines: list[str] = []
+    progress = io.StringIO()
+    assert run.main(opts, progress=progress, echo=lines.append) == run.EXIT_DONE, progress.getvalue()
+    report = json.loads(Path(tmp_path / "out/rollout.json").read_text())
+    assert [w["hosts"] for w in report["waves"]] == [["@fake/a"], ["@fake/c"]]
+    assert sorted(connects) == ["@fake/a", "@fake/c"]  # @fake/b: not even connected to
+    assert "changed (2): @fake/a, @fake/c" in "\n".join(lines)
+    assert "--> Beginning operation run..." in progress.getvalue()  # -v: pyinfra's log as it comes
+    session = inprocess.Session(str(tmp_path / "inventory.py"), "site_deploys.apply", args=args)
+    try:
+        plan = session.run(["@fake/a"], plan=True)
+        assert converge.planned_changes(plan) == {"@fake/a": ["apply value"]}
+        assert session._runs[-1][0].inventory.get_host("@fake/a").data.get("value") == "three"
+    finally:
+        session.close()
+    with pytest.raises(inprocess.InventoryError, match=r"--limit nothing\*: no host or group of .* matches"):
+        inprocess.Session(str(tmp_path / "inventory.py"), "site_deploys.apply",
+                          args=PyinfraArgs(limit=("nothing*",)))
+
+
+def test_without_v_pyinfras_log_is_read_not_shown(files, monkeypatch):
+    tmp_path, deploy, _ = files
+    monkeypatch.setattr(inprocess, "supported", lambda: None)
+    opts = run.RolloutOptions(inventory=str(tmp_path / "inventory.py"), deploy=deploy(), canary=0, waves="100%",
+                              verify="none", out=str(tmp_path / "out"))
+    progress = io.StringIO()
+    assert run.main(opts, progress=progress, echo=lambda _: None) == run.EXIT_DONE
+    assert "Beginning operation run" not in progress.getvalue()

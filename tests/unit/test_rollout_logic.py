@@ -6,14 +6,18 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 
+from gpufleet.pyinfra_args import PyinfraArgs
 from gpufleet.rollout import converge, inprocess, report, run, waves
 from gpufleet.rollout import state as st
 from gpufleet.rollout.drain import CommandDrainer, DrainError, make_drainer
+
+REAL_INVENTORY_ORDER = converge.inventory_order  # the fake fleet replaces it
 
 # ------------------------------------------------------------------------------------------------ waves
 
@@ -570,8 +574,8 @@ def test_verify_gate_uses_verify_and_fails_hosts_that_fail_a_check(tmp_path, mon
 
     calls = []
 
-    def fake_run_verify(inventory, *, limit, bench, out, progress):
-        calls.append((inventory, list(limit), bench))
+    def fake_run_verify(inventory, *, limit, bench, out, progress, override_data):
+        calls.append((inventory, list(limit), bench, override_data))
         hosts = [HostResult("n1", checks=[CheckResult("health.ecc", "pass", "n1", "ok")]),
                  HostResult("n2", checks=[CheckResult("health.temperature", "fail", "n2", "92 C"),
                                           CheckResult("health.ecc", "warn", "n2", "x")]),
@@ -579,7 +583,8 @@ def test_verify_gate_uses_verify_and_fails_hosts_that_fail_a_check(tmp_path, mon
         return SimpleNamespace(fleet=FleetResult(hosts), paths={"json": Path(out) / "report.json"})
 
     monkeypatch.setattr(verify_run, "run_verify", fake_run_verify)
-    o = run.RolloutOptions(inventory="inv.py", out=str(tmp_path), verify="full")
+    o = run.RolloutOptions(inventory="inv.py", out=str(tmp_path), verify="full",
+                           pyinfra=PyinfraArgs(data=("ssh_port=2222",), ssh_user="ops"))
     state = st.RolloutState.new("r", "inv.py", "d.py", {}, ["n1", "n2", "n3", "n4"])
     for n in state.order:
         for s in (st.DRAINING, st.DRAINED, st.CONVERGING):
@@ -588,7 +593,8 @@ def test_verify_gate_uses_verify_and_fails_hosts_that_fail_a_check(tmp_path, mon
                          run.Drainer(), io.StringIO())
     state.waves.append({"index": 2, "kind": "wave", "hosts": state.order, "phases": {}})
     ok, path = ctl.phase_verify(["n1", "n2", "n3", "n4"], 2)
-    assert calls == [("inv.py", ["n1", "n2", "n3", "n4"], "quick")]  # --verify full = probe + quick benchmarks
+    # --verify full = probe + quick benchmarks; the gate reaches the hosts as the converge does (--data, --user)
+    assert calls == [("inv.py", ["n1", "n2", "n3", "n4"], "quick", {"ssh_port": 2222, "ssh_user": "ops"})]
     assert ok == ["n1", "n3"]  # n3: not a GPU node (verify skipped it), nothing to gate
     assert state.nodes["n2"].reason == "verify: FAIL (health.temperature)"
     assert state.nodes["n4"].reason == "verify: UNREACHABLE (host.reachable)"
@@ -872,3 +878,67 @@ def test_a_hook_cut_off_mid_drain_leaves_that_node_maybe_drained_and_no_other(fa
     nodes = st.load(o.state_path()).nodes
     assert [n for n in nodes if nodes[n].drain_uncertain] == ["n3"] and nodes["n2"].drained_by_rollout
     assert "MAY BE DRAINED by this rollout (1: " in text and "STILL DRAINED by this rollout (1): n2" in text
+
+
+# ------------------------------------------------------------------------------------------------ CLI parity
+
+
+def listed_inventory(monkeypatch, hosts: dict[str, list[str]]) -> list[list[str]]:
+    """``pyinfra --json INVENTORY debug-inventory`` faked ({host: groups}); returns the argv of each call."""
+    calls = []
+
+    def fake_run(argv, **_):
+        calls.append(argv)
+        assert argv[-1] == "debug-inventory"
+        document = [{"name": n, "groups": g, "data": {}} for n, g in hosts.items()]
+        return subprocess.CompletedProcess(argv, 0, json.dumps(document), "")
+
+    monkeypatch.setattr(converge.subprocess, "run", fake_run)
+    return calls
+
+
+def test_inventory_order_takes_limit_and_data_as_pyinfra(monkeypatch):
+    calls = listed_inventory(monkeypatch, {"n1": ["h100"], "n2": [], "x1": ["h100"], "n3": []})
+    args = PyinfraArgs(limit=("n3,h100",), data=("k=v",), ssh_user="ops", verbosity=1)
+    assert REAL_INVENTORY_ORDER("inv.py", args=args) == (["n1", "x1", "n3"], None)  # pyinfra's order
+    assert calls[0][1:] == ["--json", "--data", "k=v", "--ssh-user", "ops", "inv.py", "debug-inventory"]
+    names, error = REAL_INVENTORY_ORDER("inv.py", args=PyinfraArgs(limit=("n1,zz*",)))
+    assert names == [] and error == "--limit zz*: no host or group of inv.py matches; hosts: n1, n2, x1, n3"
+
+
+def test_limit_rolls_out_only_those_hosts_and_resume_keeps_them(fake, tmp_path, monkeypatch):
+    fleet = fake(4)
+    listed_inventory(monkeypatch, {h: [] for h in fleet.hosts})
+    monkeypatch.setattr(converge, "inventory_order", REAL_INVENTORY_ORDER)
+    o = opts(tmp_path, fake.deploy, canary=1, waves="100%", pyinfra=PyinfraArgs(limit=("n4,n2",)))
+    rc, text = go(o)
+    assert rc == 0, text
+    assert fleet.calls == [("dry", ["n2", "n4"]), ("run", ["n2"]), ("run", ["n4"])]  # never every host
+    assert st.load(o.state_path()).options["limit"] == ["n4", "n2"]
+    o.resume, o.pyinfra = True, PyinfraArgs(limit=("n1",))
+    out = io.StringIO()
+    assert run.main(o, progress=out, echo=lambda _: None) == 2
+    assert "is the rollout of --limit n4,n2, not --limit n1" in out.getvalue()
+
+
+def test_the_plan_is_confirmed_before_any_drain_or_change(fake, tmp_path):
+    fleet = fake(3, converged={"n2"})
+    asked: list[str] = []
+    o = opts(tmp_path, fake.deploy, canary=0, waves="100%")  # one wave: without confirmation, no separate plan
+    out = io.StringIO()
+    assert run.main(o, progress=out, echo=lambda _: None, confirm=lambda plan: asked.append(plan) or False) == 2
+    assert fleet.calls == [("dry", ["n1", "n2", "n3"])] and not o.state_path().exists()
+    assert "not confirmed: nothing was drained or changed" in out.getvalue()
+    assert asked[0].splitlines()[:3] == ["gpufleet rollout: 3 host(s); the plan to confirm",
+                                         "already converged (no change planned): n2", "wave 1 (wave): n1, n3"]
+    fleet.calls.clear()
+    assert run.main(o, progress=io.StringIO(), echo=lambda _: None, confirm=lambda plan: True) == 0
+    assert fleet.calls == [("dry", ["n1", "n2", "n3"]), ("run", ["n1", "n3"])]
+
+
+def test_nothing_to_change_is_not_asked(fake, tmp_path):
+    fake(2, converged={"n1", "n2"})
+    asked = []
+    o = opts(tmp_path, fake.deploy)
+    assert run.main(o, progress=io.StringIO(), echo=lambda _: None, confirm=asked.append) == 0
+    assert asked == []
