@@ -217,7 +217,7 @@ def test_a_terminal_signal_to_the_process_group_stops_the_rollout_and_resume_fin
     inventory.write_text(INVENTORY.format(watts=watts))
     drain = "slurm:" + shlex.join(hosts.ssh_command(fleet.host("node01")))
     gate = moment if moment[0] not in ("state", "slurm") else None
-    argv = [str(BIN / "gpufleet"), "rollout", str(inventory), "deploys/gpu_node.py", "--out", str(out), "--drain",
+    argv = [str(BIN / "gpufleet"), "rollout", "-y", str(inventory), "deploys/gpu_node.py", "--out", str(out), "--drain",
             drain, "--canary", "1", "--waves", "1", "--max-failures", "5",
             "--verify", "quick" if gate and gate[1] == "python3" else "none"]
     before = {n: power_w(fleet, n) for n in COMPUTE}
