@@ -6,7 +6,6 @@ Its commands take pyinfra's host selection and connection options with pyinfra's
 
 from __future__ import annotations
 
-import signal
 import sys
 
 import click
@@ -58,8 +57,10 @@ def verify(inventory: str, pyinfra_args: PyinfraArgs, bench: str, out: str, via:
     or configuration, no host reachable, bad usage).
     """
     _patch_for_gevent()
+    from . import interruption  # noqa: PLC0415
     from .verify import run  # noqa: PLC0415
 
+    interruption.catch_signals()  # SIGINT/SIGTERM/SIGHUP: exit 130/143/129 naming the hosts not finished
     sys.exit(run.main(inventory, limit=list(pyinfra_args.limit), bench=bench, out=out, echo=click.echo, via=via,
                       override_data=pyinfra_args.override_data()))
 
@@ -115,9 +116,12 @@ def rollout(inventory: str, deploy: str, pyinfra_args: PyinfraArgs, yes: bool, c
                        "roll out without asking, or --dry to see the plan; nothing was drained or changed", err=True)
             sys.exit(2)
         confirm = _confirm
-    # Ctrl-C stops a rollout (state saved, exit 130, --resume goes on) even where the caller started it with SIGINT
-    # ignored, as a shell does for a background job of a script or CI job.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    # Ctrl-C (SIGINT, also to the whole process group as a terminal sends it), SIGTERM and SIGHUP stop a rollout
+    # (state saved, exit 130/143/129, --resume goes on), even where the caller started it with SIGINT ignored, as a
+    # shell does for a background job of a script or CI job.
+    from . import interruption  # noqa: PLC0415
+
+    interruption.catch_signals()
     # Patched for gevent: the rollout runs pyinfra in this process (gpufleet.rollout.inprocess), and the verify gate
     # probes a wave's hosts in parallel. gevent's loop checks for signals while it waits, so Ctrl-C still raises
     # KeyboardInterrupt at once while the rollout waits on a drain hook, a host or a subprocess.
@@ -166,8 +170,10 @@ def drift(inventory: str, deploy: str, pyinfra_args: PyinfraArgs, as_json: bool)
 
     Exit code: 0 no drift, 1 drift, 2 could not tell (bad input or usage, a host unreachable).
     """
+    from . import interruption  # noqa: PLC0415
     from .drift import main as drift_main  # noqa: PLC0415
 
+    interruption.catch_signals()  # SIGINT/SIGTERM/SIGHUP: exit 130/143/129, nothing was changed
     sys.exit(drift_main(inventory, deploy, as_json=as_json, echo=click.echo, args=pyinfra_args))
 
 

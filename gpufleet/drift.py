@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import sys
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from gpufleet import pyinfra_args
+from gpufleet import interruption, pyinfra_args
 from gpufleet.pyinfra_args import PyinfraArgs
 from gpufleet.rollout import converge
 
@@ -96,6 +97,14 @@ def text(drift: Drift) -> str:
     return "\n".join(lines)
 
 
+def _stderr(text: str) -> None:
+    try:
+        sys.stderr.write(text + "\n")
+        sys.stderr.flush()
+    except OSError:  # the terminal is gone (SIGHUP)
+        pass
+
+
 def run_drift(inventory: str, deploy: str = DEFAULT_DEPLOY, args: PyinfraArgs | None = None,
               log: TextIO | None = None) -> Drift:
     """The drift of the hosts ``args.limit`` selects (every host without), pyinfra run with the user's ``--data``,
@@ -112,6 +121,14 @@ def run_drift(inventory: str, deploy: str = DEFAULT_DEPLOY, args: PyinfraArgs | 
 
 def main(inventory: str, deploy: str = DEFAULT_DEPLOY, *, as_json: bool = False, echo=print,
          args: PyinfraArgs | None = None, log: TextIO | None = None) -> int:
-    drift = run_drift(inventory, deploy, args, log if log is not None else sys.stderr)
+    try:
+        drift = run_drift(inventory, deploy, args, log if log is not None else sys.stderr)
+    except KeyboardInterrupt as error:  # SIGINT, SIGTERM, SIGHUP (gpufleet.interruption.catch_signals)
+        status = interruption.status_of(error)
+        report = getattr(error, "child_report", None)  # pyinfra's own: the hosts it was reading
+        _stderr(f"gpufleet drift: interrupted by {signal.Signals(status - 128).name} (exit {status}); nothing was "
+                "changed (drift only reads); run it again for the answer"
+                + (f"\n{report}" if report else ""))
+        return status
     echo(json.dumps(drift.to_dict(), indent=1) if as_json else text(drift))
     return drift.exit_code

@@ -1,5 +1,6 @@
-"""Honest interruption of a gpufleet run under the pyinfra CLI: SIGINT/SIGTERM exit 130/143 and say which hosts
-were mid-change, in which stage.
+"""Honest interruption: SIGINT, SIGTERM and SIGHUP (a closed terminal) exit 130, 143 and 129 and say which hosts
+were mid-change, in which stage; under the pyinfra CLI (:func:`install`) and in gpufleet's own commands
+(:func:`catch_signals`: rollout, verify, drift). docs/interruption.md says what each command does with each signal.
 
 Why: pyinfra's CLI answers SIGINT with "Exiting upon user request!" and exit status 0 — a converge stopped in the
 middle of a MIG mode change looked like a success to a script or CI job — and SIGTERM kills it without a word.
@@ -24,12 +25,62 @@ import weakref
 import gevent
 import pyinfra
 
-SIGNALS = (signal.SIGINT, signal.SIGTERM)
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _installed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_received: list[int] = []  # the signals gpufleet's own commands received (catch_signals), first first
 
 
 def exit_status(signum: int) -> int:
     return 128 + signum
+
+
+# --------------------------------------------------------------------------------- gpufleet's own commands
+# A terminal sends SIGINT to its whole foreground process group: the command's children (ssh, sinfo, scontrol, srun,
+# a pyinfra process) die of it at the same moment as the command gets it. Their death (an exit status, 255 from
+# ssh "Killed by signal 2.", or ProcessLookupError when subprocess kills a child already gone) is then no failure of
+# a host or node: it is the interruption. The first signal raises Interrupted in the main greenlet (gevent's hub
+# hands it there, as KeyboardInterrupt); whoever runs a child asks :func:`check` when the child failed.
+
+
+class Interrupted(KeyboardInterrupt):
+    """The command received ``signum`` (SIGINT, SIGTERM or SIGHUP): stop, start nothing more, say where it stopped,
+    exit ``128 + signum``."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def catch_signals() -> None:
+    """SIGINT, SIGTERM and SIGHUP raise :class:`Interrupted` (the first one; later ones are only counted, so that
+    the command's bounded clean-up, e.g. asking Slurm which nodes it drained, is not cut short). Also where the
+    caller started the command with SIGINT ignored, as a shell does for a background job of a script."""
+    _received.clear()
+
+    def handle(signum: int, _frame) -> None:
+        _received.append(signum)
+        if len(_received) == 1:
+            raise Interrupted(signum)
+
+    for signum in SIGNALS:
+        signal.signal(signum, handle)
+
+
+def received() -> int | None:
+    """The first signal the command received (:func:`catch_signals`), or None."""
+    return _received[0] if _received else None
+
+
+def check() -> None:
+    """Raise :class:`Interrupted` when the command received a signal: called where a child process failed (it died
+    of the same signal: not a failure of its host or node) and before anything new starts."""
+    if _received:
+        raise Interrupted(_received[0])
+
+
+def status_of(error: KeyboardInterrupt) -> int:
+    """The exit status of an interruption: 128 + its signal (130 for a plain KeyboardInterrupt)."""
+    return exit_status(getattr(error, "signum", None) or received() or signal.SIGINT)
 
 
 def mid_change(state) -> list[tuple[str, str]]:

@@ -177,7 +177,7 @@ def gpu_node() -> None:
     # HostLock first, before the others: the lock's generation check then covers every read made with it
     prefetch.install(host.state, (HostLock, *PREFLIGHT_FACTS), prefetch.default_cache_dir())
     connection.install(host.state)  # a host that stops answering fails within ~30 s; the others go on
-    interruption.install(host.state)  # SIGINT/SIGTERM: exit 130/143 naming the hosts mid-change
+    interruption.install(host.state)  # SIGINT/SIGTERM/SIGHUP: exit 130/143/129 naming the hosts mid-change
     config = node_config(host, inventory)
     facts, ok = checked_facts(host, inventory, config)
     if not ok:

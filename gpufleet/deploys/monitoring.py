@@ -23,10 +23,12 @@ from pyinfra.api import deploy
 from pyinfra.operations import apt, files, server, systemd
 from pyinfra.operations.util import any_changed
 
+from gpufleet import interruption
 from gpufleet.config import ConfigError, ConfigErrors, NodeConfig, validate_pyinfra_inventory
 from gpufleet.masking import mask_urls
 from gpufleet.monitoring import render, rules
 from gpufleet.monitoring.config import MonitoringSettings, check_monitoring_host, load_monitoring_settings, seconds
+from gpufleet.operations import apt_lists
 from gpufleet.operations.files import managed_file, secret_file
 
 from ._inputs import InputError
@@ -142,8 +144,8 @@ def _put(name: str, text: str, dest: str, mode: str = "644"):
 
 
 def prometheus_stage(settings: MonitoringSettings, targets) -> None:
-    apt.packages(name="Prometheus and Alertmanager (distribution packages)", packages=list(PROMETHEUS_PACKAGES),
-                 update=True, cache_time=7 * 86400, no_recommends=True)
+    apt_lists.packages(name="Prometheus and Alertmanager (distribution packages)", packages=list(PROMETHEUS_PACKAGES),
+                       no_recommends=True)
     prom_args = (f"--web.listen-address={settings.prometheus_listen} "
                  f"--storage.tsdb.retention.time={settings.retention}")
     am_args = f"--web.listen-address={settings.alertmanager_listen} --cluster.listen-address="
@@ -182,7 +184,7 @@ def grafana_stage(settings: MonitoringSettings) -> None:
     apt.key(name="Grafana repository key", src=f"{url.rstrip('/')}/gpg.key", dest=GRAFANA_KEYRING)
     apt.repo(name="Grafana repository", src=f"deb [signed-by={GRAFANA_KEYRING}] {settings.grafana_repo_url}",
              filename="grafana")
-    apt.packages(name="Grafana", packages=["grafana"], update=True, cache_time=7 * 86400)
+    apt_lists.packages(name="Grafana", packages=["grafana"], no_recommends=False)
     prometheus_url = f"http://localhost:{settings.prometheus_listen.rsplit(':', 1)[1]}"
     address, port = settings.grafana_listen.rsplit(":", 1)
     changed = [
@@ -206,6 +208,7 @@ def grafana_stage(settings: MonitoringSettings) -> None:
 
 @deploy("gpufleet: monitoring")
 def monitoring() -> None:
+    interruption.install(host.state)  # SIGINT/SIGTERM/SIGHUP: exit 130/143/129 naming the hosts mid-change
     _configs, monitoring_hosts, targets = validated()
     if host.name not in monitoring_hosts:
         return

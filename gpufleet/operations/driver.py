@@ -26,7 +26,7 @@ from gpufleet.facts.repository import KeyFingerprints
 from gpufleet.facts.system import Distribution
 
 from . import _packaging as pkg
-from . import _repo_keys
+from . import _repo_keys, apt_lists
 from ._systemd import get_state, put_file, read_together, refuse, unit_states
 
 KEYRING_DIR = "/etc/apt/keyrings"
@@ -323,7 +323,7 @@ def nvidia_repository(repo_url: str | None = None, keyring_url: str | None = Non
         return
     if fam == pkg.APT:
         if (yield from _apt_repository(repo_url, keyring_url, keyring_sha256, keyring_fingerprint)):
-            yield "apt-get update"
+            yield from apt_lists.update._inner()
     else:
         yield from _dnf_repository(repo_url, keyring_url, keyring_fingerprint)
 
@@ -400,7 +400,7 @@ def _apt_headers(lists_updated: bool):
         )
         return lists_updated
     if not lists_updated:
-        yield "apt-get update"
+        yield from apt_lists.update._inner()
     yield noninteractive_apt(f"install {shlex.quote(name)}")
     return True
 
@@ -451,7 +451,7 @@ def _apt_packages(branch: str, flavour: str, style: str, nvswitch: bool, repo_ur
         return driver_version, False
 
     if not lists_updated:
-        yield "apt-get update"
+        yield from apt_lists.update._inner()
     # Read after the update (operations run lazily in pyinfra 3): candidates with the branch pin applied.
     policy = host.get_fact(_AptCachePolicy, packages=tuple(wanted))
     specs = []
@@ -721,7 +721,7 @@ def nvidia_driver(
         repo_changed = yield from _apt_repository(repo_url, keyring_url, keyring_sha256, keyring_fingerprint)
         yield from _put(APT_PIN, pkg.apt_pin(branch))
         if repo_changed:
-            yield "apt-get update"
+            yield from apt_lists.update._inner()
         yield from _nouveau_blacklist()
         lists_updated = repo_changed
         style = packages_style or pkg.default_style(distro)

@@ -14,14 +14,13 @@ import shlex
 from pyinfra import host
 from pyinfra.api import StringCommand, operation
 from pyinfra.api.command import FileUploadCommand
-from pyinfra.operations import apt
 
 from gpufleet.config import DEFAULT_TEXTFILE_DIR
 from gpufleet.exporter import BUNDLE_NAME, bundle
-from gpufleet.facts.packages import DebInstalled
 from gpufleet.facts.system import Distribution
 
 from . import _packaging as pkg
+from . import apt_lists
 from ._systemd import (
     SETTINGS_DIR,
     UNIT_DIR,
@@ -207,15 +206,6 @@ def _stop_and_disable(status: dict, unit: str):
         yield systemctl("disable", unit)
 
 
-def _apt_install(packages: list[str]):
-    """pyinfra's ``apt.packages`` (apt's lists updated first when older than a week, no recommends) when one of
-    ``packages`` is not installed; nothing when all are, so that a converged node's run changes nothing however old
-    its apt lists are (the update ran whenever the lists were a week old)."""
-    installed = host.get_fact(DebInstalled, packages=tuple(packages))
-    if any(name not in installed for name in packages):
-        yield from apt.packages._inner(packages=packages, update=True, cache_time=7 * 86400, no_recommends=True)
-
-
 def _require_apt():
     distro = host.get_fact(Distribution) or {}
     if pkg.family(distro) != pkg.APT:
@@ -252,7 +242,7 @@ def node_exporter(textfile_dir: str, listen: str = "0.0.0.0:9100"):
     """
     if not (yield from _require_apt()):
         return
-    yield from _apt_install([NODE_EXPORTER_PACKAGE])
+    yield from apt_lists.packages._inner(packages=[NODE_EXPORTER_PACKAGE])
     managed = get_state(paths=(NODE_EXPORTER_DEFAULTS, textfile_dir), units=(NODE_EXPORTER_UNIT,))
     commands = []
     if managed["files"][textfile_dir] is None:
@@ -353,7 +343,8 @@ def gpu_exporter(kind: str, listen: str = "0.0.0.0:9400", profiling: bool = Fals
     elif kind == "dcgm":
         if not (yield from _require_apt()):
             return
-        yield from _apt_install([*DCGM_PACKAGES, *([DCGM_PROFILING_PACKAGE] if profiling_package else [])])
+        yield from apt_lists.packages._inner(
+            packages=[*DCGM_PACKAGES, *([DCGM_PROFILING_PACKAGE] if profiling_package else [])])
         changed = list(put_file(files[DCGM_COUNTERS], DCGM_COUNTERS, counters_csv(profiling)))
         changed += put_file(files[DCGM_DROP_IN], DCGM_DROP_IN, dcgm_drop_in_text(listen, collect_interval_ms))
         commands += changed

@@ -133,17 +133,45 @@ def run_pyinfra(inventory: str, deploy: str, hosts: list[str] | None, *, dry: bo
                 timeout: float | None = None, args: PyinfraArgs | None = None, log: TextIO | None = None
                 ) -> PyinfraRun:
     """One ``pyinfra --json`` process (see :func:`pyinfra_command`); with ``args.verbosity`` its log is copied to
-    ``log`` (the user asked for it with ``-v``)."""
+    ``log`` (the user asked for it with ``-v``). When this process is interrupted (a terminal's signal reaches the
+    pyinfra child too), the child's own report of the hosts it had mid-change is attached to the exception
+    (``child_report``)."""
     import time  # noqa: PLC0415
 
     start = time.monotonic()
-    proc = subprocess.run(pyinfra_command(inventory, deploy, hosts, dry=dry, args=args), capture_output=True,
-                          text=True, cwd=cwd, timeout=timeout, check=False, stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen(pyinfra_command(inventory, deploy, hosts, dry=dry, args=args), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=cwd, stdin=subprocess.DEVNULL)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except KeyboardInterrupt as error:
+        error.child_report = _stop_child(proc, getattr(error, "signum", None))
+        raise
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise
     if args and args.verbosity and log is not None:
-        log.write(proc.stderr)
+        log.write(stderr)
         log.flush()
-    return PyinfraRun(rc=proc.returncode, payload=parse_json_stdout(proc.stdout), stderr=proc.stderr,
+    return PyinfraRun(rc=proc.returncode, payload=parse_json_stdout(stdout), stderr=stderr,
                       seconds=time.monotonic() - start)
+
+
+def _stop_child(proc: subprocess.Popen, signum: int | None, wait_s: float = 10.0) -> str | None:
+    """The interrupted pyinfra child: passed the signal (a terminal sent it to both already; a ``kill`` to this
+    process alone did not), given ``wait_s`` to exit, killed after; returns its ``gpufleet: interrupted`` report."""
+    import signal  # noqa: PLC0415
+
+    try:
+        if proc.poll() is None:
+            proc.send_signal(signum or signal.SIGINT)
+        _, stderr = proc.communicate(timeout=wait_s)
+    except Exception:  # noqa: BLE001 - it did not end in time (or its pipes are gone): it must not outlive us
+        proc.kill()
+        return None
+    lines = _ANSI.sub("", stderr or "").splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith("gpufleet: interrupted")), None)
+    return None if start is None else "\n".join(lines[start:])
 
 
 def planned_changes(run: PyinfraRun) -> dict[str, list[str]]:
@@ -159,9 +187,15 @@ def inventory_order(inventory: str, *, cwd: str | None = None, args: PyinfraArgs
                     ) -> tuple[list[str], str | None]:
     """The hosts of the inventory in pyinfra's order (``pyinfra --json INVENTORY debug-inventory``), those
     ``args.limit`` selects, or an error."""
+    from gpufleet import interruption  # noqa: PLC0415 (the rollout layer sits above it; imported where used)
+
     data_args = args.argv(verbose=False) if args else []  # the hosts' data as the runs will see it
-    proc = subprocess.run([pyinfra_executable(), "--json", *data_args, inventory, "debug-inventory"],
-                          capture_output=True, text=True, cwd=cwd, check=False, stdin=subprocess.DEVNULL)
+    try:
+        proc = subprocess.run([pyinfra_executable(), "--json", *data_args, inventory, "debug-inventory"],
+                              capture_output=True, text=True, cwd=cwd, check=False, stdin=subprocess.DEVNULL)
+    except OSError:
+        interruption.check()  # ProcessLookupError: the child died of the signal that interrupts us
+        raise
     data = None
     try:
         data = json.loads(proc.stdout)

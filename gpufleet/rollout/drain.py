@@ -16,6 +16,7 @@ import shlex
 import subprocess
 from dataclasses import dataclass
 
+from gpufleet import interruption
 from gpufleet.masking import mask_urls
 
 
@@ -38,6 +39,11 @@ class Drainer:
 
     def keep_drained(self, node: str, reason: str) -> None:
         """A node that failed stays drained: record why (where the scheduler keeps a reason)."""
+        return None
+
+    def drained_for_rollout(self, node: str) -> bool | None:
+        """Asked again after an interruption, whose signal may have cut a drain or resume command off: whether
+        ``node`` is drained by this rollout now; None when the drainer cannot tell (the record stands)."""
         return None
 
 
@@ -68,10 +74,14 @@ class CommandDrainer(Drainer):
         if env_reason:
             env["GPUFLEET_ROLLOUT_REASON"] = env_reason
         try:
-            return subprocess.run([*self.argv, action, node], capture_output=True, text=True, timeout=self.timeout,
+            proc = subprocess.run([*self.argv, action, node], capture_output=True, text=True, timeout=self.timeout,
                                   check=False, env=env, stdin=subprocess.DEVNULL)
         except (OSError, subprocess.TimeoutExpired) as error:
+            interruption.check()  # e.g. ProcessLookupError: the hook died of the signal that stops the rollout
             raise DrainError(f"{self._shown(action, node)}: {mask_urls(str(error))}") from None
+        if proc.returncode != 0:
+            interruption.check()  # it died of the terminal's signal with the rollout: not the node's failure
+        return proc
 
     def _check(self, proc: subprocess.CompletedProcess, action: str, node: str) -> None:
         if proc.returncode != 0:
@@ -91,6 +101,9 @@ class CommandDrainer(Drainer):
 
     def keep_drained(self, node: str, reason: str) -> None:
         self._call("failed", node, reason)
+
+    def drained_for_rollout(self, node: str) -> bool | None:
+        return None  # the hook says whether a node is drained, not by whom: a cut-off drain may have happened
 
 
 def make_drainer(spec: str, rollout_id: str) -> Drainer:

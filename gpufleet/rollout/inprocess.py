@@ -382,7 +382,7 @@ class Session:
         greenlets are killed, as when the CLI exits)."""
         from gpufleet import interruption  # noqa: PLC0415
 
-        self.interruption = interruption.report(state, signal.SIGINT)
+        self.interruption = interruption.report(state, interruption.received() or signal.SIGINT)
         state.pool.kill(block=True, timeout=5)
 
     def _log_error(self, error: BaseException) -> None:

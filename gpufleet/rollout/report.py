@@ -55,17 +55,24 @@ def classify(state: RolloutState) -> dict[str, list[str]]:
         "untouched": [n for n in state.order if nodes[n].state == PENDING],
         "in_progress": [n for n in state.order if nodes[n].state in ACTIVE],
         "drained_by_rollout": state.drained_now(),
+        "may_be_drained": [n for n in state.order if nodes[n].drain_uncertain and not nodes[n].drained_by_rollout],
+        "failed_not_drained": [n for n in state.order if nodes[n].state == FAILED and nodes[n].not_drained],
     }
 
 
 def summary_text(state: RolloutState, opts: Any) -> str:
     groups = classify(state)
-    lines = [f"gpufleet rollout {state.rollout_id}: {state.status.upper()}",
+    stopped_by = state.interruption if state.status == "interrupted" else None
+    lines = [f"gpufleet rollout {state.rollout_id}: {state.status.upper()}"
+             + (f" by {stopped_by['signal']}" if stopped_by else ""),
              f"changed ({len(groups['changed'])}): {_names(groups['changed'])}",
              f"already converged ({len(groups['unchanged'])}): {_names(groups['unchanged'])}",
              f"failed ({len(groups['failed'])}): {_names(groups['failed'])}"]
     for n in groups["failed"]:
         lines.append(f"  {n}: {state.nodes[n].reason}")
+    if groups["failed_not_drained"]:  # apart from the nodes left drained: these are in service
+        lines.append(f"failed, NOT drained ({len(groups['failed_not_drained'])}): "
+                     + _names([f"{n} ({state.nodes[n].not_drained})" for n in groups["failed_not_drained"]]))
     if groups["skipped"]:
         lines.append(f"skipped ({len(groups['skipped'])}): {_names(groups['skipped'])}")
         lines += [f"  {n}: {state.nodes[n].reason}" for n in groups["skipped"]]
@@ -76,6 +83,10 @@ def summary_text(state: RolloutState, opts: Any) -> str:
     if groups["drained_by_rollout"]:
         lines.append(f"STILL DRAINED by this rollout ({len(groups['drained_by_rollout'])}): "
                      f"{_names(groups['drained_by_rollout'])}")
+    if groups["may_be_drained"]:
+        lines.append(f"MAY BE DRAINED by this rollout ({len(groups['may_be_drained'])}: its drain command was cut "
+                     f"off and could not be asked again; --resume drains and then resumes them): "
+                     f"{_names(groups['may_be_drained'])}")
     for w in state.waves:
         phases = ", ".join(f"{k} {v:.1f} s" for k, v in w["phases"].items())
         lines.append(f"wave {w['index']} ({w['kind']}, {len(w['hosts'])} host(s)): {phases}"
@@ -135,10 +146,13 @@ def junit(state: RolloutState) -> str:
 PHASES = ("drain", "converge", "verify", "return")
 # a final state's colour in the page: the verify report's verdict colours
 _STATE_COLOUR = {"changed": "pass", "unchanged": "pass", "failed": "fail", "skipped": "warn", "untouched": "skip",
-                 "in_progress": "warn", "drained_by_rollout": "fail"}
+                 "in_progress": "warn", "drained_by_rollout": "fail", "may_be_drained": "fail",
+                 "failed_not_drained": "fail"}
 _STATE_LABEL = {"changed": "changed", "unchanged": "already converged", "failed": "failed", "skipped": "skipped",
                 "untouched": "untouched", "in_progress": "interrupted mid-phase",
-                "drained_by_rollout": "still drained by this rollout"}
+                "drained_by_rollout": "still drained by this rollout",
+                "may_be_drained": "may be drained by this rollout (drain command cut off)",
+                "failed_not_drained": "failed before their drain (not drained)"}
 _STATUS_COLOUR = {"finished": "pass", "stopped": "fail", "interrupted": "warn", "running": "warn"}
 
 

@@ -14,6 +14,7 @@ rollout then always plans every host first (no single-wave shortcut), shows the 
 from __future__ import annotations
 
 import hashlib
+import signal
 import sys
 import time
 import uuid
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from gpufleet import pyinfra_args
+from gpufleet import interruption, pyinfra_args
 from gpufleet.pyinfra_args import PyinfraArgs
 
 from . import converge, inprocess, report, waves
@@ -43,7 +44,8 @@ from .state import (
 from .state import load as load_state
 from .state import save as save_state
 
-EXIT_DONE, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_DONE, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130  # interrupted: 128 + the signal
+ASK_AGAIN_S = 15.0  # after an interruption: how long the rollout may ask the scheduler which nodes it drained
 VERIFY_GATES = {"none": None, "quick": "none", "full": "quick"}  # gate -> verify's --bench profile
 ON_TIMEOUT = ("fail", "skip", "force")
 DEFAULT_DEPLOY = pyinfra_args.DEFAULT_DEPLOY
@@ -131,8 +133,7 @@ class Controller:
     # ---------------------------------------------------------------------------------------------- plumbing
 
     def say(self, text: str) -> None:
-        self.progress.write(f"[{time.monotonic() - self.start:7.1f}s] {text}\n")
-        self.progress.flush()
+        _write(self.progress, f"[{time.monotonic() - self.start:7.1f}s] {text}\n")
 
     def save(self) -> None:
         save_state(self.state, self.opts.state_path())
@@ -142,7 +143,12 @@ class Controller:
 
     def fail(self, name: str, reason: str) -> None:
         rec = self.node(name)
+        was = rec.state
         rec.move(FAILED, reason)
+        if not rec.drained_by_rollout and self.opts.drain != "none" and was in (PENDING, DRAINING):
+            # failed before its drain ran (or its drain failed): the documented "failed nodes stay drained" does
+            # not hold for it, and the record and the summary say so
+            rec.not_drained = f"failed while {was}, before this rollout drained it"
         if rec.drained_by_rollout:
             try:
                 self.drainer.keep_drained(name, reason)
@@ -160,10 +166,15 @@ class Controller:
             rec = self.node(n)
             if rec.drained_by_rollout:  # drained before an interruption: still ours
                 continue
+            interruption.check()  # nothing starts after a signal
+            rec.drain_uncertain = True  # in flight: a signal now leaves it unknown until the drainer is asked again
             try:
                 rec.drained_by_rollout = self.drainer.drain(n, reason)
             except DrainError as error:
+                rec.drain_uncertain = False
                 self.fail(n, f"drain: {error}")
+            else:
+                rec.drain_uncertain = False
         self.save()
         waiting = [n for n in names if self.node(n).state == DRAINING]
         deadline = time.monotonic() + (self.opts.wait_for_jobs or 0)
@@ -282,6 +293,26 @@ class Controller:
             rec.move(DONE)
         self.save()
 
+    def after_interruption(self, signum: int) -> None:
+        """Record the interruption: the hosts it caught mid-change, and which nodes are drained by this rollout
+        now. A signal from a terminal also reaches the drain or resume command in flight: whether Slurm applied it
+        is asked again (bounded: :data:`ASK_AGAIN_S`); a drainer that cannot tell marks the node "may be
+        drained". Nothing is drained, resumed or changed here."""
+        active = self.state.by_state(*ACTIVE)
+        self.state.interruption = {"signal": signal_name(signum), "at": round(time.time(), 3), "mid_change": active}
+        if self.opts.drain == "none" or not active:
+            return
+        import gevent  # noqa: PLC0415 (the rollout runs under gevent; a blocked ask ends at the deadline)
+
+        try:
+            with gevent.Timeout(ASK_AGAIN_S):
+                for n in active:
+                    ours = self.drainer.drained_for_rollout(n)
+                    if ours is not None:  # else the record stands (a drain cut off in flight: drain_uncertain)
+                        self.node(n).drained_by_rollout, self.node(n).drain_uncertain = ours, False
+        except gevent.Timeout:
+            self.say(f"could not ask {self.drainer.name} within {ASK_AGAIN_S:g} s which nodes it drained")
+
     # ---------------------------------------------------------------------------------------------- waves
 
     def run_wave(self, index: int, kind: str, names: list[str]) -> None:
@@ -293,6 +324,7 @@ class Controller:
                  + (" ..." if len(names) > 10 else ""))
         current = names
         for phase in ("drain", "converge", "verify", "return"):
+            interruption.check()  # nothing starts after a signal (also where a library swallowed its exception)
             t0 = time.monotonic()
             if phase == "drain":
                 if self.opts.drain != "none":
@@ -354,6 +386,7 @@ class Controller:
                 size = min(size, room)
             names, queue = queue[:size], queue[size:]
             index += 1
+            interruption.check()
             self.run_wave(index, kind, names)
             if kind == "canary" and any(self.node(n).state == FAILED for n in names):
                 self.state.options["canary_failed"] = True
@@ -453,6 +486,29 @@ def main(opts: RolloutOptions, *, progress: TextIO | None = None, echo=print, co
         engine.close()
 
 
+def signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def _write(stream: TextIO, text: str) -> None:
+    """Write to the terminal, which a SIGHUP may have closed: what matters then is the state file."""
+    try:
+        stream.write(text)
+        stream.flush()
+    except OSError:
+        pass
+
+
+def _echo(echo, text: str) -> None:
+    try:
+        echo(text)
+    except OSError:
+        pass
+
+
 def _rollout(opts: RolloutOptions, parsed: Parsed, state: RolloutState | None, engine, progress: TextIO,
              echo, confirm=None) -> int:
     """The rollout of ``state`` (``--resume``) or of a new one (None), its pyinfra runs made by ``engine``."""
@@ -476,7 +532,9 @@ def _rollout(opts: RolloutOptions, parsed: Parsed, state: RolloutState | None, e
     if opts.resume:  # the user fixed what failed (or wants another try): failed and skipped nodes run again
         for name in state.by_state(FAILED, SKIPPED):
             state.nodes[name].retry()
+            state.nodes[name].not_drained = None
         state.options.pop("canary_failed", None)
+        state.interruption = None
     todo = state.by_state(PENDING)
     ctl.say(f"gpufleet rollout {state.rollout_id}: {len(state.order)} host(s), {len(todo)} to do"
             + (f", {len(state.by_state(DONE))} already done (not touched)" if opts.resume else ""))
@@ -498,12 +556,17 @@ def _rollout(opts: RolloutOptions, parsed: Parsed, state: RolloutState | None, e
     except BadInput as error:
         progress.write(f"gpufleet rollout: {error}\n")
         return EXIT_BAD_INPUT
-    except KeyboardInterrupt:  # before any drain or change: nothing to resume but what was there
-        progress.write("gpufleet rollout: interrupted during the whole-fleet validation and preflight: nothing was "
-                       "drained or changed" + (f"; {path} is as it was\n" if opts.resume else "\n"))
-        return EXIT_INTERRUPTED
-    unchanged = [n for n in todo if planned is not None and n not in planned]
-    need = [n for n in todo if planned is None or n in planned]
+    except KeyboardInterrupt as error:  # before any drain or change: nothing to resume but what was there
+        status = interruption.status_of(error)
+        _write(progress, "gpufleet rollout: interrupted during the whole-fleet validation and preflight: nothing was "
+               f"drained or changed ({signal_name(status - 128)}, exit {status})"
+               + (f"; {path} is as it was\n" if opts.resume else "\n"))
+        return interruption.status_of(error)
+    # A node an interruption left drained by this rollout (or maybe drained) goes through its wave again even when it
+    # needs no change: its gate has not passed, and only its wave's return gives it back to the scheduler.
+    unchanged = [n for n in todo if planned is not None and n not in planned
+                 and not (state.nodes[n].drained_by_rollout or state.nodes[n].drain_uncertain)]
+    need = [n for n in todo if n not in unchanged]
     if opts.dry:
         echo(report.dry_plan_text(state, need, unchanged, planned, canary, parsed.waves))
         return EXIT_DONE
@@ -533,14 +596,19 @@ def _rollout(opts: RolloutOptions, parsed: Parsed, state: RolloutState | None, e
         else:  # nothing happened: no state file to --resume, the corrected command starts afresh
             path.unlink(missing_ok=True)
         return EXIT_BAD_INPUT
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as error:
+        status = interruption.status_of(error)
         state.status = "interrupted"
-        if engine.interruption:  # the wave's pyinfra run was stopped in this process: which hosts it had mid-change
-            progress.write(engine.interruption + "\n")
+        ctl.save()  # first: whatever follows, the state file says where the rollout stopped
+        # which hosts the wave's pyinfra run had mid-change: stopped in this process, or its own report as a child
+        stopped_run = engine.interruption or getattr(error, "child_report", None)
+        if stopped_run:
+            _write(progress, stopped_run + "\n")
+        ctl.after_interruption(status - 128)
         ctl.save()
-        echo(report.summary_text(state, opts))
         report.write(state, opts)
-        return EXIT_INTERRUPTED
+        _echo(echo, report.summary_text(state, opts))
+        return status
     ctl.save()
     report.write(state, opts)
     echo(report.summary_text(state, opts))

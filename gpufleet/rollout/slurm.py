@@ -17,17 +17,26 @@ import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from gpufleet import interruption
+
 from .drain import Drainer, DrainError
 
 Runner = Callable[[list[str]], subprocess.CompletedProcess]
 
 
 def _run(argv: list[str]) -> subprocess.CompletedProcess:
+    """Run a Slurm command; a child that died of the signal stopping the rollout (a terminal's Ctrl-C reaches the
+    whole process group: ssh exits 255 "Killed by signal 2.", or subprocess finds it gone: ProcessLookupError)
+    raises :class:`gpufleet.interruption.Interrupted`, never a DrainError that would fail the node."""
     try:
-        return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False,
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False,
                               stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired) as error:
+        interruption.check()
         raise DrainError(f"{' '.join(argv)}: {error}") from None
+    if proc.returncode != 0:
+        interruption.check()
+    return proc
 
 
 @dataclass(frozen=True)
@@ -131,3 +140,9 @@ class SlurmDrainer(Drainer):
     def keep_drained(self, node: str, reason: str) -> None:
         if self.ours(self.status(node)):
             self._update(node, "state=drain", f"reason={self.marker}: {reason}"[:200])
+
+    def drained_for_rollout(self, node: str) -> bool | None:
+        try:
+            return self.ours(self.status(node))
+        except (DrainError, interruption.Interrupted):  # Slurm cannot be asked: the record says "may be drained"
+            return None

@@ -57,6 +57,10 @@ class NodeRecord:
     wave: int | None = None
     changed: bool | None = None  # whether the converge changed something on the node
     drained_by_rollout: bool = False  # drained by this rollout and not resumed yet
+    # a drain (or resume) command cut off by an interruption, and the scheduler could not be asked whether it
+    # happened: the node may be drained by this rollout (--resume drains it again, then resumes it)
+    drain_uncertain: bool = False
+    not_drained: str | None = None  # a failed node that is NOT drained (it failed before its drain ran): why
     phases: dict[str, float] = field(default_factory=dict)  # phase -> seconds
     history: list[list[Any]] = field(default_factory=list)  # [state, unix time]
 
@@ -89,6 +93,8 @@ class RolloutState:
     started_at: float = field(default_factory=time.time)
     # the whole-fleet validation + preflight passes before any change: [{"hosts": n (None: every), "seconds": s}]
     preflight: list[dict[str, Any]] = field(default_factory=list)
+    # the signal that stopped the rollout: {"signal": "SIGINT", "at": unix time, "mid_change": [hosts]}
+    interruption: dict[str, Any] | None = None
 
     @classmethod
     def new(cls, rollout_id: str, inventory: str, deploy: str, options: dict[str, Any], order: list[str]
@@ -106,7 +112,7 @@ class RolloutState:
         return {"schema": STATE_SCHEMA, "schema_version": STATE_SCHEMA_VERSION, "rollout_id": self.rollout_id,
                 "inventory": self.inventory, "deploy": self.deploy, "options": self.options, "order": self.order,
                 "status": self.status, "started_at": self.started_at, "waves": self.waves,
-                "preflight": self.preflight,
+                "preflight": self.preflight, "interruption": self.interruption,
                 "nodes": {n: asdict(self.nodes[n]) for n in self.order}}
 
     @classmethod
@@ -120,7 +126,7 @@ class RolloutState:
         return cls(rollout_id=data["rollout_id"], inventory=data["inventory"], deploy=data["deploy"],
                    options=data["options"], order=list(data["order"]), nodes=nodes, waves=list(data["waves"]),
                    status=data.get("status", "running"), started_at=data.get("started_at", time.time()),
-                   preflight=list(data.get("preflight") or []))
+                   preflight=list(data.get("preflight") or []), interruption=data.get("interruption"))
 
 
 def save(state: RolloutState, path: str | Path) -> None:

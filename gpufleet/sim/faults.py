@@ -2,8 +2,9 @@
 
 Hardware faults change the host's GPU state file (original values are kept under ``fault.*`` keys so
 ``clear`` restores them); ``busy`` starts a process holding the GPU inside the host; ``host-down`` cuts
-the host's network link; ``xid`` appends an Xid code to the GPU's Xid log (``gpu.N.xid.log``: NVML's Xid events,
-DCGM's last Xid) and its ``NVRM: Xid`` line to the host's kernel log.
+the host's network link (its carrier: the host keeps its addresses and routes, as a real one does); ``xid``
+appends an Xid code to the GPU's Xid log (``gpu.N.xid.log``: NVML's Xid events, DCGM's last Xid) and its
+``NVRM: Xid`` line to the host's kernel log.
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ def inject(fleet: Fleet, host_name: str, kind: str, gpu: int = 0, code: int = DE
     host = fleet.host(host_name)
     path = str(host.dir / "hw/gpus.state")
     if kind == "host-down":
-        network.set_host_link(host.name, fleet.net, up=False)
+        network.set_host_link(host.index, fleet.net, up=False)
         return f"{host.name}: network link down (sshd unreachable)"
     if kind == "clear":
         return _clear(fleet, host, path)
@@ -136,7 +137,7 @@ def _start_busy(host: Host, gpu: int) -> None:
 
 
 def _clear(fleet: Fleet, host: Host, path: str) -> str:
-    network.set_host_link(host.name, fleet.net, up=True)
+    network.set_host_link(host.index, fleet.net, up=True)
     with gpu_state.locked(path) as gpus:
         _restore(gpus)
         count = gpu_state.gpu_count(gpus)

@@ -90,9 +90,12 @@ def setup_host(host: str, index: int, net: str) -> None:
     _ip("-n", ns, "route", "add", "default", "via", bridge_address(net))
 
 
-def set_host_link(host: str, net: str, up: bool) -> None:
-    """Cut or restore a host's network (the 'host-down' fault)."""
-    _ip("-n", netns_name(host, net), "link", "set", "eth0", "up" if up else "down")
+def set_host_link(index: int, net: str, up: bool) -> None:
+    """Cut or restore a host's network (the 'host-down' fault) as a pulled cable does: on the bridge's side of its
+    link. The host's own eth0 stays configured and loses only its carrier, so its addresses and routes (the default
+    route to the mirror included) are there again when the cable is back; setting eth0 itself down would make the
+    kernel delete every route through it, which a real host does not suffer from a network outage."""
+    _ip("link", "set", veth_name(index, net), "up" if up else "down")
 
 
 def teardown_host(host: str, index: int, net: str) -> None:

@@ -24,7 +24,9 @@ run (bad inventory, bad configuration, no host reachable).
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import sys
 import time
 from collections import Counter
@@ -41,7 +43,7 @@ from pyinfra.context import ctx_config, ctx_inventory, ctx_state
 from pyinfra_cli.inventory import make_inventory
 from pyinfra_cli.util import exec_file
 
-from gpufleet import connection
+from gpufleet import connection, interruption
 from gpufleet.config import ConfigErrors, NodeConfig, validate_pyinfra_inventory
 from gpufleet.pyinfra_args import match_limit, split_limit, unmatched_error
 from gpufleet.report import REPORT_FILES, render_prometheus, write_reports
@@ -310,11 +312,16 @@ def _verify_all(state: Any, hosts: list[Any], configs: Mapping[str, NodeConfig],
     greenlets = {state.pool.spawn(verify_host, h, configs[h.name], settings[h.name], bundle, bench): h
                  for h in hosts}
     runs = []
-    for done, greenlet in enumerate(gevent.iwait(list(greenlets)), start=1):
-        run = greenlet.get()
-        runs.append(run)
-        progress.write(_progress_line(run, done, len(hosts)) + "\n")
-        progress.flush()
+    try:
+        for done, greenlet in enumerate(gevent.iwait(list(greenlets)), start=1):
+            run = greenlet.get()
+            runs.append(run)
+            progress.write(_progress_line(run, done, len(hosts)) + "\n")
+            progress.flush()
+    except KeyboardInterrupt as error:  # a signal (gpufleet.interruption): no probe starts or goes on from here
+        error.in_flight = [h.name for g, h in greenlets.items() if not g.ready()]
+        state.pool.kill(block=True, timeout=5)
+        raise
     return runs
 
 
@@ -385,6 +392,15 @@ def main(inventory_arg: str, *, limit: Iterable[str] | str | None = None, bench:
         progress.write(f"gpufleet verify: {error}\n")
         progress.flush()
         return EXIT_COULD_NOT_RUN
+    except KeyboardInterrupt as error:  # SIGINT, SIGTERM, SIGHUP (gpufleet.interruption.catch_signals)
+        status = interruption.status_of(error)
+        in_flight = getattr(error, "in_flight", None)
+        with contextlib.suppress(OSError):  # a closed terminal (SIGHUP)
+            progress.write(f"gpufleet verify: interrupted by {signal.Signals(status - 128).name} (exit {status}); "
+                           + (f"probe not finished on: {', '.join(in_flight)}; " if in_flight else "")
+                           + "no report was written; verify changes nothing: run it again\n")
+            progress.flush()
+        return status
     echo(summary_text(run, out))
     return run.exit_code
 

@@ -105,6 +105,11 @@ def local_runner(prefix: list[str]) -> Runner:
         try:
             out, err = proc.communicate(stdin, timeout=timeout)
             code: int | None = proc.returncode
+        except KeyboardInterrupt:  # verify (or the rollout) is interrupted: the job step ends with it (srun cancels
+            # its step on SIGTERM); in its own session, it did not get the terminal's signal
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            raise
         except subprocess.TimeoutExpired:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)  # its children too: they hold the output pipes open
@@ -458,7 +463,15 @@ def verify_all(hosts: Sequence[Any], configs: Mapping[str, NodeConfig], settings
     names = [h.name for h in hosts]
     progress.write(f"gpufleet verify: {len(names)} host(s), bench {bench}, via Slurm (job {slurm.job_name})\n")
     progress.flush()
-    results = slurm.probe(names, bundle, {n: settings[n].python for n in names}, bench)
+    try:
+        results = slurm.probe(names, bundle, {n: settings[n].python for n in names}, bench)
+    except KeyboardInterrupt as error:
+        error.in_flight = names  # one job probes them all
+        # its srun was ended here; through a prefix (ssh) the remote srun may not know yet: the job is cancelled
+        # by its name (bounded by the runner's timeout), so that nothing of this verify goes on in the cluster
+        with contextlib.suppress(Exception):
+            slurm.cancel()
+        raise
     runs = []
     for done, name in enumerate(names, start=1):
         run = HostRun(name=name, result=host_result(results[name], configs[name]),

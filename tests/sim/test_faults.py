@@ -10,6 +10,7 @@ The tests run in order and share one fleet: two A100 40GB (MIG) and one RTX 4090
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
@@ -19,6 +20,7 @@ import pytest
 from conftest import BIN, REPO, bring_up, exporter_units, grand_total, ssh
 
 from gpufleet.sim import faults, hosts
+from gpufleet.sim import network as sim_network
 from gpufleet.sim import repo as sim_repo
 from gpufleet.sim.gpu import state as gpu_state
 
@@ -59,8 +61,9 @@ def inventory(fleet, power: str = "80%", mig=MIG_ON) -> str:
 
 
 def start(inv: str, *extra: str) -> subprocess.Popen:
+    """The converge in a process group of its own, as a terminal's foreground job: signals go to the group."""
     run = subprocess.Popen([str(BIN / "pyinfra"), "-y", *extra, inv, str(DEPLOY)], cwd=REPO,
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     _started.append(run)
     return run
 
@@ -133,8 +136,8 @@ def assert_no_change(fleet, inv: str) -> None:
 
 
 def interrupt_at(fleet, inv: str, host: str, program: str, match: str, signum: int) -> tuple[int, str, float]:
-    """Run the converge, send ``signum`` once ``program`` (args containing ``match``) is about to run on ``host``;
-    return (exit status, output, seconds from the signal to the exit)."""
+    """Run the converge, send ``signum`` to its process group once ``program`` (args containing ``match``) is about
+    to run on ``host``; return (exit status, output, seconds from the signal to the exit)."""
     faults.close_gate(fleet.host(host), program, match)
     run = start(inv)
     try:
@@ -142,7 +145,7 @@ def interrupt_at(fleet, inv: str, host: str, program: str, match: str, signum: i
                  f"{program} {match} on {host}", timeout=300)
         assert run.poll() is None, run.communicate()[0]
         sent = time.monotonic()
-        run.send_signal(signum)
+        os.killpg(run.pid, signum)  # as a terminal sends Ctrl-C (and a closed terminal SIGHUP): the whole group
         out, _ = run.communicate(timeout=120)
         return run.returncode, out, time.monotonic() - sent
     finally:
@@ -235,6 +238,16 @@ def test_sigint_at_the_power_stage_exits_130(fleet):
     assert "gpufleet: interrupted by SIGINT while executing (exit 130)." in out
     assert re.search(rf"^  {RTX}: .*GPU power limits", out, re.M), out
     assert_rerun_converges(fleet, inv, 72, mig_on=True)
+
+
+def test_sighup_at_the_power_stage_exits_129(fleet):
+    """A closed terminal (SIGHUP to the group): exit 129, the host named, the rerun converges."""
+    inv = inventory(fleet, power="73%")
+    rc, out, _ = interrupt_at(fleet, inv, RTX, "nvidia-smi", " -pl ", signal.SIGHUP)
+    assert rc == 129, out
+    assert "gpufleet: interrupted by SIGHUP while executing (exit 129)." in out
+    assert re.search(rf"^  {RTX}: .*GPU power limits", out, re.M), out
+    assert_rerun_converges(fleet, inv, 73, mig_on=True)
 
 
 def test_sigkill_at_the_power_stage_is_repaired_by_the_rerun(fleet):
@@ -338,6 +351,88 @@ def test_verify_with_a_host_lost_during_the_probe_finishes_for_the_others(fleet,
     assert run.returncode == 1, out
     assert re.search(rf"^\[\d/3\] {LOST}\s+PROBE FAILED", out, re.M), out
     assert "3 host(s) (2 verified, 0 unreachable, 1 probe failed)" in out, out
+
+
+# ------------------------------------------------------------------------------------ half-fetched apt lists
+
+
+def cut_off_the_mirror(fleet, name: str, cut: bool) -> None:
+    """The host's network loses (or gets back) everything beyond the fleet's own /24: the Debian mirror and the DNS
+    resolver go, the simulator's repository and SSH stay. A rule in the host's network namespace, where a real
+    host's firewall or a broken uplink would act."""
+    ns = sim_network.netns_name(name, fleet.net)
+    table = "gpufleet_test_cut"
+    rules = (f"table inet {table} {{ chain out {{ type filter hook output priority 0; "
+             f"ip daddr != {fleet.net}.0/24 reject; }}; }}" if cut else f"delete table inet {table}")
+    subprocess.run(["ip", "netns", "exec", ns, "nft", "-f", "-"], input=rules, text=True, check=cut,
+                   capture_output=True)
+
+
+def test_mirror_lost_during_apt_update_fails_the_host_naming_the_source_and_the_rerun_converges(fleet):
+    """Issue 20: apt-get update warns and exits 0 when the mirror cannot be reached; the host must fail there, with
+    the source and apt's reason, not later with "Unable to locate package" or (with old lists) silently install."""
+    inv = inventory(fleet, power="65%")
+    wait_locks_free(fleet)
+    # a package to install on LOST (when the module's earlier tests converged it; alone, everything is to install)
+    ssh(fleet, LOST, "! dpkg-query -W prometheus-node-exporter >/dev/null 2>&1 || "
+                     "DEBIAN_FRONTEND=noninteractive apt-get -y -q remove prometheus-node-exporter >/dev/null")
+    faults.close_gate(fleet.host(LOST), "apt-get", "update")
+    run = start(inv)
+    try:
+        wait_for(lambda: faults.gate_reached(fleet.host(LOST), "apt-get") or run.poll() is not None,
+                 f"apt-get update on {LOST}", timeout=300)
+        assert run.poll() is None, run.communicate()[0]
+        cut_off_the_mirror(fleet, LOST, cut=True)
+        faults.open_gate(fleet.host(LOST), "apt-get")
+        out, _ = run.communicate(timeout=300)
+    finally:
+        faults.open_gate(fleet.host(LOST), "apt-get")
+        cut_off_the_mirror(fleet, LOST, cut=False)
+    assert run.returncode != 0, out
+    assert re.search(rf"\[{LOST}\].*apt-get update could not fetch every package index", out), out
+    assert re.search(rf"\[{LOST}\].*http://deb\.debian\.org/debian/dists/bookworm/InRelease: "
+                     r"Temporary failure resolving 'deb\.debian\.org'", out), out
+    assert "Unable to locate package" not in out, out
+    assert ssh(fleet, LOST, "dpkg-query -W -f='${Status}' prometheus-node-exporter", check=False).stdout \
+        != "install ok installed"
+    # the network is back: the rerun updates again (no "fresh lists" shortcut) and converges the host
+    wait_locks_free(fleet, [LOST])
+    _, out = converge(inv)
+    assert changed_hosts(out) == {LOST}, out
+    assert ssh(fleet, LOST, "systemctl is-active prometheus-node-exporter").stdout.strip() == "active"
+    assert_no_change(fleet, inv)
+
+
+# ---------------------------------------------------------------------------- verify and drift from a terminal
+
+
+@pytest.mark.parametrize("command, program, match, signum", [
+    ("verify", "python3", "probe", signal.SIGINT),
+    ("verify", "python3", "probe", signal.SIGTERM),
+    ("drift", "nvidia-smi", "--query", signal.SIGINT),
+], ids=["verify-SIGINT-probe", "verify-SIGTERM-probe", "drift-SIGINT-facts"])
+def test_verify_and_drift_interrupted_in_their_process_group(fleet, tmp_path, command, program, match, signum):
+    """Ctrl-C (or SIGTERM) to the process group while a probe / a fact read runs on node03: exit 128 + signal, the
+    hosts not finished named, nothing started afterwards; neither command changes a host."""
+    args = ["--out", str(tmp_path)] if command == "verify" else []
+    faults.close_gate(fleet.host(LOST), program, match)
+    run = subprocess.Popen([str(BIN / "gpufleet"), command, inventory(fleet, power="65%"), *args], cwd=REPO,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    _started.append(run)
+    try:
+        wait_for(lambda: faults.gate_reached(fleet.host(LOST), program) or run.poll() is not None,
+                 f"{program} {match} on {LOST}", timeout=300)
+        assert run.poll() is None, run.communicate()[0]
+        os.killpg(run.pid, signum)
+        out, _ = run.communicate(timeout=60)
+    finally:
+        faults.open_gate(fleet.host(LOST), program)
+    name = signal.Signals(signum).name
+    assert run.returncode == 128 + signum, out
+    assert f"gpufleet {command}: interrupted by {name} (exit {128 + signum})" in out, out
+    if command == "verify":
+        assert re.search(rf"probe not finished on: .*{LOST}", out), out
+        assert not (tmp_path / "report.json").exists()  # no half report
 
 
 # --------------------------------------------------------------------------------------- no false change

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import socket
 import subprocess
 import time
@@ -163,6 +164,12 @@ def test_host_down_fault_makes_sshd_unreachable(fleet):
     finally:
         gpufleet("sim", "fault", "node02", "clear")
     socket.create_connection((address, 22), timeout=5).close()
+    # back as it was: its default route through the fleet's NAT, and apt fetches the Debian mirror's indexes again
+    # (issue 20: it used to come back with its link route only, reaching the simulator's repository but no mirror)
+    assert f"default via {fleet.net}.1 dev eth0" in ssh(fleet, "node02", "ip route").stdout
+    update = ssh(fleet, "node02", "apt-get update -o Acquire::Retries=0 2>&1", check=False)
+    assert update.returncode == 0 and "Failed to fetch" not in update.stdout, update.stdout
+    assert re.search(r"^(Get|Hit):\d+ http\S+/debian bookworm InRelease", update.stdout, re.M), update.stdout
 
 
 def test_bad_input_is_refused_with_a_clear_message(fleet):

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import signal
 import subprocess
 import time
 import urllib.parse
@@ -24,7 +26,7 @@ from conftest import BIN, REPO, bring_up, gpufleet, grand_total, save_deb_cache,
 from gpufleet.exporter.xid_err_msg import err_msg
 from gpufleet.monitoring import render
 from gpufleet.monitoring.config import seconds
-from gpufleet.sim import hosts
+from gpufleet.sim import faults, hosts
 from gpufleet.sim.gpu import state as simstate
 
 PROFILES = ["cpu-only", "h100-sxm-8", "rtx4090-1"]
@@ -570,6 +572,30 @@ def test_second_run_of_both_deploys_changes_nothing(mon):
         total = grand_total(run_pyinfra(mon.test_inventory, deploy).stdout)
         assert total["success"] == "-" and total["error"] == "-", (deploy, total)
     assert _files(mon, MON, WATCHED) == before
+
+
+def test_ctrl_c_to_the_monitoring_deploy_exits_130_naming_the_host(mon):
+    """A terminal's Ctrl-C reaches pyinfra's whole process group while the monitoring host reads its packages: exit
+    130 and the host named (pyinfra's own answer is "Exiting upon user request!" and exit 0)."""
+    faults.close_gate(mon.host(MON), "dpkg-query", "prometheus")
+    run = subprocess.Popen([str(BIN / "pyinfra"), "-y", str(mon.test_inventory), "deploys/monitoring.py"], cwd=REPO,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not (faults.gate_reached(mon.host(MON), "dpkg-query") or run.poll() is not None):
+            assert time.monotonic() < deadline, "timed out waiting for the package read on the monitoring host"
+            time.sleep(0.05)
+        assert run.poll() is None, run.communicate()[0]
+        os.killpg(run.pid, signal.SIGINT)
+        out, _ = run.communicate(timeout=60)
+    finally:
+        faults.open_gate(mon.host(MON), "dpkg-query")
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait(30)
+    assert run.returncode == 130, out
+    assert "gpufleet: interrupted by SIGINT while executing (exit 130)." in out, out
+    assert f"  {MON}: gpufleet: monitoring" in out, out
 
 
 @pytest.mark.parametrize(("monitoring", "dcgm_extra", "expected"), [

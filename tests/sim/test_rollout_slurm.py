@@ -12,8 +12,10 @@ installed into the hosts with dpkg (the hosts have no route to a Debian mirror).
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import shlex
+import signal
 import subprocess
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -23,7 +25,7 @@ import pytest
 from conftest import BIN, REPO, bring_up, gpufleet, ssh
 from slurm_sim import SLURM_CONF_COMMON, fetch_debs, stage_setup_files, wait_for
 
-from gpufleet.sim import hosts
+from gpufleet.sim import faults, hosts
 from gpufleet.sim.gpu import state as gpu_state
 
 COMPUTE = ("node02", "node03", "node04")
@@ -170,3 +172,102 @@ def test_rollout_waits_for_a_job_to_finish_then_changes_the_node(fleet, tmp_path
     states = sinfo(fleet)
     assert all(states[n][0] == "idle" for n in COMPUTE), (states, slurm_logs(fleet))
     assert ssh(fleet, "node01", "squeue -h -w node02").stdout.strip() == ""  # the job ran to its end
+
+
+# ------------------------------------------------------------------------- interruption from a terminal (issue 20)
+# A terminal sends SIGINT to the whole foreground process group: the rollout and its ssh/sinfo/scontrol children at
+# once. Each timing runs a rollout in its own process group (start_new_session), waits for an event (a gate that
+# stops a Slurm command on the controller, Slurm's own state, or the state file), signals the group, then judges by
+# the exit status, the state file, Slurm and the GPUs, and finishes the rollout with --resume. Waves: the canary
+# node02, then node03, then node04; --max-failures 5, so a child's death wrongly taken for a node's failure would
+# let the rollout go on (as it did).
+
+
+def _state(out: Path) -> dict:
+    try:
+        return json.loads((out / "state.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _node_state(out: Path, node: str) -> str | None:
+    return (_state(out).get("nodes") or {}).get(node, {}).get("state")
+
+
+TIMINGS = [
+    # (name, signal, moment): a gate (host, program, match) that stops a command until the signal is sent, the
+    # state file showing a node in a state ("state", node, state), or Slurm showing the rollout's drain ("slurm", node)
+    ("drain status query of the canary (sinfo)", signal.SIGINT, ("node01", "sinfo", "-n node02")),
+    ("converge of the canary", signal.SIGINT, ("state", "node02", "converging")),
+    ("right after the canary", signal.SIGINT, ("state", "node02", "done")),
+    ("drain status query of wave 2 (sinfo)", signal.SIGINT, ("node01", "sinfo", "-n node03")),
+    ("drain of wave 2 applied by Slurm", signal.SIGINT, ("slurm", "node03")),
+    ("converge of wave 2", signal.SIGTERM, ("state", "node03", "converging")),
+    ("verify gate of wave 2 (probe)", signal.SIGINT, ("node03", "python3", "probe")),
+    ("resume of wave 2 (scontrol)", signal.SIGINT, ("node01", "scontrol", "nodename=node03 state=resume")),
+    ("drain command of wave 3 (scontrol)", signal.SIGHUP, ("node01", "scontrol", "nodename=node04 state=drain")),
+]
+
+
+@pytest.mark.parametrize("name, signum, moment", TIMINGS, ids=[t[0] for t in TIMINGS])
+def test_a_terminal_signal_to_the_process_group_stops_the_rollout_and_resume_finishes_it(
+        fleet, tmp_path, name, signum, moment):
+    watts = 250 + 5 * TIMINGS.index((name, signum, moment))
+    inventory, out = tmp_path / "inventory.py", tmp_path / "out"
+    inventory.write_text(INVENTORY.format(watts=watts))
+    drain = "slurm:" + shlex.join(hosts.ssh_command(fleet.host("node01")))
+    gate = moment if moment[0] not in ("state", "slurm") else None
+    argv = [str(BIN / "gpufleet"), "rollout", "-y", str(inventory), "deploys/gpu_node.py", "--out", str(out), "--drain",
+            drain, "--canary", "1", "--waves", "1", "--max-failures", "5",
+            "--verify", "quick" if gate and gate[1] == "python3" else "none"]
+    before = {n: power_w(fleet, n) for n in COMPUTE}
+    gated = fleet.host(gate[0]) if gate else None
+    if gate:
+        faults.close_gate(gated, gate[1], gate[2])
+    run = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           start_new_session=True)
+    try:
+        if gate:
+            reached = lambda: faults.gate_reached(gated, gate[1])  # noqa: E731
+        elif moment[0] == "slurm":
+            reached = lambda: sinfo(fleet).get(moment[1], ("", ""))[1].startswith("gpufleet rollout")  # noqa: E731
+        else:
+            reached = lambda: _node_state(out, moment[1]) == moment[2]  # noqa: E731
+        wait_for(name, lambda: reached() or run.poll() is not None, timeout=300)
+        assert run.poll() is None, run.communicate()
+        os.killpg(run.pid, signum)  # as a terminal does: the rollout and its children
+        if gate:
+            faults.open_gate(gated, gate[1])  # the cut-off command's remote side goes on (as on a real controller)
+        stdout, stderr = run.communicate(timeout=120)
+    finally:
+        if gate:
+            faults.open_gate(gated, gate[1])
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait(30)
+    print(f"{name}: {signal.Signals(signum).name} -> exit {run.returncode}")
+    assert run.returncode == 128 + signum, stdout + stderr
+    state = _state(out)
+    rid = state["rollout_id"]
+    assert state["status"] == "interrupted" and state["interruption"]["signal"] == signal.Signals(signum).name
+    nodes = state["nodes"]
+    assert not [n for n in COMPUTE if nodes[n]["state"] == "failed"], (stdout, stderr)  # a child's death: no failure
+    assert "No such process" not in stdout + stderr
+    later = ["node03", "node04"] if name in ("drain status query of the canary (sinfo)", "converge of the canary") \
+        else [] if name.endswith("wave 3 (scontrol)") else ["node04"]
+    for node in later:  # nothing started after the signal: the later waves' nodes untouched
+        assert nodes[node]["state"] == "pending", (node, nodes[node])
+        assert power_w(fleet, node) == before[node]
+    # every node Slurm has drained for this rollout is named (state file and summary), none left unnamed
+    slurm = sinfo(fleet)
+    ours = sorted(n for n in COMPUTE if slurm[n][1].startswith(f"gpufleet rollout {rid}"))
+    recorded = sorted(n for n in COMPUTE if nodes[n]["drained_by_rollout"] or nodes[n]["drain_uncertain"])
+    assert set(ours) <= set(recorded), (ours, recorded, slurm)
+    if ours:
+        assert f"STILL DRAINED by this rollout ({len(ours)}): {', '.join(ours)}" in stdout, stdout
+    # --resume finishes it: every node changed, every node back in service
+    resumed = subprocess.run([*argv, "--resume"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert [power_w(fleet, n) for n in COMPUTE] == [watts] * 3
+    slurm = sinfo(fleet)
+    assert all(slurm[n] == ("idle", "") for n in COMPUTE), (slurm, slurm_logs(fleet))

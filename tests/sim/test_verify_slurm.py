@@ -16,9 +16,11 @@ this module's set-up only, as in the reference recipe.
 from __future__ import annotations
 
 import json
+import os
 import re
 import secrets
 import shlex
+import signal
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -28,7 +30,7 @@ import pytest
 from conftest import BIN, REPO, bring_up, grand_total, ssh
 from slurm_sim import SLURM_CONF_COMMON, fetch_debs, stage_setup_files, wait_for
 
-from gpufleet.sim import hosts
+from gpufleet.sim import faults, hosts
 
 COMPUTE = ("node02", "node03", "node04")
 GPUS = {"node02": 8, "node03": 1, "node04": 1}
@@ -228,3 +230,28 @@ def test_a_node_whose_slurmd_died_unnoticed_is_unreachable_and_the_others_are_ve
         ssh(fleet, "node04", "systemctl start slurmd")
         ssh(fleet, "node01", "scontrol update nodename=node04 state=resume", check=False)
     wait_for("node04 to be idle again", lambda: sinfo(fleet)["node04"][0] == "idle")
+
+
+def test_ctrl_c_to_verify_via_slurm_exits_130_and_leaves_no_job(fleet, tmp_path):
+    """A terminal's SIGINT to verify's process group while the probe job runs (stopped on node03 by a gate): exit
+    130, the nodes of the job named, no report, and the job cancelled in Slurm (while node03's task still waits)."""
+    faults.close_gate(fleet.host("node03"), "python3", "probe")
+    run = subprocess.Popen([str(BIN / "gpufleet"), "verify", str(fleet.gpu_inventory), "--out", str(tmp_path),
+                            "--via", via_slurm(fleet)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True, start_new_session=True)
+    try:
+        wait_for("the probe task on node03", lambda: faults.gate_reached(fleet.host("node03"), "python3")
+                 or run.poll() is not None, timeout=120)
+        assert run.poll() is None, run.communicate()[0]
+        os.killpg(run.pid, signal.SIGINT)
+        out, _ = run.communicate(timeout=90)
+        wait_for("the verify job to be gone", lambda: ssh(fleet, "node01", "squeue -h -o %j").stdout.strip() == "",
+                 timeout=30)
+    finally:
+        faults.open_gate(fleet.host("node03"), "python3")
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait(30)
+    assert run.returncode == 130, out
+    assert "gpufleet verify: interrupted by SIGINT (exit 130); probe not finished on: node02, node03, node04" in out
+    assert not (tmp_path / "report.json").exists()

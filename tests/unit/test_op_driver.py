@@ -19,7 +19,7 @@ from gpufleet.facts.nvidia import GpuInventory
 from gpufleet.facts.packages import NvidiaPackages, PackageHolds
 from gpufleet.facts.system import Distribution
 from gpufleet.facts.systemd import UnitStates
-from gpufleet.operations import _packaging, driver
+from gpufleet.operations import _packaging, apt_lists, driver
 
 REPO = "http://mirror.example.internal/nvidia/debian12/x86_64"
 KEY = f"{REPO}/3bf863cc.pub"
@@ -29,6 +29,7 @@ PIN = "/etc/apt/preferences.d/gpufleet-nvidia-driver"
 NOUVEAU = "/etc/modprobe.d/blacklist-nouveau.conf"
 KERNEL = "6.1.0-26-amd64"
 FM_UNIT = "nvidia-fabricmanager.service"
+UPDATE = apt_lists.checked_update()  # apt-get update, checked (issue 20)
 APT_INSTALL = (
     'DEBIAN_FRONTEND=noninteractive apt-get -y -o Dpkg::Options::="--force-confdef" '
     '-o Dpkg::Options::="--force-confold" install'
@@ -187,7 +188,7 @@ def test_bare_debian_host_gets_repository_pin_blacklist_driver_fabricmanager_and
     assert commands[4:7] == created(SOURCE, source_text())
     assert commands[7:10] == created(PIN, _packaging.apt_pin("580"))
     assert commands[10:] == [
-        "apt-get update",
+        UPDATE,
         *created(NOUVEAU, "# Managed by gpufleet: keep nouveau away from NVIDIA GPUs (the NVIDIA driver needs them)."
                  "\nblacklist nouveau\noptions nouveau modeset=0\n"),
         f"update-initramfs -u || {{ rm -f {NOUVEAU}; exit 1; }}",
@@ -199,7 +200,7 @@ def test_bare_debian_host_gets_repository_pin_blacklist_driver_fabricmanager_and
         f"systemctl enable {FM_UNIT}",
         f"systemctl start {FM_UNIT}",
     ]
-    assert commands.count("apt-get update") == 1
+    assert commands.count(UPDATE) == 1
     assert not any("reboot" in noop for noop in noops)
 
 
@@ -275,7 +276,7 @@ def test_branch_change_installs_other_branch_removes_old_and_reports_reboot_pend
     commands, noops = run(converged("580"), branch="570")
     assert commands == [
         f"upload {PIN}\n{_packaging.apt_pin('570')}",  # an existing file of root, mode 644: its text changes
-        "apt-get update",
+        UPDATE,
         f"{APT_INSTALL} --allow-downgrades --allow-change-held-packages nvidia-open-570=570.172.08-1 "
         "nvidia-fabricmanager-570=570.172.08-1 nvidia-fabricmanager-580- nvidia-open-580-",
         "apt-mark hold nvidia-open-570 nvidia-fabricmanager-570",
@@ -341,7 +342,7 @@ def test_flavour_change_replaces_the_metapackage_and_flags_the_reboot():
     facts = converged(flavour="open", nvswitch=False)
     commands, _ = run(facts, flavour="proprietary", nvswitch=False)
     assert commands == [
-        "apt-get update",
+        UPDATE,
         f"{APT_INSTALL} --allow-downgrades --allow-change-held-packages cuda-drivers-580=580.95.05-1 nvidia-open-580-",
         "echo '*** System restart required ***' > /var/run/reboot-required "
         "&& echo cuda-drivers-580 >> /var/run/reboot-required.pkgs",
@@ -353,7 +354,7 @@ def test_style_change_of_the_same_flavour_replaces_the_metapackage_without_reboo
     facts = converged(style="nvidia", nvswitch=False)
     commands, _ = run(facts, packages_style="ubuntu", nvswitch=False)
     assert commands == [
-        "apt-get update",
+        UPDATE,
         f"{APT_INSTALL} --allow-downgrades --allow-change-held-packages "
         "nvidia-driver-580-server-open=580.95.05-1 nvidia-open-580-",
         "apt-mark hold nvidia-driver-580-server-open",
@@ -375,7 +376,7 @@ def test_fabric_manager_of_another_version_is_replaced_by_the_drivers_version_an
     )
     commands, _ = run(facts)
     assert commands == [
-        "apt-get update",
+        UPDATE,
         f"{APT_INSTALL} --allow-downgrades --allow-change-held-packages nvidia-fabricmanager-580=580.95.05-1",
         "apt-mark hold nvidia-open-580 nvidia-fabricmanager-580",
         "systemctl daemon-reload",
@@ -549,7 +550,7 @@ def test_default_key_on_debian_13_is_the_key_of_nvidias_debian13_repository():
 
 def test_nvidia_repository_operation_alone():
     commands, _ = run_operation(driver.nvidia_repository, facts=apt_facts(), repo_url=REPO)
-    assert commands[-1] == "apt-get update"
+    assert commands[-1] == UPDATE
     commands, _ = run_operation(driver.nvidia_repository, facts=converged(), repo_url=REPO)
     assert commands == []
 
@@ -744,7 +745,7 @@ def test_a_key_fingerprint_is_checked_before_the_key_is_installed():
     fetch = next(c for c in commands if "gpg --batch --show-keys" in c)
     assert f"grep -qx {fingerprint}" in fetch and f"mv -f \"$tmp\" {KEYRING}" in fetch
     assert not any(c.startswith("curl ") for c in commands)  # never the unchecked download
-    assert commands[-1] == "apt-get update"
+    assert commands[-1] == UPDATE
     other = {KeyFingerprints: lambda path: {"present": True, "gpg": True, "fingerprints": ["AB" * 20]}}
     commands, _ = run_operation(driver.nvidia_repository, facts=converged(extra=other), repo_url=REPO,
                                 keyring_fingerprint=fingerprint)

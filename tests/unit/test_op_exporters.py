@@ -15,7 +15,7 @@ from pyinfra_harness import managed_state, run_operation
 from gpufleet.exporter import bundle
 from gpufleet.facts.packages import DebInstalled
 from gpufleet.facts.system import Distribution
-from gpufleet.operations import exporters
+from gpufleet.operations import apt_lists, exporters
 from gpufleet.operations._systemd import ManagedState
 
 UNIT = exporters.nvml_unit_text("0.0.0.0:9400")
@@ -119,7 +119,7 @@ def test_node_exporter_arguments():
 
 APT_INSTALL = ('DEBIAN_FRONTEND=noninteractive apt-get -y -o Dpkg::Options::="--force-confdef" '
                '-o Dpkg::Options::="--force-confold" install --no-install-recommends')
-APT_UPDATE = ("apt-get update", "touch /var/lib/apt/periodic/update-success-stamp")
+APT_UPDATE = (apt_lists.checked_update(),)  # checked, no stamp (issue 20)
 DEBIAN = {"name": "Debian", "major": 12, "minor": None,
           "release_meta": {"ID": "debian", "VERSION_ID": "12", "VERSION_CODENAME": "bookworm"}}
 DCGM_INSTALLED = {"datacenter-gpu-manager-4-core": {"1:4.2.3-1"}, "datacenter-gpu-manager-exporter": {"4.1.3-1"}}
@@ -299,8 +299,17 @@ def test_converged_exporters_change_nothing_however_old_the_apt_lists_are():
                        DCGM_RUNNING), File: lambda path: stale}
     assert run_operation(exporters.gpu_exporter, facts=dcgm, kind="dcgm", profiling=True)[0] == []
     missing = {**node_host(NODE_DEFAULTS, {}, NODE_RUNNING), File: lambda path: stale}
-    assert run_operation(exporters.node_exporter, facts=missing, textfile_dir=TEXTFILE_DIR)[0][:3] == [
+    assert run_operation(exporters.node_exporter, facts=missing, textfile_dir=TEXTFILE_DIR)[0][:2] == [
         *APT_UPDATE, f"{APT_INSTALL} prometheus-node-exporter"]
+
+
+def test_a_missing_package_updates_the_lists_however_fresh_they_look():
+    """No "fresh lists" shortcut (issue 20): an update minutes ago may have failed to fetch the index the package is
+    in, so installing always updates first, with the checked update."""
+    fresh = {"mtime": datetime(2026, 12, 3, 11, 59, 0)}  # a minute before the host's date
+    missing = {**node_host(NODE_DEFAULTS, {}, NODE_RUNNING), File: lambda path: fresh}
+    assert run_operation(exporters.node_exporter, facts=missing, textfile_dir=TEXTFILE_DIR)[0][:2] == [
+        apt_lists.checked_update(), f"{APT_INSTALL} prometheus-node-exporter"]
 
 
 def test_node_exporter_new_listen_address_rewrites_its_arguments_and_restarts():

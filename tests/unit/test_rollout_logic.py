@@ -707,6 +707,179 @@ def test_a_new_rollout_runs_the_whole_fleet_pass_beside_the_inventory_order(fake
     assert rc == 2
 
 
+# ---------------------------------------------------------------------------- interruption from a terminal (issue 20)
+
+
+@pytest.fixture
+def signalled(monkeypatch):
+    """The rollout process received ``signum`` (gpufleet.interruption.catch_signals' record), as when a terminal's
+    Ctrl-C reached the whole process group; cleared afterwards."""
+    import signal  # noqa: PLC0415
+
+    from gpufleet import interruption  # noqa: PLC0415
+
+    def receive(signum=signal.SIGINT):
+        monkeypatch.setattr(interruption, "_received", [signum])
+
+    return receive
+
+
+def test_a_slurm_command_killed_with_the_rollout_is_the_interruption_not_a_node_failure(signalled, monkeypatch):
+    import signal  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+
+    from gpufleet import interruption  # noqa: PLC0415
+    from gpufleet.rollout import slurm  # noqa: PLC0415
+
+    ssh_killed = ["sh", "-c", "echo 'Killed by signal 2.' >&2; exit 255"]  # what ssh -T prints and exits with
+    assert slurm._run(ssh_killed).returncode == 255  # no signal: a failing command is for the caller to judge
+    signalled(signal.SIGINT)
+    with pytest.raises(interruption.Interrupted) as caught:
+        slurm._run(ssh_killed)
+    assert caught.value.signum == signal.SIGINT
+
+    def gone(*_a, **_k):  # subprocess.run killing a child the same signal already took
+        raise ProcessLookupError(3, "No such process")
+
+    monkeypatch.setattr(slurm.subprocess, "run", gone)
+    with pytest.raises(interruption.Interrupted):
+        slurm._run(["sinfo"])
+    monkeypatch.setattr(subprocess, "run", gone)
+    with pytest.raises(interruption.Interrupted):
+        CommandDrainer(["hook"]).drain("n1", "r")
+
+
+def test_ctrl_c_in_a_drain_starts_nothing_more_and_names_the_drain_slurm_applied(fake, tmp_path, monkeypatch,
+                                                                                  signalled):
+    """With failures tolerated (--max-failures 5) a child's death taken for a failure let the rollout go on: two
+    more nodes drained and changed after Ctrl-C. Here the drain of n3 is applied by Slurm while the signal arrives
+    (its scontrol is cut off): the rollout stops, asks Slurm again and names n3 as still drained; --resume ends it."""
+    from gpufleet import interruption  # noqa: PLC0415
+    from gpufleet.rollout.slurm import SlurmDrainer  # noqa: PLC0415
+
+    fleet = fake(5)
+    slurm = FakeSlurm({f"n{i}": {"state": "idle", "reason": "", "user": ""} for i in range(1, 6)})
+
+    def terminal(argv):
+        result = slurm(argv)
+        if argv[:3] == ["scontrol", "update", "nodename=n3"] and "state=drain" in argv and not fleet.interrupted:
+            fleet.interrupted = True
+            signalled()
+            raise interruption.Interrupted(2)  # as _run raises it once the child died of the same Ctrl-C
+        return result
+
+    fleet.interrupted = False
+    monkeypatch.setattr(run, "make_drainer", lambda spec, rid: SlurmDrainer(rid, run=terminal))
+    o = opts(tmp_path, fake.deploy, canary=1, waves="1", max_failures="5", drain="slurm")
+    rc, text = go(o)
+    assert rc == 130, text
+    state = st.load(o.state_path())
+    assert state.status == "interrupted" and state.interruption["signal"] == "SIGINT"
+    assert state.interruption["mid_change"] == ["n3"]
+    assert not state.by_state(st.FAILED)
+    assert state.nodes["n3"].drained_by_rollout  # asked again: Slurm applied it
+    assert "STILL DRAINED by this rollout (1): n3" in text and "INTERRUPTED by SIGINT" in text
+    assert [c[1] for c in fleet.calls if c[0] == "run"] == [["n1"], ["n2"]]  # nothing after the signal
+    assert [n for n, v in slurm.nodes.items() if v["reason"]] == ["n3"]  # and n4, n5 were never drained
+    monkeypatch.setattr(interruption, "_received", [])
+    o.resume = True
+    rc, text = go(o)
+    assert rc == 0, text
+    assert all(v["state"] == "idle" and not v["reason"] for v in slurm.nodes.values())
+
+
+def test_sigterm_and_sighup_exit_143_and_129(fake, tmp_path, signalled):
+    import signal  # noqa: PLC0415
+
+    from gpufleet import interruption  # noqa: PLC0415
+
+    for signum, status in ((signal.SIGTERM, 143), (signal.SIGHUP, 129)):
+        fleet = fake(3)
+
+        def stopped(inventory, deploy, hosts, *, dry, signum=signum, fleet=fleet, **_):
+            if not dry:
+                raise interruption.Interrupted(signum)
+            return FakeFleet.run_pyinfra(fleet, inventory, deploy, hosts, dry=dry)
+
+        converge.run_pyinfra = stopped  # restored by the fake fixture's monkeypatch
+        o = opts(tmp_path / str(signum), fake.deploy, canary=1)
+        rc, text = go(o)
+        assert rc == status, text
+        assert st.load(o.state_path()).interruption["signal"] == signal.Signals(signum).name
+
+
+def test_a_node_failing_before_its_drain_is_recorded_and_listed_as_not_drained(fake, tmp_path, monkeypatch):
+    fake(3)
+
+    class Refusing(BusyDrainer):
+        def drain(self, node, reason):
+            if node == "n2":
+                raise DrainError("scontrol update nodename=n2 state=drain exited 1: Invalid node name specified")
+            return True
+
+    monkeypatch.setattr(run, "make_drainer", lambda spec, rid: Refusing(set()))
+    o = opts(tmp_path, fake.deploy, canary=1, waves="1", max_failures="1", drain="command:true")
+    rc, text = go(o)
+    assert rc == 1
+    rec = st.load(o.state_path()).nodes["n2"]
+    assert rec.state == "failed" and not rec.drained_by_rollout
+    assert rec.not_drained == "failed while draining, before this rollout drained it"
+    assert "failed, NOT drained (1): n2 (failed while draining, before this rollout drained it)" in text
+    assert "STILL DRAINED" not in text
+
+
+def test_a_node_interrupted_in_its_gate_is_gated_and_resumed_by_resume_though_already_converged(fake, tmp_path,
+                                                                                                 monkeypatch):
+    """Interrupted in its verify gate, n2 is converged but drained and not verified: --resume's plan finds no change
+    for it, yet it must go through its gate and be given back to the scheduler, not be marked done still drained."""
+    from gpufleet import interruption  # noqa: PLC0415
+
+    fleet = fake(3)
+    drainer = BusyDrainer(set())
+    monkeypatch.setattr(run, "make_drainer", lambda spec, rid: drainer)
+    gate = fleet.gate
+    gated = []
+
+    def gate_interrupted_once(ctl, names, wave_index):
+        gated.extend(names)
+        if "n2" in names and not fleet.converged:
+            fleet.converged.add("n2")  # its converge ran: the next plan has no change for it
+            raise interruption.Interrupted(2)
+        return gate(ctl, names, wave_index)
+
+    monkeypatch.setattr(run.Controller, "phase_verify", lambda self, names, i: gate_interrupted_once(self, names, i))
+    o = opts(tmp_path, fake.deploy, canary=1, waves="1", drain="command:true")
+    assert go(o)[0] == 130
+    assert st.load(o.state_path()).nodes["n2"].drained_by_rollout
+    o.resume = True
+    rc, text = go(o)
+    assert rc == 0, text
+    assert gated.count("n2") == 2 and drainer.resumed == ["n1", "n2", "n3"]
+    assert not st.load(o.state_path()).drained_now()
+
+
+def test_a_hook_cut_off_mid_drain_leaves_that_node_maybe_drained_and_no_other(fake, tmp_path, monkeypatch):
+    """A command: hook cannot say whose drain a node has: the node whose drain was in flight is "may be drained"
+    (drained again and resumed by --resume); the wave's next node, whose drain never started, is not."""
+    from gpufleet import interruption  # noqa: PLC0415
+
+    fake(4)
+
+    class CutOff(BusyDrainer):
+        def drain(self, node, reason):
+            if node == "n3":
+                raise interruption.Interrupted(2)
+            return True
+
+    monkeypatch.setattr(run, "make_drainer", lambda spec, rid: CutOff(set()))
+    o = opts(tmp_path, fake.deploy, canary=1, waves="100%", drain="command:true")
+    rc, text = go(o)
+    assert rc == 130
+    nodes = st.load(o.state_path()).nodes
+    assert [n for n in nodes if nodes[n].drain_uncertain] == ["n3"] and nodes["n2"].drained_by_rollout
+    assert "MAY BE DRAINED by this rollout (1: " in text and "STILL DRAINED by this rollout (1): n2" in text
+
+
 # ------------------------------------------------------------------------------------------------ CLI parity
 
 

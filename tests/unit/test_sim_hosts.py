@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+
 import pytest
 from pyinfra.api import State
 from pyinfra.context import ctx_state
@@ -44,6 +47,37 @@ def test_network_names_fit_linux_limits_and_differ_per_fleet():
         assert len(network.veth_name(31, net)) <= 15 and len(network.bridge_name(net)) <= 15
     assert network.netns_name("node01", "10.77.0") != network.netns_name("node01", "10.77.9")
     assert network.host_address("10.77.0", 0) == "10.77.0.11"
+
+
+def _routes(ns: str) -> list[str]:
+    out = subprocess.run(["ip", "-n", ns, "route", "show"], capture_output=True, text=True, check=True).stdout
+    return [line.replace(" linkdown", "").strip() for line in out.splitlines()]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to create a network namespace")
+def test_host_down_and_back_keeps_the_hosts_addresses_and_routes():
+    """The 'host-down' fault and its 'clear' on a real namespace laid out as setup_host lays it (no bridge: a unit
+    test must not touch a fleet's): after the link is back the host has every route it had, the default route to
+    the mirror included (issue 20: it used to come back with its link route only)."""
+    net, index = "10.77.ut", os.getpid() % 100000  # a tag no fleet uses (not a number): names of this test only
+    ns, veth = network.netns_name(f"t{index}", net), network.veth_name(index, net)
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    try:
+        for args in (["link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns],
+                     ["link", "set", veth, "up"], ["-n", ns, "addr", "add", "10.99.7.11/24", "dev", "eth0"],
+                     ["-n", ns, "link", "set", "eth0", "up"], ["-n", ns, "route", "add", "default", "via", "10.99.7.1"],
+                     ["-n", ns, "route", "add", "10.98.0.0/16", "via", "10.99.7.2"]):
+            subprocess.run(["ip", *args], check=True, capture_output=True)
+        before = _routes(ns)
+        assert "default via 10.99.7.1 dev eth0" in before
+        network.set_host_link(index, net, up=False)
+        link = subprocess.run(["ip", "-n", ns, "link", "show", "eth0"], capture_output=True, text=True).stdout
+        assert "state DOWN" in link  # the host is cut off
+        network.set_host_link(index, net, up=True)
+        assert _routes(ns) == before
+    finally:
+        subprocess.run(["ip", "link", "del", veth], capture_output=True)
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
 
 def test_written_inventory_loads_in_pyinfra_with_profile_groups(tmp_path, monkeypatch):

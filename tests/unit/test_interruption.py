@@ -1,0 +1,87 @@
+"""gpufleet.interruption for gpufleet's own commands: the signals raise Interrupted with their exit status; verify and
+drift turn it into 128 + signal and say what was not finished; an interrupted pyinfra child's report is kept."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from gpufleet import drift, interruption
+from gpufleet.rollout import converge
+from gpufleet.verify import run as verify_run
+
+
+@pytest.fixture
+def handlers():
+    saved = {s: signal.getsignal(s) for s in interruption.SIGNALS}
+    yield
+    for s, h in saved.items():
+        signal.signal(s, h)
+    interruption._received.clear()
+
+
+@pytest.mark.parametrize("signum, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)])
+def test_each_signal_raises_interrupted_once_with_its_status(handlers, signum, status):
+    interruption.catch_signals()
+    with pytest.raises(interruption.Interrupted) as caught:
+        os.kill(os.getpid(), signum)
+        time.sleep(1)
+    assert interruption.status_of(caught.value) == status and interruption.received() == signum
+    os.kill(os.getpid(), signal.SIGINT)  # a second signal during the clean-up is counted, not raised
+    time.sleep(0.05)
+    assert interruption.received() == signum
+    with pytest.raises(interruption.Interrupted):
+        interruption.check()
+
+
+def test_verify_interrupted_names_the_hosts_not_finished(monkeypatch):
+    def stopped(*_a, **_k):
+        error = interruption.Interrupted(signal.SIGTERM)
+        error.in_flight = ["node03"]
+        raise error
+
+    monkeypatch.setattr(verify_run, "run_verify", stopped)
+    progress = io.StringIO()
+    assert verify_run.main("inv.py", progress=progress, echo=lambda _: None) == 143
+    assert progress.getvalue().startswith("gpufleet verify: interrupted by SIGTERM (exit 143); probe not finished "
+                                          "on: node03; no report was written")
+
+
+def test_drift_interrupted_exits_with_the_signal_and_passes_pyinfras_report_on(monkeypatch, capsys):
+    def stopped(*_a, **_k):
+        error = interruption.Interrupted(signal.SIGINT)
+        error.child_report = "gpufleet: interrupted by SIGINT before executing anything: no host was changed"
+        raise error
+
+    monkeypatch.setattr(drift, "run_drift", stopped)
+    assert drift.main("inv.py", echo=lambda _: None) == 130
+    err = capsys.readouterr().err
+    assert "gpufleet drift: interrupted by SIGINT (exit 130); nothing was changed" in err
+    assert "no host was changed" in err
+
+
+def test_an_interrupted_pyinfra_child_is_stopped_and_its_report_kept(monkeypatch, handlers, tmp_path):
+    """The child (a stand-in printing what pyinfra with gpufleet's deploy prints) gets the signal passed on when
+    only gpufleet received it (kill PID), exits, and its report of the hosts mid-change is attached."""
+    child = tmp_path / "pyinfra"
+    child.write_text("import signal, sys, time\n"
+                     "def stop(s, f):\n"
+                     "    sys.stderr.write('gpufleet: interrupted by SIGTERM while executing (exit 143).\\n"
+                     "Hosts mid-change (stage):\\n  node03: gpufleet: GPU node | GPU power limits\\n')\n"
+                     "    sys.exit(143)\n"
+                     "signal.signal(signal.SIGTERM, stop)\nprint('ready', flush=True)\ntime.sleep(60)\n")
+    monkeypatch.setattr(converge, "pyinfra_command", lambda *a, **k: [sys.executable, str(child)])
+    interruption.catch_signals()
+    pid = os.getpid()
+    killer = subprocess.Popen(["sh", "-c", f"sleep 1; kill -TERM {pid}"])
+    with pytest.raises(interruption.Interrupted) as caught:
+        converge.run_pyinfra("inv.py", "deploy.py", None, dry=True)
+    killer.wait()
+    assert caught.value.child_report == ("gpufleet: interrupted by SIGTERM while executing (exit 143).\n"
+                                         "Hosts mid-change (stage):\n  node03: gpufleet: GPU node | GPU power limits")
