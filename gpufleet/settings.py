@@ -160,11 +160,15 @@ _DOCS: dict[str, tuple[str, str, str, str, str | None]] = {
                                                    '"long-site-secret-42"', None),
     "gpufleet_monitoring_grafana_repo_url": (None, "monitoring", "apt source of Grafana's package",
                                              '"http://mirror.internal/grafana stable main"', None),
+    "gpufleet_monitoring_grafana_repo_key_fingerprint": (None, "monitoring",
+                                                         "the Grafana repository key is trusted only with this "
+                                                         "fingerprint", '"B53AE77BADB630A683046005963FA27710458545"',
+                                                         "not checked"),
     "gpufleet_monitoring_grafana_listen": (None, "monitoring", "Grafana's listen address", '"0.0.0.0:3000"', None),
     "gpufleet_monitoring_cluster": (None, "monitoring", "the `cluster` label of this host's scrape targets",
                                     '"cluster-a"', None),
     "gpufleet_monitoring_gpu_model": (None, "monitoring", "the `gpu_model` label of this host's scrape targets",
-                                      '"h100-sxm"', "from the catalog"),
+                                      '"h100-sxm"', "the catalog key of the GPUs the node reports"),
 }
 
 _MIG_NOTE = "validated together by gpufleet.config (inline layout or file + label, never both)"

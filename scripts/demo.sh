@@ -26,11 +26,18 @@ gpufleet sim fault node01 overheat --gpu 3
 gpufleet verify inventories/sim.py --out build/verify 2>/dev/null | sed -n '/^failures:/,/^report:/p' || true
 gpufleet sim fault node01 clear
 echo; echo "HTML report (the faulty run, with the change from the clean one): $PWD/build/verify/report.html"
-echo; echo "--- monitoring: Prometheus + Alertmanager on node04, scrape targets and labels from the same inventory"
-# intervals shortened for the demo (the example group_data has production values); no receiver, no Grafana here
+echo; echo "--- monitoring: Prometheus, Alertmanager and Grafana on node04, scrape targets and labels from the same inventory"
+# intervals shortened for the demo (the example group_data has production values); no receiver. Grafana comes from
+# the simulator's repository (Grafana's own unit and /etc/default file, a stand-in server); its admin password from
+# the environment, as the monitoring group data reads it
+export GPUFLEET_GRAFANA_ADMIN_PASSWORD="${GPUFLEET_GRAFANA_ADMIN_PASSWORD:-demo-$(head -c 12 /dev/urandom | od -An -tx1 | tr -d ' \n')}"
 pyinfra -y inventories/sim.py deploys/monitoring.py --data gpufleet_monitoring_scrape_interval=2s \
     --data gpufleet_monitoring_evaluation_interval=2s --data 'gpufleet_monitoring_alert_for={"GpuOverheating": "4s"}' \
     --data gpufleet_monitoring_group_wait=1s --data 'gpufleet_monitoring_receivers=[]' \
-    --data gpufleet_monitoring_grafana=false 2>&1 | sed -n '/--> Results:/,$p'
+    2>&1 | sed -n '/--> Results:/,$p'
+monitor="$(gpufleet sim status | awk '$1 == "node04" {print $2}')"
+echo; echo "--- Grafana on http://$monitor:3000 (admin, password in GPUFLEET_GRAFANA_ADMIN_PASSWORD): provisioned dashboards"
+curl -fsS -u "admin:$GPUFLEET_GRAFANA_ADMIN_PASSWORD" "http://$monitor:3000/api/search" | python3 -c \
+    'import json, sys; [print(" ", d["folderTitle"], "/", d["title"]) for d in json.load(sys.stdin)]'
 echo; echo "--- a GPU overheats on node01: the alert reaches Alertmanager, then resolves once the fault is cleared"
 python scripts/demo_alert.py "$(gpufleet sim status | awk '$1 == "node04" {print $2}')" node01 3

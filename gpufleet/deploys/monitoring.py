@@ -5,30 +5,33 @@ group get the services; the other hosts are only read as data (scrape targets). 
 (``gpufleet_*``, ``gpufleet_monitoring_*``) are validated, and the rendered Prometheus and Alertmanager
 configurations are checked with the control machine's ``promtool`` / ``amtool`` when installed, before any host
 is changed. On the host, ``promtool check config`` / ``amtool check-config`` run before every reload: a broken
-configuration is never loaded.
+configuration is never loaded. Grafana (docs/monitoring-grafana.md) is installed from Grafana's repository with its
+packaged files left as shipped; gpufleet's settings are ``GF_*`` overrides in a unit drop-in.
 """
 
 from __future__ import annotations
 
-import io
 import posixpath
 import shlex
 import shutil
 import subprocess
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 from pyinfra import host, inventory
 from pyinfra.api import deploy
-from pyinfra.operations import apt, files, server, systemd
+from pyinfra.facts.deb import DebPackages
+from pyinfra.operations import server, systemd
 from pyinfra.operations.util import any_changed
 
 from gpufleet import interruption
-from gpufleet.config import ConfigError, ConfigErrors, NodeConfig, validate_pyinfra_inventory
+from gpufleet.config import ConfigError, ConfigErrors, NodeConfig, catalog_model, validate_pyinfra_inventory
+from gpufleet.facts.nvidia import GpuInventory
 from gpufleet.masking import mask_urls
 from gpufleet.monitoring import render, rules
 from gpufleet.monitoring.config import MonitoringSettings, check_monitoring_host, load_monitoring_settings, seconds
-from gpufleet.operations import apt_lists
+from gpufleet.operations import apt_lists, grafana
 from gpufleet.operations.files import managed_file, secret_file
 
 from ._inputs import InputError
@@ -40,9 +43,10 @@ ALERTMANAGER_CONFIG = f"{render.PROMETHEUS_DIR}/alertmanager.yml"
 PROMETHEUS_DEFAULTS = "/etc/default/prometheus"
 ALERTMANAGER_DEFAULTS = "/etc/default/prometheus-alertmanager"
 ALERTMANAGER_GROUP = "prometheus"  # the service's group (Debian's package: adduser --system --group prometheus)
-GRAFANA_KEYRING = "/etc/apt/keyrings/grafana.asc"
+GRAFANA_PROVISIONING = "/etc/grafana/provisioning"  # PROVISIONING_CFG_DIR of the packaged /etc/default file
 GRAFANA_SOURCE = "/etc/apt/sources.list.d/grafana.list"
-GRAFANA_PROVISIONING = "/etc/grafana/provisioning"
+GRAFANA_KEY_FILE = "gpg-full.key"  # Grafana publishes its key at https://apt.grafana.com/gpg-full.key
+GRAFANA_DROPIN = "/etc/systemd/system/grafana-server.service.d/gpufleet.conf"
 
 _validated: dict[int, tuple[dict[str, NodeConfig], dict[str, MonitoringSettings], list[render.Target]]] = {}
 
@@ -60,10 +64,23 @@ def _targets(configs, target_settings) -> list[render.Target]:
     for h in inventory:
         if _in_monitoring(h) or not configs[h.name].stage_enabled("exporters"):
             continue
+        target = target_settings[h.name]
+        if not target.gpu_model:
+            target = replace(target, gpu_model=gpu_model_of(h))
         out.append(render.Target(host=h.name, address=h.data.get("ssh_hostname") or h.name,
                                  groups=tuple(sorted(g for g in h.groups if g != MONITORING_GROUP and g not in broad)),
-                                 config=configs[h.name], target=target_settings[h.name]))
+                                 config=configs[h.name], target=target))
     return out
+
+
+def gpu_model_of(node) -> str:
+    """The catalog key of the GPUs nvidia-smi reports on ``node`` (the ``gpu_model`` label where the inventory
+    does not set one): what the node has, not what its group's name suggests. Several models on one node: their
+    keys joined with ``+``; no GPU seen (no driver yet) or a GPU the catalog does not know: empty, and Prometheus
+    drops the label."""
+    names = sorted({gpu["name"] for gpu in node.get_fact(GpuInventory)["gpus"] if gpu.get("name")})
+    keys = [model.key for model in (catalog_model(name) for name in names) if model is not None]
+    return "+".join(sorted(set(keys))) if len(keys) == len(names) else ""
 
 
 def _check_with_tools(name: str, settings: MonitoringSettings, targets) -> list[str]:
@@ -179,31 +196,58 @@ def prometheus_stage(settings: MonitoringSettings, targets) -> None:
         systemd.service(name=f"{unit} enabled and running", service=unit, running=True, enabled=True)
 
 
-def grafana_stage(settings: MonitoringSettings) -> None:
-    url = settings.grafana_repo_url.split()[0]
-    apt.key(name="Grafana repository key", src=f"{url.rstrip('/')}/gpg.key", dest=GRAFANA_KEYRING)
-    apt.repo(name="Grafana repository", src=f"deb [signed-by={GRAFANA_KEYRING}] {settings.grafana_repo_url}",
-             filename="grafana")
-    apt_lists.packages(name="Grafana", packages=["grafana"], no_recommends=False)
-    prometheus_url = f"http://localhost:{settings.prometheus_listen.rsplit(':', 1)[1]}"
+def grafana_dropin(settings: MonitoringSettings) -> str:
+    """The unit drop-in that carries gpufleet's Grafana settings as ``GF_<SECTION>_<KEY>`` overrides of
+    ``grafana.ini`` (Grafana applies environment overrides over the ini file, then expands ``$__file{}``): the
+    package's ``grafana.ini`` and ``/etc/default/grafana-server`` stay as packaged (no conffile prompts on
+    upgrades, the user's own ``grafana.ini`` edits keep working). No secret in it: the admin password is read
+    from its root:grafana 0640 file."""
     address, port = settings.grafana_listen.rsplit(":", 1)
-    changed = [
+    overrides = {
+        "GF_SERVER_HTTP_ADDR": address.strip("[]"),
+        "GF_SERVER_HTTP_PORT": port,
+        "GF_SECURITY_ADMIN_PASSWORD": f"$__file{{{grafana.PASSWORD_FILE}}}",
+    }
+    # systemd's Environment= takes "KEY=VALUE" quoted as a whole; "$" has no meaning there, "%" would
+    lines = [f'Environment="{key}={value}"' for key, value in overrides.items()]
+    return "# Managed by gpufleet (deploys/monitoring.py)\n[Service]\n" + "\n".join(lines) + "\n"
+
+
+def grafana_stage(settings: MonitoringSettings) -> None:
+    url = settings.grafana_repo_url.split()[0].rstrip("/")
+    key = grafana.repository_key(name="Grafana repository key", url=f"{url}/{GRAFANA_KEY_FILE}",
+                                 fingerprint=settings.grafana_repo_key_fingerprint,
+                                 setting="gpufleet_monitoring_grafana_repo_key_fingerprint")
+    # the whole file, as Grafana's instructions write it (a changed URL replaces the line, never adds one)
+    source = _put("Grafana repository", render.grafana_apt_source(settings.grafana_repo_url, grafana.KEYRING),
+                  GRAFANA_SOURCE)
+    # apt's lists are read again after the repository is added: an earlier step's fresh lists do not know it
+    installed = _installed("grafana")
+    apt_lists.update(name="apt lists with Grafana's repository",
+                     _if=lambda: installed and (key.did_change() or source.did_change()))
+    apt_lists.packages(name="Grafana", packages=["grafana"], no_recommends=False)  # a checked update first
+    grafana.packaged_defaults(name="Grafana's packaged /etc/default/grafana-server")
+    prometheus_url = f"http://localhost:{settings.prometheus_listen.rsplit(':', 1)[1]}"
+    provisioning = [
         _put("Grafana datasource", render.grafana_datasource(prometheus_url),
              f"{GRAFANA_PROVISIONING}/datasources/gpufleet.yml"),
         _put("Grafana dashboard provider", render.grafana_dashboard_provider(),
              f"{GRAFANA_PROVISIONING}/dashboards/gpufleet.yml"),
         *(_put(f"Grafana dashboard {name}", render.dashboard(name), f"{render.GRAFANA_DASHBOARD_DIR}/{name}")
           for name in render.DASHBOARDS),
-        files.put(name="Grafana admin password and listen address", dest="/etc/default/grafana-server",
-                  src=io.StringIO("# Managed by gpufleet\n"
-                                  f"GF_SECURITY_ADMIN_PASSWORD={shlex.quote(settings.grafana_admin_password)}\n"
-                                  f"GF_SERVER_HTTP_ADDR={address.strip('[]')}\nGF_SERVER_HTTP_PORT={port}\n"),
-                  mode="640", user="root", group="grafana"),
     ]
+    # before Grafana's first start (which reads the password file) and applied to a Grafana that already exists
+    grafana.admin_password(name="Grafana admin password", password=settings.grafana_admin_password)
+    dropin = _put("Grafana settings (GF_* overrides of grafana.ini)", grafana_dropin(settings), GRAFANA_DROPIN)
+    server.shell(name="restart Grafana (its settings or provisioning changed)",
+                 commands=["systemctl daemon-reload && systemctl restart grafana-server"],
+                 _if=any_changed(dropin, *provisioning))
     systemd.service(name="grafana-server enabled and running", service="grafana-server", running=True,
                     enabled=True)
-    server.shell(name="restart Grafana (provisioning changed)", commands=["systemctl restart grafana-server"],
-                 _if=any_changed(*changed))
+
+
+def _installed(package: str) -> bool:
+    return package in host.get_fact(DebPackages)
 
 
 @deploy("gpufleet: monitoring")

@@ -18,11 +18,13 @@ gpufleet_monitoring_group_wait           Alertmanager group_wait duration       
 gpufleet_monitoring_grafana              true / false                                               ``true``
 gpufleet_monitoring_grafana_admin_password  a password (>= 12 characters, not a default one)        (required)
 gpufleet_monitoring_grafana_repo_url     the Grafana apt repository                                 apt.grafana.com
+gpufleet_monitoring_grafana_repo_key_fingerprint  the repository key's fingerprint (40 hex), checked    (not checked)
 gpufleet_monitoring_grafana_listen       ADDRESS:PORT                                               ``"0.0.0.0:3000"``
 ======================================== ========================================================== ==============
 
 Target keys (every GPU node): ``gpufleet_monitoring_cluster`` (the ``cluster`` label, default ``"default"``) and
-``gpufleet_monitoring_gpu_model`` (the ``gpu_model`` label: a catalog key or GPU name; default: empty).
+``gpufleet_monitoring_gpu_model`` (the ``gpu_model`` label: a catalog key or GPU name; default: the catalog key of
+the GPUs nvidia-smi reports on the node, read by the monitoring deploy; empty where it sees none).
 
 Receivers: ``webhook`` needs ``url``; ``email`` needs ``to``, ``from``, ``smarthost`` (``host:port``); ``slack``
 needs ``api_url`` (``channel`` optional).
@@ -46,12 +48,15 @@ register_namespace(PREFIX)
 RECEIVER_TYPES = {"webhook": ("url",), "email": ("to", "from", "smarthost"), "slack": ("api_url",)}
 _RECEIVER_OPTIONAL = {"webhook": (), "email": (), "slack": ("channel",)}
 DEFAULT_GRAFANA_REPO = "https://apt.grafana.com stable main"
+# an OpenPGP v4 fingerprint (40 hex digits), checked only when the inventory sets it
+_FINGERPRINT_RE = re.compile(r"^[0-9A-F]{40}$")
 DEFAULT_PASSWORDS = {"admin", "password", "grafana", "changeme", "prom-operator", "deepops", "secret"}
 _LISTEN_RE = re.compile(r"^(?:\d{1,3}(?:\.\d{1,3}){3}|\[[0-9A-Fa-f:]+\])?:(\d{1,5})\Z")
 # a path of RFC 3986 characters that mean nothing to a shell, YAML, INI or apt source line (no quotes, $, `, {}, \)
 _URL_RE = re.compile(r"^https?://[A-Za-z0-9.\-]+(?::\d{1,5})?(?:/[A-Za-z0-9\-._~:/?#@!&()*+,;=%]*)?\Z")
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}\Z")
 _LABEL_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
+_APT_WORD_RE = re.compile(r"^[A-Za-z0-9._/-]+\Z")  # an apt source line's suite and components
 _SMARTHOST_RE = re.compile(r"^(?:[A-Za-z0-9.-]+|\[[0-9A-Fa-f:]+\]):\d{1,5}\Z")
 # Alertmanager fields it expands as Go templates (its configuration docs: <tmpl_string>): {{ }} would run there
 _TEMPLATED = {"to", "from", "channel"}
@@ -72,6 +77,8 @@ KEYS: dict[str, str] = {
     "gpufleet_monitoring_grafana_admin_password": "a password of at least 12 characters that is not a default one",
     "gpufleet_monitoring_grafana_repo_url": "an apt source line: URL SUITE COMPONENT, e.g. " + DEFAULT_GRAFANA_REPO,
     "gpufleet_monitoring_grafana_listen": "ADDRESS:PORT, e.g. \"0.0.0.0:3000\"",
+    "gpufleet_monitoring_grafana_repo_key_fingerprint": "the OpenPGP fingerprint of the repository key: 40 hex "
+                                                        "digits (spaces allowed)",
     "gpufleet_monitoring_cluster": "a name: letters, digits, . _ - (the cluster label of the host's targets)",
     "gpufleet_monitoring_gpu_model": "a catalog key or GPU name (the gpu_model label of the host's targets)",
 }
@@ -93,6 +100,7 @@ class MonitoringSettings:
     grafana_admin_password: str | None = None
     grafana_repo_url: str = DEFAULT_GRAFANA_REPO
     grafana_listen: str = "0.0.0.0:3000"
+    grafana_repo_key_fingerprint: str | None = None
 
 
 @dataclass(frozen=True)
@@ -271,15 +279,27 @@ def load_monitoring_settings(host: str, data: Mapping[str, Any]) -> tuple[Monito
     if raw is not None:
         if not isinstance(raw, str) or len(raw) < 12 or raw.lower() in DEFAULT_PASSWORDS:
             err.add(PREFIX + "grafana_admin_password", "***", "too short or a default password")
+        elif any(c in raw for c in "\n\r\0"):
+            # grafana cli reads the password from stdin up to the line's end: a newline would cut it
+            err.add(PREFIX + "grafana_admin_password", "***", "contains a line break or NUL")
         else:
             values["grafana_admin_password"] = raw
     raw = ours.get(PREFIX + "grafana_repo_url")
     if raw is not None:
-        parts = raw.split() if isinstance(raw, str) else []
-        if len(parts) < 2 or not _URL_RE.match(parts[0]):
-            err.add(PREFIX + "grafana_repo_url", raw, "not an apt source line")
+        parts = raw.split(" ") if isinstance(raw, str) else []
+        # one line of single-space-separated words: a line break would add a source line of its own
+        if (len(parts) < 2 or not _URL_RE.match(parts[0])
+                or not all(_APT_WORD_RE.match(part) for part in parts[1:])):
+            err.add(PREFIX + "grafana_repo_url", raw, "not an apt source line (URL SUITE [COMPONENT...])")
         else:
             values["grafana_repo_url"] = raw
+    raw = ours.get(PREFIX + "grafana_repo_key_fingerprint")
+    if raw is not None:
+        fingerprint = raw.replace(" ", "").upper() if isinstance(raw, str) else ""
+        if not _FINGERPRINT_RE.match(fingerprint):
+            err.add(PREFIX + "grafana_repo_key_fingerprint", raw, "not a key fingerprint")
+        else:
+            values["grafana_repo_key_fingerprint"] = fingerprint
     target: dict[str, Any] = {}
     raw = ours.get(PREFIX + "cluster")
     if raw is not None:

@@ -132,14 +132,20 @@ def alertmanager_config(settings: MonitoringSettings) -> str:
     return _dump(config)
 
 
+def _dump_yaml_as_json(data: Any) -> str:
+    # JSON is YAML (1.2): Grafana reads it as the YAML it expects, and a reader without a YAML library can too
+    return ("# Managed by gpufleet (deploys/monitoring.py), generated from the inventory.\n"
+            + json.dumps(data, indent=2, sort_keys=False) + "\n")
+
+
 def grafana_datasource(prometheus_url: str) -> str:
-    return _dump({"apiVersion": 1, "datasources": [{
+    return _dump_yaml_as_json({"apiVersion": 1, "datasources": [{
         "name": "gpufleet-prometheus", "uid": "gpufleet-prometheus", "type": "prometheus", "access": "proxy",
         "url": prometheus_url, "isDefault": True, "editable": False}]})
 
 
 def grafana_dashboard_provider() -> str:
-    return _dump({"apiVersion": 1, "providers": [{
+    return _dump_yaml_as_json({"apiVersion": 1, "providers": [{
         "name": "gpufleet", "folder": "gpufleet", "type": "file", "disableDeletion": True,
         "allowUiUpdates": False, "options": {"path": GRAFANA_DASHBOARD_DIR}}]})
 
@@ -156,3 +162,9 @@ def panel_queries(text: str) -> list[tuple[str, str]]:
         for target in panel.get("targets", []):
             out.append((panel["title"], target["expr"]))
     return out
+
+
+def grafana_apt_source(repo_url: str, keyring: str) -> str:
+    """The one-line apt source of Grafana's repository (``URL SUITE COMPONENT``, validated as one line of words), as
+    Grafana's installation instructions write it: signed by ``keyring`` only."""
+    return f"deb [signed-by={keyring}] {repo_url}\n"

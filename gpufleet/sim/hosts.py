@@ -311,13 +311,15 @@ def wait_ready(fleet: Fleet, names: list[str] | None = None) -> None:
 
 def inventory_host_data(fleet: Fleet, host: Host) -> dict:
     """pyinfra host data for a simulated host: how to reach it, and the simulator's package repository as the
-    NVIDIA driver repository (a mirror, as on an air-gapped site)."""
+    NVIDIA driver repository and Grafana's (mirrors, as on an air-gapped site)."""
     return {
         "ssh_hostname": host.address, "ssh_user": "root", "ssh_key": str(ssh_key()),
         "ssh_known_hosts_file": str(known_hosts()), "ssh_strict_host_key_checking": "yes",
         "gpufleet_sim_profile": host.profile, "gpufleet_sim_os": host.os, "gpufleet_sim_repo_url": fleet.repo_url,
         "gpufleet_driver_repo_url": fleet.repo_url + "/",
         "gpufleet_driver_repo_keyring_url": f"{fleet.repo_url}/{repo.KEYRING_NAME}",
+        # the simulator's repository as Grafana's (a flat repository: its key at URL/gpg-full.key, as Grafana's)
+        "gpufleet_monitoring_grafana_repo_url": f"{fleet.repo_url} /",
     }
 
 

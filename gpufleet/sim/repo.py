@@ -1,7 +1,8 @@
 """The simulator's package repository: NVIDIA driver packages (named as NVIDIA's and Ubuntu's) that
-install the simulated driver into a host, and DCGM packages (named as NVIDIA's: the host engine and
-dcgm-exporter, answering from the simulated GPU state, ``simgpu/dcgm.py``), served over HTTP from the control
-machine on the fleet bridge.
+install the simulated driver into a host, DCGM packages (named as NVIDIA's: the host engine and
+dcgm-exporter, answering from the simulated GPU state, ``simgpu/dcgm.py``) and a Grafana package (Grafana's own
+unit and ``/etc/default`` file with a stand-in server, ``sim/grafana/standin.py``), served over HTTP from the
+control machine on the fleet bridge.
 
 A flat, signed apt repository like NVIDIA's CUDA repository (``deb [signed-by=KEYRING] URL /``); the
 keyring is served at ``URL/gpufleet-sim-keyring.gpg``.
@@ -31,6 +32,7 @@ BRANCHES = {"570": ("570.172.08", "12.8"), "580": ("580.95.05", "13.0")}
 BRANCHES["610"] = ("610.57.04", "13.3")
 DEFAULT_BRANCH = "580"
 KEYRING_NAME = "gpufleet-sim-keyring.gpg"
+GRAFANA_KEY_NAME = "gpg-full.key"
 SIMGPU_DIR = Path(__file__).with_name("gpu")
 LIB_DIR = "usr/lib/x86_64-linux-gnu"
 
@@ -169,6 +171,92 @@ def _dcgm_tree(work: Path, package: str, version: str, revision: str) -> Path:
     return tree
 
 
+GRAFANA_VERSION = "11.6.0"
+GRAFANA_DIR = Path(__file__).with_name("grafana")
+# the simulated package's unit and /etc/default file: gpufleet's own text carrying what gpufleet relies on in Grafana's
+# .deb, as tests/reference/upstream/grafana/facts.json records it (the current files could not be obtained, see
+# docs/upstream.md); tests/unit/test_sim_grafana_upstream.py holds them to those facts. Only the program is a stand-in.
+GRAFANA_UNIT = "grafana-server.service"
+GRAFANA_DEFAULTS = "grafana-server.default"
+
+# gpufleet's own script with the effects Grafana's deb postinst has on configure (recorded in grafana/facts.json under
+# grafana/packaging/deb/control/postinst): the grafana system group and user, the log and data directories, the
+# sample grafana.ini as $CONF_FILE when there is none, the provisioning directories, everything under /etc/grafana
+# root:grafana (files 0640, directories 0755); a first install neither enables nor starts the service.
+# CONF_FILE and PROVISIONING_CFG_DIR come from /etc/default/grafana-server only, as in Grafana's postinst.
+GRAFANA_POSTINST = """\
+#!/bin/sh
+set -e
+test -r /etc/default/grafana-server && . /etc/default/grafana-server
+test "$1" = configure || exit 0
+user=${GRAFANA_USER:-grafana}
+group=${GRAFANA_GROUP:-grafana}
+home=${GRAFANA_HOME:-/usr/share/grafana}
+data=${DATA_DIR:-/var/lib/grafana}
+getent group "$group" >/dev/null || addgroup --quiet --system "$group"
+id "$user" >/dev/null 2>&1 || adduser --quiet --system --no-create-home --home "$home" \\
+    --ingroup "$group" --disabled-password --shell /bin/false "$user"
+for dir in /var/log/grafana "$data"; do
+    mkdir -p "$dir"
+    chown -R "$user:$group" "$dir"
+    chmod 755 "$dir"
+done
+mkdir -p "$(dirname "$CONF_FILE")"
+test -e "$CONF_FILE" || cp "$home/conf/sample.ini" "$CONF_FILE"
+for kind in dashboards datasources plugins access-control alerting; do
+    mkdir -p "$PROVISIONING_CFG_DIR/$kind"
+done
+find /etc/grafana -mindepth 1 -exec chown -h "root:$group" {} +
+find /etc/grafana -type d -exec chmod 755 {} +
+find /etc/grafana -type f -exec chmod 640 {} +
+# systemd learns of the new unit; enabling and starting it is left to the administrator (gpufleet's stage)
+if test -d /run/systemd/system; then systemctl daemon-reload || true; fi
+"""
+
+GRAFANA_SAMPLE_INI = """\
+# gpufleet's simulated Grafana package: conf/sample.ini, every setting at its default (commented out)
+[paths]
+;data = /var/lib/grafana
+[server]
+;http_port = 3000
+[security]
+;admin_user = admin
+;admin_password = admin
+"""
+
+
+def _grafana_tree(work: Path, version: str, revision: str) -> Path:
+    tree = work / "grafana"
+    home = tree / "usr/share/grafana"
+    (home / "bin").mkdir(parents=True)
+    (home / "sim").mkdir()
+    (home / "conf").mkdir()
+    shutil.copy(GRAFANA_DIR / "standin.py", home / "sim/standin.py")
+    (home / "bin/grafana").write_text(
+        "#!/usr/bin/python3 -S\nimport sys\nsys.path.insert(0, '/usr/share/grafana/sim')\n"
+        "from standin import main\nsys.exit(main(sys.argv[1:]))\n")
+    (home / "bin/grafana").chmod(0o755)
+    (home / "conf/sample.ini").write_text(GRAFANA_SAMPLE_INI)
+    (tree / "usr/sbin").mkdir(parents=True)
+    for name, command in (("grafana-server", "server"), ("grafana-cli", "cli")):
+        (tree / "usr/sbin" / name).write_text(f'#!/bin/sh\nexec /usr/share/grafana/bin/grafana {command} "$@"\n')
+        (tree / "usr/sbin" / name).chmod(0o755)
+    (tree / "usr/lib/systemd/system").mkdir(parents=True)
+    shutil.copy(GRAFANA_DIR / GRAFANA_UNIT, tree / "usr/lib/systemd/system/grafana-server.service")
+    (tree / "etc/default").mkdir(parents=True)
+    shutil.copy(GRAFANA_DIR / GRAFANA_DEFAULTS, tree / "etc/default/grafana-server")
+    (tree / "DEBIAN").mkdir()
+    (tree / "DEBIAN/control").write_text(_control("grafana", f"{version}", "Grafana",
+                                                  Depends="adduser, python3"))
+    # Grafana's build marks these conffiles (fpm --config-files): dpkg keeps a user's edit, --force-confmiss
+    # restores a removed one
+    (tree / "DEBIAN/conffiles").write_text("/etc/default/grafana-server\n"
+                                            "/usr/lib/systemd/system/grafana-server.service\n")
+    (tree / "DEBIAN/postinst").write_text(GRAFANA_POSTINST)
+    (tree / "DEBIAN/postinst").chmod(0o755)
+    return tree
+
+
 def _control(package: str, version: str, description: str, **fields: str) -> str:
     lines = [f"Package: {package}", f"Version: {version}", "Architecture: amd64",
              "Maintainer: gpufleet simulator <sim@gpufleet.invalid>", "Priority: optional", "Section: non-free/libs"]
@@ -253,12 +341,14 @@ def packages() -> list[tuple[str, str, str, str]]:
     found += [("datacenter-gpu-manager-4-core", DCGM_VERSION, "1", "dcgm"),
               (DCGM_PROFILING_PACKAGE, DCGM_VERSION, "1", "dcgm"),
               ("datacenter-gpu-manager-exporter", DCGM_EXPORTER_VERSION, "1", "dcgm")]
+    found.append(("grafana", GRAFANA_VERSION, "", "grafana"))
     return found
 
 
 def _source_key() -> str:
     digest = hashlib.sha256()
-    for path in sorted([*SIMGPU_DIR.glob("*.py"), *SIMGPU_DIR.glob("*.c"), Path(dcgm_files.__file__), Path(__file__)]):
+    for path in sorted([*SIMGPU_DIR.glob("*.py"), *SIMGPU_DIR.glob("*.c"), *GRAFANA_DIR.iterdir(),
+                        Path(dcgm_files.__file__), Path(__file__)]):
         digest.update(path.name.encode() + path.read_bytes())
     digest.update(repr(packages()).encode())
     return digest.hexdigest()[:12]
@@ -283,7 +373,7 @@ def build() -> Path:
         nvml = build_nvml.build(work / "nvml")
         driver_names = [p for p, _v, _r, kind in packages() if kind in ("open", "proprietary")]
         for package, upstream, revision, kind in packages():
-            version = f"{upstream}-{revision}"
+            version = f"{upstream}-{revision}" if revision else upstream
             branch = upstream.split(".")[0]
             if kind in ("open", "proprietary"):
                 others = ", ".join(n for n in driver_names if n != package)
@@ -292,6 +382,8 @@ def build() -> Path:
                 tree = _fabricmanager_tree(work, package, upstream, revision)
             elif kind == "dcgm":
                 tree = _dcgm_tree(work, package, upstream, revision)
+            elif kind == "grafana":
+                tree = _grafana_tree(work, upstream, revision)
             else:
                 tree = work / package
                 (tree / "DEBIAN").mkdir(parents=True)
@@ -337,6 +429,9 @@ def _sign(repo: Path) -> None:
         subprocess.run([*gpg, "--passphrase", "", "--quick-gen-key", "gpufleet-sim <sim@gpufleet.invalid>",
                         "ed25519", "sign", "never"], check=True)
     subprocess.run([*gpg, "--output", str(repo / KEYRING_NAME), "--export", "gpufleet-sim"], check=True)
+    # the same key armored where Grafana publishes its own (https://apt.grafana.com/gpg-full.key)
+    subprocess.run([*gpg, "--armor", "--output", str(repo / GRAFANA_KEY_NAME), "--export", "gpufleet-sim"],
+                   check=True)
     subprocess.run([*gpg, "--local-user", "gpufleet-sim", "--clearsign", "--output", str(repo / "InRelease"),
                     str(repo / "Release")], check=True)
     subprocess.run([*gpg, "--local-user", "gpufleet-sim", "--detach-sign", "--armor",

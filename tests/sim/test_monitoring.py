@@ -10,12 +10,14 @@ data (scrape/evaluation every 2 s, ``for`` 4 s on the alerts tested).
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
 import signal
 import subprocess
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -24,9 +26,10 @@ import pytest
 from conftest import BIN, REPO, bring_up, gpufleet, grand_total, save_deb_cache, ssh
 
 from gpufleet.exporter.xid_err_msg import err_msg
+from gpufleet.facts.grafana import openpgp_fingerprints
 from gpufleet.monitoring import render
 from gpufleet.monitoring.config import seconds
-from gpufleet.sim import faults, hosts
+from gpufleet.sim import faults, hosts, repo
 from gpufleet.sim.gpu import state as simstate
 
 PROFILES = ["cpu-only", "h100-sxm-8", "rtx4090-1"]
@@ -46,7 +49,7 @@ MONITORING_DATA = {
                                       "GpuPowerLimitDrift": ALERT_FOR, "NodeExporterDown": ALERT_FOR,
                                       "GpuTemperatureHigh": ALERT_FOR},
     "gpufleet_monitoring_group_wait": "1s",
-    "gpufleet_monitoring_grafana": False,  # Grafana's package cannot be installed here (no Grafana repository)
+    "gpufleet_monitoring_grafana_admin_password": "e2e-grafana-admin-1",  # Grafana from the simulator's repository
     "gpufleet_monitoring_receivers": [{"name": "ops", "type": "webhook", "url": "http://127.0.0.1:9999/alerts"}],
 }
 
@@ -152,7 +155,8 @@ def test_every_target_up_with_inventory_labels(mon):
               if t["labels"]["job"] == "gpu"}
     assert labels[DCGM_HOST]["cluster"] == "lab" and labels[DCGM_HOST]["gpu_model"] == "h100-sxm"
     assert labels[DCGM_HOST]["group"] == "gpu_nodes"
-    assert labels[NVML_HOST].get("gpu_model", "") == ""  # Prometheus drops empty labels
+    # not set in the inventory: the catalog key of the GPUs the node reports
+    assert labels[NVML_HOST]["gpu_model"] == "rtx4090"
     assert labels[NVML_HOST]["group"] == "gpu_nodes" and labels[NVML_HOST]["cluster"] == "lab"
 
 
@@ -428,10 +432,140 @@ def test_every_dashboard_panel_query_returns_data(mon):
     empty = []
     for name in render.DASHBOARDS:
         for title, expr in render.panel_queries(render.dashboard(name)):
-            query = expr.replace("$host", ".*").replace("$cluster", ".*")
+            if expr.startswith(VERIFY_METRICS) or "- gpufleet_verify" in expr:
+                continue  # only after a verify run: test_verify_and_benchmark_panels
+            query = substitute(expr)
             if not promql(mon, query):
                 empty.append(f"{name}: {title}: {query}")
     assert empty == []
+
+
+VERIFY_METRICS = ("gpufleet_verify_", "gpufleet_bench_", "time() - gpufleet_verify")
+
+
+def substitute(expr: str) -> str:
+    """A panel's query with the dashboard variables as "All" selects them."""
+    return expr.replace("$host", ".*").replace("$cluster", ".*").replace("$gpu", ".*")
+
+
+# ------------------------------------------------------------------------------------------------ Grafana
+# The Grafana stage on the simulated package (Grafana's unit and /etc/default file, a stand-in server): judged by
+# the stand-in's HTTP API and the files on the monitoring host.
+
+GRAFANA_PASSWORD = MONITORING_DATA["gpufleet_monitoring_grafana_admin_password"]
+
+
+def grafana(fleet, path: str, password: str | None = GRAFANA_PASSWORD) -> tuple[int, object]:
+    request = urllib.request.Request(f"http://{fleet.host(MON).address}:3000{path}")
+    if password is not None:
+        token = base64.b64encode(f"admin:{password}".encode()).decode()
+        request.add_header("Authorization", f"Basic {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.load(response)
+    except urllib.error.HTTPError as error:
+        return error.code, None
+
+
+def test_grafana_answers_for_every_dashboard_and_the_datasource(mon):
+    status, health = wait_for("Grafana's health", lambda: (r := grafana(mon, "/api/health", None))[0] == 200 and r)
+    assert health["database"] == "ok"
+    status, found = grafana(mon, "/api/search")
+    assert status == 200
+    titles = {json.loads(render.dashboard(n))["title"] for n in render.DASHBOARDS}
+    assert {d["title"] for d in found} == titles and {d["folderTitle"] for d in found} == {"gpufleet"}
+    status, datasources = grafana(mon, "/api/datasources")
+    assert status == 200
+    assert [(d["type"], d["url"], d["isDefault"]) for d in datasources] == [
+        ("prometheus", "http://localhost:9090", True)]
+    assert grafana(mon, "/api/search", None)[0] == 401
+    assert grafana(mon, "/api/search", "admin")[0] == 401
+    root = mon.host(MON).dir / "root"
+    # the package's environment file, untouched; gpufleet's settings in a drop-in
+    assert (root / "etc/default/grafana-server").read_bytes() == (repo.GRAFANA_DIR / repo.GRAFANA_DEFAULTS).read_bytes()
+    dropin = (root / "etc/systemd/system/grafana-server.service.d/gpufleet.conf").read_text()
+    assert "GF_SERVER_HTTP_PORT=3000" in dropin and GRAFANA_PASSWORD not in dropin
+    mode = ssh(mon, MON, "stat -c '%a %U %G' /etc/grafana/gpufleet-admin-password").stdout.split()
+    assert mode == ["640", "root", "grafana"]
+
+
+def _with_password(tmp_path: Path, mon, password: str) -> Path:
+    return write_inventory(tmp_path / "grafana_inventory.py", mon.inventory,
+                           {**MONITORING_DATA, "gpufleet_monitoring_grafana_admin_password": password})
+
+
+def test_grafana_password_change_is_applied_to_the_existing_grafana_and_never_printed(mon, tmp_path):
+    wait_for("Grafana's health", lambda: grafana(mon, "/api/health", None)[0] == 200)
+    new = "e2e-changed-Grafana-2"
+    inventory = _with_password(tmp_path, mon, new)
+    for flags in (["--dry", "--diff"], ["--dry", "--json"], ["--dry", "--diff", "-vv"]):
+        result = subprocess.run([str(BIN / "pyinfra"), *flags, str(inventory), "deploys/monitoring.py"],
+                                capture_output=True, text=True, timeout=900, cwd=REPO)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert new not in result.stdout + result.stderr and GRAFANA_PASSWORD not in result.stdout + result.stderr
+        assert "Grafana admin password" in result.stdout + result.stderr
+    try:
+        output = run_pyinfra(inventory, "deploys/monitoring.py").stdout
+        assert new not in output
+        assert grafana(mon, "/api/search", new)[0] == 200
+        assert grafana(mon, "/api/search", GRAFANA_PASSWORD)[0] == 401
+        # applied: the next run with the same password changes nothing
+        total = grand_total(run_pyinfra(inventory, "deploys/monitoring.py").stdout)
+        assert total["success"] == "-" and total["error"] == "-", total
+    finally:
+        run_pyinfra(mon.test_inventory, "deploys/monitoring.py")
+    assert grafana(mon, "/api/search")[0] == 200
+
+
+def test_grafana_defaults_replaced_by_an_earlier_gpufleet_are_restored(mon):
+    """gpufleet before this version wrote its own /etc/default/grafana-server (no CONF_FILE, DATA_DIR...)."""
+    root = mon.host(MON).dir / "root"
+    packaged = (root / "etc/default/grafana-server").read_bytes()
+    ssh(mon, MON, "printf '# Managed by gpufleet\\nGF_SERVER_HTTP_PORT=3000\\n' > /etc/default/grafana-server")
+    run_pyinfra(mon.test_inventory, "deploys/monitoring.py")
+    assert (root / "etc/default/grafana-server").read_bytes() == packaged
+    wait_for("Grafana's health", lambda: grafana(mon, "/api/health", None)[0] == 200)
+    assert grafana(mon, "/api/search")[0] == 200
+
+
+def test_grafana_repository_key_trusted_only_with_the_fingerprint_set(mon, tmp_path):
+    sim_key = openpgp_fingerprints((repo.repo_dir() / repo.GRAFANA_KEY_NAME).read_bytes())
+    assert len(sim_key) == 1
+    wrong = "0123456789ABCDEF0123456789ABCDEF01234567"
+    keyring = mon.host(MON).dir / "root/etc/apt/keyrings/grafana.asc"
+    before = keyring.read_bytes()
+    inventory = write_inventory(tmp_path / "key_inventory.py", mon.inventory,
+                                {**MONITORING_DATA, "gpufleet_monitoring_grafana_repo_key_fingerprint": wrong})
+    result = run_pyinfra(inventory, "deploys/monitoring.py", check=False)
+    assert result.returncode != 0
+    refusal = (f"{MON}: gpufleet_monitoring_grafana_repo_key_fingerprint='{wrong}': the key at "
+               f"{mon.repo_url}/gpg-full.key has fingerprint {sim_key[0]}; not trusted, nothing was changed")
+    assert refusal in result.stdout, result.stdout
+    assert keyring.read_bytes() == before
+    # the installed key is the one with the fingerprint given: nothing to do
+    inventory = write_inventory(tmp_path / "key_inventory.py", mon.inventory,
+                                {**MONITORING_DATA, "gpufleet_monitoring_grafana_repo_key_fingerprint": sim_key[0]})
+    total = grand_total(run_pyinfra(inventory, "deploys/monitoring.py").stdout)
+    assert total["success"] == "-" and total["error"] == "-", total
+    # armored, as Grafana's instructions install it (apt reads *.asc files as armored keys)
+    assert openpgp_fingerprints(keyring.read_bytes()) == sim_key
+    assert keyring.read_bytes().startswith(b"-----BEGIN PGP PUBLIC KEY BLOCK-----")
+
+
+def test_verify_and_benchmark_panels(mon, tmp_path):
+    """The verify panel's queries answer once a verify ran; the benchmark ones are valid PromQL (the simulated
+    fleet has no GPU backend: verify measures no benchmark there, and never invents a number)."""
+    wait_all_up(mon)
+    subprocess.run([str(BIN / "gpufleet"), "verify", str(mon.test_inventory), "--limit", "gpu_nodes", "--out",
+                    str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    queries = [(t, e) for n in render.DASHBOARDS for t, e in render.panel_queries(render.dashboard(n))
+               if e.startswith(VERIFY_METRICS)]
+    assert queries
+    for title, expr in queries:
+        if "gpufleet_bench_" in expr:
+            api(mon, 9090, "/api/v1/query", query=substitute(expr))  # status success or HTTPError
+        else:
+            wait_for(f"{title}: {expr}", lambda e=expr: promql(mon, substitute(e)))
 
 
 def test_verify_checks_the_exporters_and_its_textfile_reaches_prometheus(mon, tmp_path):
@@ -601,7 +735,7 @@ def test_ctrl_c_to_the_monitoring_deploy_exits_130_naming_the_host(mon):
 @pytest.mark.parametrize(("monitoring", "dcgm_extra", "expected"), [
     ({**MONITORING_DATA, "gpufleet_monitoring_receivers": [{"name": "pager", "type": "pagerduty", "url": "x"}]},
      None, f"{MON}: gpufleet_monitoring_receivers[0].type='pagerduty': unknown receiver type"),
-    ({k: v for k, v in MONITORING_DATA.items() if k != "gpufleet_monitoring_grafana"},
+    ({k: v for k, v in MONITORING_DATA.items() if k != "gpufleet_monitoring_grafana_admin_password"},
      None, f"{MON}: gpufleet_monitoring_grafana_admin_password=None: Grafana is enabled but has no admin password"),
     ({**MONITORING_DATA, "gpufleet_monitoring_scrape_interval": "2 seconds"},
      None, f"{MON}: gpufleet_monitoring_scrape_interval='2 seconds': not a Prometheus duration"),

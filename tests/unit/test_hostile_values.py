@@ -48,8 +48,6 @@ NOT_IN_A_FILE = {
     "gpufleet_monitoring_grafana": "a boolean",
     # the Grafana settings are the grafana step's (its own change covers their files)
     "gpufleet_monitoring_grafana_admin_password": "Grafana's (the grafana step's own tests)",
-    "gpufleet_monitoring_grafana_repo_url": "Grafana's (the grafana step's own tests)",
-    "gpufleet_monitoring_grafana_listen": "Grafana's (the grafana step's own tests)",
 }
 
 
@@ -137,6 +135,17 @@ def parse_apt_source(text: str) -> list[str]:
     return uris
 
 
+def parse_apt_source_words(text: str) -> list[str]:
+    """The words of the one source line of ``text`` (options removed); refuses a second line."""
+    lines = [line for line in text.splitlines() if line.split("#", 1)[0].strip()]
+    assert len(lines) == 1, f"one source line expected: {text!r}"
+    return re.sub(r"\[[^\]]*\]", "", lines[0]).split()
+
+
+def grafana_source_line(settings_) -> str:
+    return render.grafana_apt_source(settings_.grafana_repo_url, "/etc/apt/keyrings/grafana.asc")
+
+
 # ------------------------------------------------------------------------------------------------ positions
 
 WEBHOOK = {"name": "ops", "type": "webhook", "url": "http://hooks.example.internal/gpu"}
@@ -182,6 +191,10 @@ MONITORING_POSITIONS = [
     (M + "alertmanager_listen", lambda v: {M + "alertmanager_listen": v}, None),
     (M + "verify_max_age", lambda v: {M + "verify_max_age": v}, None),
     (M + "retention", lambda v: {M + "retention": v}, None),
+    (M + "grafana_listen", lambda v: {M + "grafana_listen": v}, None),
+    (M + "grafana_repo_key_fingerprint", lambda v: {M + "grafana_repo_key_fingerprint": v}, None),
+    (M + "grafana_repo_url", lambda v: {M + "grafana_repo_url": "https://apt.grafana.com stable " + v},
+     lambda s: " ".join(parse_apt_source_words(grafana_source_line(s))[3:])),
     (M + "alert_for", lambda v: {M + "alert_for": {"GpuOverheating": v}}, None),
     (M + "alert_for", lambda v: {M + "alert_for": {v: "5m"}}, None),
     (M + "gpu_model", lambda v: {M + "gpu_model": v}, None),

@@ -164,15 +164,28 @@ def test_grafana_provisioning_files():
 
 
 def test_dashboards_use_the_provisioned_datasource_and_known_metrics():
-    known = {f for f, _t, _h in (*exporters.HEALTH_COUNTERS, *exporters.PROFILING_COUNTERS)}
+    from gpufleet.report.prometheus import _HELP as verify_metrics
+    known = {f for f, _t, _h in (*exporters.HEALTH_COUNTERS, *exporters.PROFILING_COUNTERS)} | set(verify_metrics)
     known |= {r["record"] for g in rules.recording_rules()["groups"] for r in g["rules"]} | {"up"}
     titles = {}
     for name in render.DASHBOARDS:
         data = json.loads(render.dashboard(name))
         titles[name] = data["title"]
+        # importable into any Grafana: every panel, query and variable takes the $datasource variable's choice
+        assert "gpufleet-prometheus" not in render.dashboard(name)
+        variables = {v["name"]: v for v in data["templating"]["list"]}
+        assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
+        assert {"host", "gpu"} <= set(variables)
+        for v in variables.values():
+            assert v["name"] == "datasource" or v["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
         for panel in data["panels"]:
-            assert panel["datasource"]["uid"] == "gpufleet-prometheus"
+            assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
             assert panel["targets"], panel["title"]
+            for target in panel["targets"]:
+                assert target["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+                # per-GPU series follow the GPU selector
+                for selector in re.findall(r"(?:DCGM_FI_\w+|gpufleet_bench_\w+)\{([^}]*)\}", target["expr"]):
+                    assert 'gpu=~"$gpu"' in selector, (panel["title"], target["expr"])
         for _title, expr in render.panel_queries(render.dashboard(name)):
             names = {tok for tok in re.findall(r"[A-Za-z_:][A-Za-z0-9_:]*(?=\{|\[|\s|\)|$)", expr)
                      if tok.startswith(("DCGM_", "gpufleet", "host:", "cluster:", "up"))}
