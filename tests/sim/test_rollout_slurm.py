@@ -198,11 +198,11 @@ TIMINGS = [
     # (name, signal, moment): a gate (host, program, match) that stops a command until the signal is sent, the
     # state file showing a node in a state ("state", node, state), or Slurm showing the rollout's drain ("slurm", node)
     ("drain status query of the canary (sinfo)", signal.SIGINT, ("node01", "sinfo", "-n node02")),
-    ("converge of the canary", signal.SIGINT, ("state", "node02", "converging")),
+    ("converge of the canary (power limit)", signal.SIGINT, ("node02", "nvidia-smi", "-pl")),
     ("right after the canary", signal.SIGINT, ("state", "node02", "done")),
     ("drain status query of wave 2 (sinfo)", signal.SIGINT, ("node01", "sinfo", "-n node03")),
     ("drain of wave 2 applied by Slurm", signal.SIGINT, ("slurm", "node03")),
-    ("converge of wave 2", signal.SIGTERM, ("state", "node03", "converging")),
+    ("converge of wave 2 (power limit)", signal.SIGTERM, ("node03", "nvidia-smi", "-pl")),
     ("verify gate of wave 2 (probe)", signal.SIGINT, ("node03", "python3", "probe")),
     ("resume of wave 2 (scontrol)", signal.SIGINT, ("node01", "scontrol", "nodename=node03 state=resume")),
     ("drain command of wave 3 (scontrol)", signal.SIGHUP, ("node01", "scontrol", "nodename=node04 state=drain")),
@@ -253,7 +253,8 @@ def test_a_terminal_signal_to_the_process_group_stops_the_rollout_and_resume_fin
     nodes = state["nodes"]
     assert not [n for n in COMPUTE if nodes[n]["state"] == "failed"], (stdout, stderr)  # a child's death: no failure
     assert "No such process" not in stdout + stderr
-    later = ["node03", "node04"] if name in ("drain status query of the canary (sinfo)", "converge of the canary") \
+    later = ["node03", "node04"] if name in ("drain status query of the canary (sinfo)",
+                                             "converge of the canary (power limit)") \
         else [] if name.endswith("wave 3 (scontrol)") else ["node04"]
     for node in later:  # nothing started after the signal: the later waves' nodes untouched
         assert nodes[node]["state"] == "pending", (node, nodes[node])

@@ -7,7 +7,9 @@ gets its Prometheus textfile; `pyinfra INVENTORY verify/gpu_node.py` writes the 
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -128,6 +130,22 @@ FAULTS = {
 }
 
 
+# the GPUs of DCGM_FI_DEV_GPU_TEMP on the node's GPU exporter (run by the node's python3)
+EXPORTED_GPUS = ("import re, urllib.request\n"
+                 "text = urllib.request.urlopen('http://127.0.0.1:9400/metrics', timeout=5).read().decode()\n"
+                 "print(len(set(re.findall(r'^DCGM_FI_DEV_GPU_TEMP[{][^}]*\\bgpu=\"(\\d+)\"', text, re.M))))\n")
+
+
+def wait_until_the_gpu_exporter_exports_every_gpu(fleet, name: str, timeout_s: float = 60) -> None:
+    """dcgm-exporter answers with the collection it made up to -c ms ago (15 s here): a GPU back from a fault is
+    missing from it until the next collection, which the next test's verify would rightly report."""
+    gpus = int(ssh(fleet, name, "nvidia-smi -L | grep -c '^GPU'").stdout.strip())
+    deadline = time.monotonic() + timeout_s
+    while (seen := int(ssh(fleet, name, f"python3 -c {shlex.quote(EXPORTED_GPUS)}").stdout.strip())) != gpus:
+        assert time.monotonic() < deadline, f"{name}: the GPU exporter exports {seen} of {gpus} GPUs ({timeout_s} s)"
+        time.sleep(0.5)
+
+
 @pytest.mark.parametrize("fault", list(FAULTS))
 def test_each_fault_is_reported_exactly_where_it_is(fleet, fault):
     inject, undo, expected = FAULTS[fault]
@@ -140,6 +158,7 @@ def test_each_fault_is_reported_exactly_where_it_is(fleet, fault):
     finally:
         if isinstance(inject, list):
             gpufleet("sim", "fault", inject[0], "clear")
+            wait_until_the_gpu_exporter_exports_every_gpu(fleet, inject[0])
         else:
             ssh(fleet, *undo)
     assert result.rc == 1, result.stdout + result.stderr

@@ -58,3 +58,14 @@ def test_stage_off_or_exporter_none_is_not_checked():
     assert run(probe_doc(both), {"gpufleet_stages": ["driver"]}) == []
     assert [c for c, *_ in run(probe_doc(both), {"gpufleet_exporters_gpu": "none"})] == ["config.exporter.node"]
     assert run(probe_doc(both), {"gpufleet_exporters_gpu_listen": "10.0.0.1:9400"})[0][1] == "skip"
+
+
+def test_a_lost_gpu_still_in_the_exporters_last_collection_is_neither_required_nor_wrong():
+    # dcgm-exporter serves the collection it made up to -c milliseconds ago: GPU 1 lost since still has its series
+    doc = probe_doc({"status": "ok", "error": None, "gpus": {"DCGM_FI_DEV_GPU_TEMP": ["0", "1"],
+                                                             "DCGM_FI_DEV_POWER_USAGE": ["0"]}})
+    doc["gpus"][1]["status"] = "gpu_lost"
+    assert run(doc)[0] == ("config.exporter.gpu", "pass", "GPU exporter exports one series per GPU (1) for "
+                                                          "DCGM_FI_DEV_GPU_TEMP, DCGM_FI_DEV_POWER_USAGE")
+    doc["exporters"]["gpu"]["gpus"]["DCGM_FI_DEV_POWER_USAGE"] = []  # a usable GPU without its series still fails
+    assert run(doc)[0][1] == "fail"
