@@ -68,17 +68,11 @@ LAYERS: dict[str, int] = {
 # imported) | ("private", importer, imported module, name)
 KNOWN: set[tuple[str, ...]] = {
     ("circle", "gpufleet.probe.bench", "gpufleet.probe.probe"),
-    ("circle", "gpufleet.rollout.drain", "gpufleet.rollout.slurm"),
-    ("circle", "gpufleet.verify.run", "gpufleet.verify.slurm"),
     ("private", "gpufleet.deploys.gpu_node", "gpufleet.operations._systemd", "refuse"),
     ("private", "gpufleet.preflight_repository", "gpufleet.operations._packaging", ""),
     ("private", "gpufleet.verify.pyinfra_entry", "gpufleet.deploys._inputs", "InputError"),
     ("private", "gpufleet.verify.remote", "gpufleet.facts._sections", "parse_sections"),
     ("private", "gpufleet.verify.remote", "gpufleet.facts._sections", "section"),
-    ("up", "gpufleet.verify.slurm", "gpufleet.report"),
-    ("up", "gpufleet.verify.slurm", "gpufleet.rollout.drain"),
-    ("up", "gpufleet.verify.slurm", "gpufleet.rollout.slurm"),
-    ("up", "gpufleet.verify.slurm", "gpufleet.verify.run"),
 }
 
 
