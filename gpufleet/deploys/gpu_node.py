@@ -30,7 +30,7 @@ from gpufleet.operations import clocks, driver, exporters, lock, mig, nccl, pers
 from gpufleet.operations.errors import refuse
 from gpufleet.plan import ExportersPlan, NodePlan, gpus_from_facts
 
-from ._inputs import checked_facts, node_config
+from .inputs import checked_facts, node_config
 
 GPU_STAGES = ("persistence", "power", "mig", "nccl", "clocks", "slurm")
 # what preflight.gather_facts reads on every host: prefetched on all hosts when the first one is prepared

@@ -7,7 +7,7 @@ import shlex
 
 from pyinfra.api import FactBase, OperationValueError
 
-from ._sections import print_file
+from .sections import print_file
 
 _SEP = "\t"
 # sha1sum's line: HASH, two spaces, the path; a leading backslash where it escaped one in the path (\\ for \)

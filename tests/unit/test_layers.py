@@ -68,9 +68,6 @@ LAYERS: dict[str, int] = {
 # imported) | ("private", importer, imported module, name)
 KNOWN: set[tuple[str, ...]] = {
     ("private", "gpufleet.preflight_repository", "gpufleet.operations._packaging", ""),
-    ("private", "gpufleet.verify.pyinfra_entry", "gpufleet.deploys._inputs", "InputError"),
-    ("private", "gpufleet.verify.remote", "gpufleet.facts._sections", "parse_sections"),
-    ("private", "gpufleet.verify.remote", "gpufleet.facts._sections", "section"),
 }
 
 
