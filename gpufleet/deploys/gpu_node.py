@@ -27,10 +27,10 @@ from gpufleet.facts.packages import NvidiaPackages
 from gpufleet.facts.pci import NvidiaPciDevices
 from gpufleet.facts.system import OsInfo, SecureBoot
 from gpufleet.operations import clocks, driver, exporters, lock, mig, nccl, persistence, power, slurm
-from gpufleet.operations._systemd import refuse
+from gpufleet.operations.errors import refuse
 from gpufleet.plan import ExportersPlan, NodePlan, gpus_from_facts
 
-from ._inputs import checked_facts, node_config
+from .inputs import checked_facts, node_config
 
 GPU_STAGES = ("persistence", "power", "mig", "nccl", "clocks", "slurm")
 # what preflight.gather_facts reads on every host: prefetched on all hosts when the first one is prepared

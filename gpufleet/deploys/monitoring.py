@@ -34,7 +34,7 @@ from gpufleet.monitoring.config import MonitoringSettings, check_monitoring_host
 from gpufleet.operations import apt_lists, grafana
 from gpufleet.operations.files import managed_file, secret_file
 
-from ._inputs import InputError
+from .inputs import InputError
 
 MONITORING_GROUP = "monitoring"
 PROMETHEUS_PACKAGES = ("prometheus", "prometheus-alertmanager")

@@ -1,7 +1,7 @@
 """pyinfra facts gpufleet reads from a node: parse, never decide.
 
 Every fact runs ONE remote command that always exits 0 and reports missing programs and error output
-explicitly (see ``_sections``), so a bare server (no driver, no pciutils, no mokutil) is described, never failed.
+explicitly (see ``sections``), so a bare server (no driver, no pciutils, no mokutil) is described, never failed.
 
 | fact | module | command |
 | --- | --- | --- |

@@ -7,7 +7,7 @@ import shlex
 
 from pyinfra.api import FactBase, OperationValueError
 
-from ._sections import print_file
+from .sections import print_file
 
 _SEP = "\t"
 # sha1sum's line: HASH, two spaces, the path; a leading backslash where it escaped one in the path (\\ for \)
@@ -47,7 +47,7 @@ class ManagedState(FactBase):
         }
 
     gpufleet's operations read every file they manage in one such read, and the units with
-    :class:`gpufleet.facts.systemd.UnitStates`, all of a run's in one read (``gpufleet.operations._systemd``:
+    :class:`gpufleet.facts.systemd.UnitStates`, all of a run's in one read (``gpufleet.operations.reads``:
     ``read_together``, ``get_state``).
     """
 

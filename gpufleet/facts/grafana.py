@@ -17,7 +17,7 @@ import shlex
 
 from pyinfra.api import FactBase
 
-from ._sections import first_line, join, parse_sections, print_file, section
+from .sections import first_line, join, parse_sections, print_file, section
 
 APT_HELPER = "/usr/lib/apt/apt-helper"
 _PUBLIC_KEY_TAG = 6  # RFC 9580 5.5.1.1: the primary key packet

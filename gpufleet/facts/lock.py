@@ -10,7 +10,7 @@ import shlex
 
 from pyinfra.api import FactBase
 
-from ._sections import join, parse_sections, print_file, section
+from .sections import join, parse_sections, print_file, section
 
 LOCK_DIR = "/run/gpufleet"
 LOCK_FILE = f"{LOCK_DIR}/host.lock"

@@ -10,8 +10,8 @@ import re
 
 from pyinfra.api import FactBase
 
-from ._sections import Section, join, parse_sections, section
 from .nvidia import classify_smi_failure
+from .sections import Section, join, parse_sections, section
 
 # |   0  MIG 1g.10gb         19        7          0:1     |
 _GI_ROW = re.compile(

@@ -11,7 +11,7 @@ import re
 
 from pyinfra.api import FactBase
 
-from ._sections import parse_sections, section
+from .sections import parse_sections, section
 
 # Query field (canonical name, as the header prints it) -> key in the fact's GPU dicts.
 GPU_FIELDS = {

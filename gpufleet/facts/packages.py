@@ -12,7 +12,7 @@ import shlex
 
 from pyinfra.api import FactBase
 
-from ._sections import join, parse_sections, section
+from .sections import join, parse_sections, section
 
 # Package name patterns (dpkg-query / rpm globs) that make up an NVIDIA driver installation: every name the driver
 # operation's naming rules (operations/_packaging.py: selectors, fabric manager, release components) can match.

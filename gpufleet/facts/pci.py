@@ -11,7 +11,7 @@ import re
 
 from pyinfra.api import FactBase
 
-from ._sections import parse_sections, section
+from .sections import parse_sections, section
 
 NVIDIA_VENDOR = "10de"
 # PCI class codes (base class + subclass)

@@ -12,7 +12,7 @@ import shlex
 
 from pyinfra.api import FactBase
 
-from ._sections import join, parse_sections, section
+from .sections import join, parse_sections, section
 
 APT_HELPER = "/usr/lib/apt/apt-helper"
 

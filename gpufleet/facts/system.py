@@ -9,7 +9,7 @@ import shlex
 from pyinfra.api import FactBase
 from pyinfra.facts.server import LinuxDistribution
 
-from ._sections import first_line, join, parse_sections, print_file, section
+from .sections import first_line, join, parse_sections, print_file, section
 
 EFI_SECUREBOOT_VAR = "/sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
 DEBIAN_IDS = ("debian", "ubuntu")

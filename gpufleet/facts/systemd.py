@@ -1,7 +1,7 @@
 """systemd unit state from ``systemctl show``: parse, never decide.
 
 :class:`UnitStates` reads any number of units in one command; gpufleet's operations read all the units they manage in
-one such read per host (``gpufleet.operations._systemd.unit_states``).
+one such read per host (``gpufleet.operations.reads.unit_states``).
 """
 
 from __future__ import annotations

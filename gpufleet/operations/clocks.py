@@ -22,17 +22,10 @@ from gpufleet.plan import (
     parse_uuid_conf,
 )
 
-from ._systemd import (
-    all_of,
-    get_state,
-    gpu_settings_paths,
-    install_gpu_settings,
-    put_file,
-    read_together,
-    refuse,
-    remove_file,
-    remove_gpu_settings,
-)
+from .errors import refuse
+from .gpu_settings import gpu_settings_paths, install_gpu_settings, remove_gpu_settings
+from .managed_files import all_of, put_file, remove_file
+from .reads import get_state, read_together
 
 CONF = CLOCKS_CONF
 UNIT = CLOCKS_UNIT

@@ -27,7 +27,9 @@ from gpufleet.facts.system import Distribution
 
 from . import _packaging as pkg
 from . import _repo_keys, apt_lists
-from ._systemd import get_state, put_file, read_together, refuse, unit_states
+from .errors import refuse
+from .managed_files import put_file
+from .reads import get_state, read_together, unit_states
 
 KEYRING_DIR = "/etc/apt/keyrings"
 KEYRING_NAME = "gpufleet-nvidia"

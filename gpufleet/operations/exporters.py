@@ -21,18 +21,10 @@ from gpufleet.facts.system import Distribution
 
 from . import _packaging as pkg
 from . import apt_lists
-from ._systemd import (
-    SETTINGS_DIR,
-    UNIT_DIR,
-    get_state,
-    is_running,
-    put_file,
-    read_together,
-    refuse,
-    remove_file,
-    render,
-    systemctl,
-)
+from .errors import refuse
+from .managed_files import SETTINGS_DIR, put_file, remove_file, render
+from .reads import get_state, read_together
+from .units import UNIT_DIR, is_running, systemctl
 
 NODE_EXPORTER_PACKAGE = "prometheus-node-exporter"  # Debian / Ubuntu
 NODE_EXPORTER_UNIT = "prometheus-node-exporter.service"

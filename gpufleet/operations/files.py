@@ -7,7 +7,8 @@ from pyinfra.api import operation
 
 from gpufleet.facts.files import check_path
 
-from ._systemd import get_state, put_file
+from .managed_files import put_file
+from .reads import get_state
 
 
 @operation()

@@ -19,7 +19,7 @@ from pyinfra.facts.deb import DebPackages
 
 from gpufleet.facts.grafana import GrafanaHostState, RepositoryKeyFingerprints
 
-from ._systemd import refuse
+from .errors import refuse
 
 KEYRING = "/etc/apt/keyrings/grafana.asc"  # Grafana's installation instructions: the armored key, this name
 DEFAULTS = "/etc/default/grafana-server"  # the packaged unit's EnvironmentFile

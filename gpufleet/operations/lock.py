@@ -39,7 +39,7 @@ from gpufleet.facts import prefetch
 from gpufleet.facts.lock import LOCK_DIR, LOCK_FILE, PRINT_BOOT_ID, HostLock, describe_holder, parse_holder
 from gpufleet.masking import mask_urls
 
-from ._systemd import refuse
+from .errors import refuse
 
 HELD = "gpufleet-lock: held"
 BUSY = "gpufleet-lock: busy"

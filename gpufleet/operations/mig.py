@@ -31,21 +31,12 @@ from gpufleet.plan import (
     norm_bus,
 )
 
-from ._systemd import (
-    UNIT_DIR,
-    all_of,
-    fail,
-    get_state,
-    is_running,
-    node_script,
-    put_file,
-    read_together,
-    refuse,
-    render,
-    systemctl,
-)
+from .errors import fail, refuse
 from .exporters import DCGM_EXPORTER_UNIT, DCGM_UNIT, NVML_UNIT
 from .lock import node_lock_command
+from .managed_files import all_of, node_script, put_file, render
+from .reads import get_state, read_together
+from .units import UNIT_DIR, is_running, systemctl
 
 LAYOUT_PATH = MIG_LAYOUT
 APPLIER = MIG_APPLIER

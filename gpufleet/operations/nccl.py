@@ -11,7 +11,8 @@ from pyinfra.api import OperationValueError, operation
 
 from gpufleet.facts.files import check_path
 
-from ._systemd import get_state, put_file, read_together, remove_file, render
+from .managed_files import put_file, remove_file, render
+from .reads import get_state, read_together
 
 DEFAULT_PATH = "/etc/nccl.conf"  # NCCL's own, read for every user
 read_together(files=(DEFAULT_PATH,))

@@ -9,7 +9,10 @@ from pyinfra.api import operation
 
 from gpufleet.facts.nvidia import GpuInventory
 
-from ._systemd import fail, get_state, put_file, read_together, render, systemctl
+from .errors import fail
+from .managed_files import put_file, render
+from .reads import get_state, read_together
+from .units import systemctl
 
 UNIT = "nvidia-persistenced.service"
 DROP_IN = "/etc/systemd/system/nvidia-persistenced.service.d/gpufleet.conf"

@@ -24,15 +24,10 @@ from gpufleet.plan import (
     power_refusal,
 )
 
-from ._systemd import (
-    all_of,
-    get_state,
-    gpu_settings_paths,
-    install_gpu_settings,
-    read_together,
-    refuse,
-    remove_gpu_settings,
-)
+from .errors import refuse
+from .gpu_settings import gpu_settings_paths, install_gpu_settings, remove_gpu_settings
+from .managed_files import all_of
+from .reads import get_state, read_together
 
 CONF = POWER_CONF
 UNIT = POWER_UNIT

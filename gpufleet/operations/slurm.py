@@ -31,7 +31,9 @@ from pyinfra.api import OperationValueError, operation
 
 from gpufleet.facts.files import check_path
 
-from ._systemd import get_state, put_file, read_together, systemctl
+from .managed_files import put_file
+from .reads import get_state, read_together
+from .units import systemctl
 
 GRES_CONF = "/etc/slurm/gres.conf"
 SLURMD = "slurmd.service"

@@ -1,4 +1,4 @@
-"""Node-side programs: the NVML probe (``probe.py``) and the benchmarks (``bench.py``).
+"""Node-side programs: the probe (``probe.py``; its NVML part ``probe_nvml.py``) and the benchmarks (``bench.py``).
 
 Everything in this directory runs on a GPU node with only the Python standard library (>= 3.9) and
 nvidia-ml-py; it imports nothing else from gpufleet, so the directory can be copied to a node as it is
@@ -12,6 +12,6 @@ import os
 from .probe import PROBE_VERSION, SCHEMA, SCHEMA_VERSION, collect, main
 
 PROBE_DIR = os.path.dirname(os.path.abspath(__file__))
-PROBE_FILES = ("__init__.py", "__main__.py", "probe.py", "bench.py", "exporters.py")
+PROBE_FILES = ("__init__.py", "__main__.py", "probe.py", "probe_nvml.py", "bench.py", "exporters.py")
 
 __all__ = ["PROBE_DIR", "PROBE_FILES", "PROBE_VERSION", "SCHEMA", "SCHEMA_VERSION", "collect", "main"]

@@ -31,9 +31,9 @@ from collections.abc import Callable
 from typing import Any
 
 try:
-    from . import probe as _probe  # package mode
+    from . import probe_nvml as _nvml  # package mode
 except ImportError:  # script mode: this directory is sys.path[0]
-    import probe as _probe  # type: ignore[no-redef]
+    import probe_nvml as _nvml  # type: ignore[no-redef]
 
 BENCH_SCHEMA_VERSION = 1
 PRECISIONS = ("bf16", "fp16", "tf32", "fp32", "fp8")
@@ -352,7 +352,7 @@ class NvmlSampler:
             self.nvml.nvmlInit()
             self._handle = self.nvml.nvmlDeviceGetHandleByIndex(self.index)
         except Exception as exc:  # noqa: BLE001
-            self.error = _probe.nvml_status(exc)
+            self.error = _nvml.nvml_status(exc)
             return self
         self._sample()
         self._thread = threading.Thread(target=self._loop, name=f"nvml-sampler-{self.index}", daemon=True)
@@ -375,7 +375,7 @@ class NvmlSampler:
             try:
                 sample[key] = getattr(nvml, fn)(h, *args)
             except Exception as exc:  # noqa: BLE001
-                self.error = self.error or f"{key}: {_probe.nvml_status(exc)}"
+                self.error = self.error or f"{key}: {_nvml.nvml_status(exc)}"
         self.samples.append(sample)
 
     def stop(self) -> dict[str, Any]:
@@ -396,7 +396,7 @@ def summarize_samples(samples: list[dict[str, Any]], error: str | None = None) -
     for s in samples:
         if s.get("reasons") is not None:
             mask |= int(s["reasons"])
-    names, hardware = _probe.decode_clock_event_reasons(mask)
+    names, hardware = _nvml.decode_clock_event_reasons(mask)
 
     def series(key: str) -> list[float]:
         return [s[key] for s in samples if s.get(key) is not None]
@@ -405,7 +405,7 @@ def summarize_samples(samples: list[dict[str, Any]], error: str | None = None) -
     return {
         "samples": len(samples),
         "error": error,
-        "clock_event_reasons_mask": _probe.hex_mask(mask) if series("reasons") else None,
+        "clock_event_reasons_mask": _nvml.hex_mask(mask) if series("reasons") else None,
         "clock_event_reasons": names if series("reasons") else None,
         "hardware_problems": hardware if series("reasons") else None,
         "sm_clock_mhz": {"min": min(sm), "median": statistics.median(sm), "max": max(sm)} if sm else None,
@@ -709,7 +709,7 @@ def run_bench(profile: str = "quick", *, gpus: list[dict[str, Any]] | None = Non
     started = time.time()
     doc: dict[str, Any] = {
         "schema_version": BENCH_SCHEMA_VERSION, "profile": profile, "status": "skipped", "reason": None,
-        "started": _probe.utc_timestamp(started), "duration_s": None, "backend": None, "gpus": [],
+        "started": _nvml.utc_timestamp(started), "duration_s": None, "backend": None, "gpus": [],
         "nccl_all_reduce": None, "dcgm_diag": None,
     }
     if profile == "none":
@@ -774,7 +774,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--indent", type=int, default=None)
     args = parser.parse_args(argv)
     precisions = tuple(p for p in args.precisions.split(",") if p) if args.precisions else None
-    gpus = _probe.collect_nvml()["gpus"]
+    gpus = _nvml.collect_nvml()["gpus"]
     doc = run_bench(args.profile, gpus=gpus, precisions=precisions)
     sys.stdout.write(json.dumps(doc, indent=args.indent) + "\n")
     return 0

@@ -1,4 +1,4 @@
-"""Taking nodes out of service around their change: ``--drain none | command:CMD | slurm``.
+"""Taking nodes out of service around their change: ``--drain none | command:CMD | slurm | slurm:PREFIX``.
 
 A drainer answers four questions per node: drain it (returns whether this rollout drained it: a node already
 drained by someone else is never ours to resume), is it drained yet (its jobs finished), resume it, and why not.
@@ -7,6 +7,14 @@ drained by someone else is never ours to resume), is it drained yet (its jobs fi
 (exit 0 once the node runs no job; polled while ``--wait-for-jobs`` lasts) and ``CMD resume NODE`` (argv, no
 shell; CMD is split like a shell would). A non-zero exit of ``drain`` / ``resume`` fails the node with the hook's
 output as the reason.
+
+``slurm`` drains and resumes nodes with Slurm's own client commands (``scontrol``, ``sinfo``; the client is
+:mod:`gpufleet.slurm`) on the machine that runs the rollout; ``slurm:PREFIX`` runs them through PREFIX instead, e.g.
+``slurm:ssh root@slurm-ctl`` where the rollout's machine is no Slurm client. The Slurm node name is the inventory
+host name. The drain reason names the rollout (``gpufleet rollout <id>``); that reason is the record of whose drain
+it is. A node already drained (or draining) with another reason (an admin, or Slurm itself, e.g. a GRES mismatch)
+is converged while it stays out of service, but never resumed by the rollout. A node that fails keeps its drain,
+with the reason saying why.
 """
 
 from __future__ import annotations
@@ -14,9 +22,9 @@ from __future__ import annotations
 import os
 import shlex
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from gpufleet import interruption
+from gpufleet import interruption, slurm
 from gpufleet.masking import mask_urls
 
 
@@ -106,13 +114,83 @@ class CommandDrainer(Drainer):
         return None  # the hook says whether a node is drained, not by whom: a cut-off drain may have happened
 
 
+@dataclass
+class SlurmDrainer(Drainer):
+    rollout_id: str
+    run: slurm.Runner = field(default=slurm.run_command)
+    name = "slurm"
+
+    @classmethod
+    def from_spec(cls, spec: str, rollout_id: str) -> SlurmDrainer:
+        try:
+            prefix = slurm.parse_spec(spec)
+        except slurm.SlurmError as error:
+            raise DrainError(str(error)) from None
+        return cls(rollout_id, run=slurm.prefixed(prefix) if prefix else slurm.run_command)
+
+    @property
+    def marker(self) -> str:
+        return f"gpufleet rollout {self.rollout_id}"
+
+    def _call(self, argv: list[str]) -> subprocess.CompletedProcess:
+        try:
+            return self.run(argv)
+        except slurm.SlurmError as error:  # the command could not run: the node's drain failed
+            raise DrainError(str(error)) from None
+
+    def status(self, node: str) -> slurm.NodeStatus:
+        proc = self._call(slurm.sinfo_node_argv(node))
+        if proc.returncode != 0:
+            raise DrainError(f"sinfo -n {node} exited {proc.returncode}: {proc.stderr.strip()}")
+        try:
+            return slurm.parse_sinfo(proc.stdout, node)
+        except slurm.SlurmError as error:
+            raise DrainError(str(error)) from None
+
+    def ours(self, status: slurm.NodeStatus) -> bool:
+        return status.drain_set and status.reason.startswith(self.marker)
+
+    def _update(self, node: str, *settings: str) -> None:
+        argv = slurm.scontrol_update_argv(node, *settings)
+        proc = self._call(argv)
+        if proc.returncode != 0:
+            raise DrainError(f"{' '.join(argv)} exited {proc.returncode}: "
+                             f"{(proc.stderr or proc.stdout).strip()}")
+
+    def drain(self, node: str, reason: str) -> bool:
+        status = self.status(node)
+        if self.ours(status):
+            return True
+        if status.drain_set:
+            return False  # drained by someone else: stays out of service, and is theirs to resume
+        self._update(node, "state=drain", f"reason={self.marker}")
+        return True
+
+    def is_drained(self, node: str) -> bool:
+        return self.status(node).drained
+
+    def resume(self, node: str) -> None:
+        status = self.status(node)
+        if not self.ours(status):
+            return  # someone re-drained it meanwhile (or resumed it): not ours to touch
+        self._update(node, "state=resume")
+
+    def keep_drained(self, node: str, reason: str) -> None:
+        if self.ours(self.status(node)):
+            self._update(node, "state=drain", f"reason={self.marker}: {reason}"[:200])
+
+    def drained_for_rollout(self, node: str) -> bool | None:
+        try:
+            return self.ours(self.status(node))
+        except (DrainError, interruption.Interrupted):  # Slurm cannot be asked: the record says "may be drained"
+            return None
+
+
 def make_drainer(spec: str, rollout_id: str) -> Drainer:
     if spec == "none":
         return Drainer()
     if spec.startswith("command:"):
         return CommandDrainer.parse(spec)
     if spec == "slurm" or spec.startswith("slurm:"):
-        from .slurm import SlurmDrainer  # noqa: PLC0415
-
         return SlurmDrainer.from_spec(spec, rollout_id)
     raise DrainError(f"--drain {spec!r}: allowed: none, slurm, slurm:PREFIX, command:CMD")

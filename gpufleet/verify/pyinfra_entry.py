@@ -38,7 +38,7 @@ class DeployVerify:
     """
 
     def __init__(self, state: Any, inventory: Any):
-        from gpufleet.deploys._inputs import InputError  # noqa: PLC0415 - pyinfra-entry only
+        from gpufleet.deploys.inputs import InputError  # noqa: PLC0415 - pyinfra-entry only
 
         try:
             self.configs = validate_pyinfra_inventory(inventory)

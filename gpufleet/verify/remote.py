@@ -14,8 +14,8 @@ from typing import Any
 from pyinfra.api import StringCommand
 from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS, pop_global_arguments
 
-from gpufleet.facts._sections import parse_sections, section
 from gpufleet.facts.pci import NvidiaPciDevices
+from gpufleet.facts.sections import parse_sections, section
 
 from . import ProbeOutputError, parse_probe_output
 from .bundle import PROBE_REMOTE_DIR, BundleFile, ProbeBundle
@@ -36,7 +36,7 @@ def probe_script(bundle: ProbeBundle, *, python: str = "python3", bench: str = "
     """The one command verify runs on a node: the PCI section (the ``NvidiaPciDevices`` fact's command), then —
     when the installed probe matches ``bundle`` file by file (``sha256sum -c``) — the probe in section ``probe``;
     otherwise the probe directory is created and the installed files' checksums are printed in section ``sums``
-    (the caller uploads what differs and runs :func:`probe_command`). Sections: gpufleet.facts._sections."""
+    (the caller uploads what differs and runs :func:`probe_command`). Sections: gpufleet.facts.sections."""
     q = shlex.quote
     run = section("probe", probe_command(python, bench, remote_dir))
     parts = [NvidiaPciDevices().command()]

@@ -47,6 +47,7 @@ from gpufleet import connection, interruption
 from gpufleet.config import ConfigErrors, NodeConfig, validate_pyinfra_inventory
 from gpufleet.pyinfra_args import match_limit, split_limit, unmatched_error
 from gpufleet.report import REPORT_FILES, render_prometheus, write_reports
+from gpufleet.slurm import bounded_runner
 
 from . import EXIT_COULD_NOT_RUN, FAIL, UNREACHABLE, WARN
 from .bundle import PROBE_REMOTE_DIR, BundleFile, ProbeBundle, VerifyError, nvml_module_path, probe_bundle
@@ -77,6 +78,8 @@ from .settings import (
     load_verify_settings,
     validate_verify_inventory,
 )
+from .slurm import SlurmVerify, parse_via
+from .slurm import host_result as slurm_host_result
 
 # ------------------------------------------------------------------------------------------ inventory
 
@@ -206,12 +209,14 @@ def _write_textfiles(state: Any, runs: list[HostRun], settings: Mapping[str, Ver
     gevent.joinall(greenlets)
 
 
-def _write_textfiles_slurm(engine: Any, runs: list[HostRun], settings: Mapping[str, VerifySettings],
+def _write_textfiles_slurm(engine: SlurmVerify, runs: list[HostRun], settings: Mapping[str, VerifySettings],
                            fleet: FleetResult) -> None:
     """``--via slurm``: the node textfiles by a second Slurm job, on the nodes whose probe answered."""
     dirs = {r.name: settings[r.name].textfile_dir for r in runs
             if r.result.status != "unreachable" and settings[r.name].textfile_dir is not None}
-    errors = engine.write_textfiles(fleet, dirs)
+    data = fleet.to_dict()
+    errors = engine.write_textfiles({node: (directory, render_prometheus(data, host=node))
+                                     for node, directory in dirs.items()})
     for run in runs:
         if run.name in dirs:
             if run.name in errors:
@@ -253,17 +258,15 @@ def run_verify(inventory_arg: str, *, limit: Iterable[str] | str | None = None, 
                            write_textfiles=write_textfiles, start=start, slurm_engine=slurm_engine)
 
 
-def _slurm_engine(via: str) -> Any:
+def _slurm_engine(via: str) -> SlurmVerify | None:
     """None for ``--via ssh``; the Slurm engine for ``slurm`` / ``slurm:PREFIX`` (VerifyError on a bad value)."""
-    from . import slurm  # noqa: PLC0415
-
-    prefix = slurm.parse_via(via)
-    return None if prefix is None else slurm.SlurmVerify(slurm.local_runner(prefix))
+    prefix = parse_via(via)
+    return None if prefix is None else SlurmVerify(bounded_runner(prefix))
 
 
 def _run_verify(state: Any, hosts: list[Any], inventory_arg: str, *, limit: Iterable[str] | str | None, bench: str,
                 out: str | Path, progress: TextIO, write_textfiles: bool, start: float,
-                slurm_engine: Any = None) -> VerifyRun:
+                slurm_engine: SlurmVerify | None = None) -> VerifyRun:
     try:
         configs = validate_pyinfra_inventory(state.inventory)
         settings = validate_verify_inventory((h.name, h.data.dict()) for h in state.inventory)
@@ -279,9 +282,7 @@ def _run_verify(state: Any, hosts: list[Any], inventory_arg: str, *, limit: Iter
     if slurm_engine is None:
         runs = _verify_all(state, targets, configs, settings, bundle, bench, progress)
     else:
-        from .slurm import verify_all as slurm_verify_all  # noqa: PLC0415
-
-        runs = slurm_verify_all(targets, configs, settings, bundle, bench, progress, slurm_engine)
+        runs = _verify_all_slurm(targets, configs, settings, bundle, bench, progress, slurm_engine)
     by_name = {run.name: run for run in runs}
     runs = [by_name[h.name] for h in targets]
     meta = fleet_meta("gpufleet verify", inventory_arg=inventory_arg, limit=split_limit(limit), skipped=skipped,
@@ -322,6 +323,31 @@ def _verify_all(state: Any, hosts: list[Any], configs: Mapping[str, NodeConfig],
         error.in_flight = [h.name for g, h in greenlets.items() if not g.ready()]
         state.pool.kill(block=True, timeout=5)
         raise
+    return runs
+
+
+def _verify_all_slurm(hosts: list[Any], configs: Mapping[str, NodeConfig], settings: Mapping[str, VerifySettings],
+                      bundle: ProbeBundle, bench: str, progress: TextIO, slurm: SlurmVerify) -> list[HostRun]:
+    """``--via slurm``: the hosts' ``HostRun`` list, as :func:`_verify_all` returns it over SSH."""
+    names = [h.name for h in hosts]
+    progress.write(f"gpufleet verify: {len(names)} host(s), bench {bench}, via Slurm (job {slurm.job_name})\n")
+    progress.flush()
+    try:
+        results = slurm.probe(names, bundle, {n: settings[n].python for n in names}, bench)
+    except KeyboardInterrupt as error:
+        error.in_flight = names  # one job probes them all
+        # its srun was ended here; through a prefix (ssh) the remote srun may not know yet: the job is cancelled
+        # by its name (bounded by the runner's timeout), so that nothing of this verify goes on in the cluster
+        with contextlib.suppress(Exception):
+            slurm.cancel()
+        raise
+    runs = []
+    for done, name in enumerate(names, start=1):
+        run = HostRun(name=name, result=slurm_host_result(results[name], configs[name]),
+                      seconds=0.0 if results[name].unreachable and name not in slurm.states else slurm.job_seconds)
+        runs.append(run)
+        progress.write(_progress_line(run, done, len(names)) + "\n")
+    progress.flush()
     return runs
 
 

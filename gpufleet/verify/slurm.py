@@ -3,7 +3,8 @@ checks and reports as over SSH.
 
 * **Where the Slurm commands run**: on the machine running verify (a Slurm client), or through a prefix with
   ``--via "slurm:PREFIX"`` (e.g. ``slurm:ssh root@slurm-ctl``), exactly as rollout's ``--drain slurm:PREFIX``
-  (:mod:`gpufleet.rollout.slurm`). The Slurm node name is the inventory host name, as for rollout.
+  (both go through the one Slurm client, :mod:`gpufleet.slurm`). The Slurm node name is the inventory host name,
+  as for rollout.
 * **Which nodes**: ``sinfo -h -N -n LIST -o "%N|%T|%E"`` first. A node Slurm does not know, or that cannot take a
   job now (down, drained or draining, failing, not responding ``*``, every CPU in a job, ...), is reported
   ``unreachable`` with Slurm's state and reason and left out of the job: a job naming it would wait or be refused.
@@ -36,48 +37,45 @@ from __future__ import annotations
 
 import base64
 import binascii
-import contextlib
 import io
-import os
 import re
 import secrets
 import shlex
-import signal
-import subprocess
 import tarfile
 import time
 import zlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, TextIO
+from typing import Any
 
 from gpufleet.config import NodeConfig
-from gpufleet.report import render_prometheus
-from gpufleet.rollout.drain import DrainError
-from gpufleet.rollout.slurm import command_line, parse_spec
+from gpufleet.slurm import (
+    IMMEDIATE_S,
+    BoundedRunner,
+    NodeState,
+    SlurmError,
+    launch_failures,
+    node_messages,
+    parse_sinfo_nodes,
+    parse_spec,
+    scancel_argv,
+    sinfo_nodes_argv,
+    srun_argv,
+)
 
 from .bundle import ProbeBundle, VerifyError
 from .checks import evaluate_host, probe_failed_host, unreachable_host
 from .expected import expected_state
-from .model import FleetResult, HostResult
+from .model import HostResult
 from .remote import PROBE_TIMEOUT_S, TEXTFILE_NAME, ProbeFailed, parse_script_output, probe_document, probe_script
-from .settings import VerifySettings
 
 NODE_MARK = "@@gpufleet-slurm"
 JOB_PREFIX = "gpufleet-verify"
-IMMEDIATE_S = 30  # srun --immediate: give up when Slurm cannot start the job within this long
 SLACK_S = 60  # on top of --time and --immediate before the srun command itself is killed
 RETRY_WAIT_S = 90  # before the second job: Slurm releasing the nodes of an aborted job (SlurmdTimeout and more)
-# sinfo %T states (without the flag suffixes) of a node that takes a new job now. Not "allocated" (every CPU is in a
-# job): a job naming it would wait for those jobs, and one busy node would hold up the whole fleet's verify.
-USABLE_STATES = ("idle", "mixed", "planned")
-BUSY_STATES = ("allocated", "completing")
 REMEDIATION = ("Slurm cannot run a job on this node: see its state and reason (sinfo -n NODE), fix and resume it, "
                "then rerun verify (the other nodes were verified)")
-
-# (argv, stdin bytes, timeout seconds) -> (returncode or None when it timed out, stdout, stderr)
-Runner = Callable[[list[str], bytes | None, float], tuple[int | None, str, str]]
 
 
 def parse_via(via: str) -> list[str] | None:
@@ -87,72 +85,12 @@ def parse_via(via: str) -> list[str] | None:
     if via == "slurm" or via.startswith("slurm:"):
         try:
             return parse_spec(via, option="--via")
-        except DrainError as error:
+        except SlurmError as error:
             raise VerifyError(str(error)) from None
     raise VerifyError(f"--via {via!r}: allowed: ssh, slurm, slurm:PREFIX (e.g. slurm:ssh root@slurm-ctl)")
 
 
-def local_runner(prefix: list[str]) -> Runner:
-    """Run a Slurm command here (or through ``prefix``), bounded; on timeout, what it printed until then."""
-
-    def run(argv: list[str], stdin: bytes | None, timeout: float) -> tuple[int | None, str, str]:
-        line = command_line(prefix, argv)
-        try:
-            proc = subprocess.Popen(line, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-        except OSError as error:
-            return 127, "", f"{shlex.join(line)}: {error}"
-        try:
-            out, err = proc.communicate(stdin, timeout=timeout)
-            code: int | None = proc.returncode
-        except KeyboardInterrupt:  # verify (or the rollout) is interrupted: the job step ends with it (srun cancels
-            # its step on SIGTERM); in its own session, it did not get the terminal's signal
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            raise
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)  # its children too: they hold the output pipes open
-            out, err = proc.communicate()
-            code = None
-        return code, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
-
-    return run
-
-
 # ------------------------------------------------------------------------------------------ which nodes
-
-
-@dataclass(frozen=True)
-class NodeState:
-    state: str  # sinfo %T, lower case, with its flag suffix (idle, drained, idle*, ...)
-    reason: str
-
-    @property
-    def usable(self) -> bool:
-        """Whether the node takes a new job now: not down, drained, draining, failing or not responding."""
-        base = self.state.rstrip("*~#!%$@^-+")
-        return base in USABLE_STATES and not self.state.endswith("*")
-
-    def why(self) -> str:
-        state = self.state.rstrip("*")
-        text = f"{state}, not responding" if self.state.endswith("*") else state
-        if state.rstrip("~#!%$@^-+") in BUSY_STATES and not self.reason:
-            return f"Slurm node state {text} (every CPU is in a job: verify through Slurm does not wait for them)"
-        return f"Slurm node state {text}" + (f" (reason: {self.reason})" if self.reason else "")
-
-
-def parse_sinfo_nodes(text: str) -> dict[str, NodeState]:
-    """Lines of ``sinfo -h -N -n LIST -o "%N|%T|%E"`` -> {node: state}; the reason may hold spaces and ``|``."""
-    nodes = {}
-    for line in text.splitlines():
-        name, sep, rest = line.strip().partition("|")
-        if not sep or not name:
-            continue
-        state, _, reason = rest.partition("|")
-        reason = reason.strip()
-        nodes[name] = NodeState(state.strip().lower(), "" if reason == "none" else reason)
-    return nodes
 
 
 # ------------------------------------------------------------------------------------------ the job
@@ -203,18 +141,6 @@ def task_script(bundle: ProbeBundle, pythons: Mapping[str, str], bench: str) -> 
     )
 
 
-def time_limit(seconds: int) -> str:
-    """srun ``--time`` as ``MINUTES:SECONDS``."""
-    return f"{seconds // 60}:{seconds % 60:02d}"
-
-
-def srun_argv(nodes: Sequence[str], job_name: str, time_s: int, script: str, immediate_s: int = IMMEDIATE_S
-              ) -> list[str]:
-    return ["srun", f"--job-name={job_name}", f"--nodes={len(nodes)}", f"--ntasks={len(nodes)}",
-            "--ntasks-per-node=1", f"--nodelist={','.join(nodes)}", f"--time={time_limit(time_s)}",
-            f"--immediate={immediate_s}", "--label", "--kill-on-bad-exit=0", "sh", "-c", script]
-
-
 # ------------------------------------------------------------------------------------------ the output
 
 _LABEL_RE = re.compile(r"^\s*(\d+): ?(.*)$")
@@ -263,20 +189,6 @@ def split_tasks(stdout: str) -> dict[str, TaskOutput]:
         if task.node is not None and not task.ended:
             task.encoded.append(line)
     return {t.node: t for t in tasks.values() if t.node}
-
-
-def node_messages(stderr: str, node: str) -> list[str]:
-    """srun's own lines (stderr) that name ``node``."""
-    pattern = re.compile(rf"(?<![\w.-]){re.escape(node)}(?![\w.-])")
-    return [line.strip() for line in stderr.splitlines() if pattern.search(line)]
-
-
-_LAUNCH_FAILED_RE = re.compile(r"Task launch for \S+ failed on node ([^\s:]+)")
-
-
-def launch_failures(stderr: str) -> set[str]:
-    """Nodes on which srun says the job step could not be launched (it then aborts the step on every node)."""
-    return set(_LAUNCH_FAILED_RE.findall(stderr))
 
 
 def _tail(text: str, n: int = 2) -> str:
@@ -354,7 +266,7 @@ def slurm_unreachable(node: str, reason: str) -> HostResult:
 class SlurmVerify:
     """One ``--via slurm`` run: the node states, the job, each node's result."""
 
-    run: Runner
+    run: BoundedRunner
     job_name: str = field(default_factory=lambda: f"{JOB_PREFIX}-{secrets.token_hex(4)}")
     immediate_s: int = IMMEDIATE_S
     time_s: int | None = None  # default: the probe's own timeout for the bench profile
@@ -362,7 +274,7 @@ class SlurmVerify:
     job_seconds: float = 0.0
 
     def node_states(self, nodes: Sequence[str]) -> dict[str, NodeState]:
-        code, out, err = self.run(["sinfo", "-h", "-N", "-n", ",".join(nodes), "-o", "%N|%T|%E"], None, 60)
+        code, out, err = self.run(sinfo_nodes_argv(nodes), None, 60)
         if code != 0:
             what = "did not answer within 60 s" if code is None else f"exited {code}"
             raise VerifyError(f"sinfo {what}: {_tail(err or out) or 'no output'} (is this a Slurm client? "
@@ -418,19 +330,18 @@ class SlurmVerify:
 
     def cancel(self) -> None:
         """The job outlived its bound: cancel it (srun was killed here; the job may still hold the nodes)."""
-        self.run(["scancel", f"--name={self.job_name}"], None, 30)
+        self.run(scancel_argv(self.job_name), None, 30)
 
-    def write_textfiles(self, fleet: FleetResult, dirs: Mapping[str, str]) -> dict[str, str]:
-        """Each node's Prometheus textfile into its directory (``{node: directory}``), atomically, by a second
-        srun; returns {node: error} for the nodes where it was not written."""
-        if not dirs:
+    def write_textfiles(self, files: Mapping[str, tuple[str, str]]) -> dict[str, str]:
+        """Each node's Prometheus textfile into its directory (``{node: (directory, text)}``), atomically, by a
+        second srun; returns {node: error} for the nodes where it was not written."""
+        if not files:
             return {}
-        nodes = list(dirs)
-        data = fleet.to_dict()
+        nodes = list(files)
         buffer = io.BytesIO()
         with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-            for node, directory in dirs.items():
-                for name, text in ((f"{node}.prom", render_prometheus(data, host=node)), (f"{node}.dir", directory)):
+            for node, (directory, prom) in files.items():
+                for name, text in ((f"{node}.prom", prom), (f"{node}.dir", directory)):
                     raw = text.encode("utf-8")
                     info = tarfile.TarInfo(name)
                     info.size, info.mode = len(raw), 0o644
@@ -453,30 +364,3 @@ class SlurmVerify:
             if task is None or task.lines[-1:] != ["ok"]:
                 errors[node] = (" | ".join(task.lines[-2:]) if task else "") or _tail(err) or "no output"
         return errors
-
-
-def verify_all(hosts: Sequence[Any], configs: Mapping[str, NodeConfig], settings: Mapping[str, VerifySettings],
-               bundle: ProbeBundle, bench: str, progress: TextIO, slurm: SlurmVerify) -> list[Any]:
-    """The hosts' ``HostRun`` list, as :func:`gpufleet.verify.run._verify_all` returns it over SSH."""
-    from .run import HostRun, _progress_line  # noqa: PLC0415 - run imports this module
-
-    names = [h.name for h in hosts]
-    progress.write(f"gpufleet verify: {len(names)} host(s), bench {bench}, via Slurm (job {slurm.job_name})\n")
-    progress.flush()
-    try:
-        results = slurm.probe(names, bundle, {n: settings[n].python for n in names}, bench)
-    except KeyboardInterrupt as error:
-        error.in_flight = names  # one job probes them all
-        # its srun was ended here; through a prefix (ssh) the remote srun may not know yet: the job is cancelled
-        # by its name (bounded by the runner's timeout), so that nothing of this verify goes on in the cluster
-        with contextlib.suppress(Exception):
-            slurm.cancel()
-        raise
-    runs = []
-    for done, name in enumerate(names, start=1):
-        run = HostRun(name=name, result=host_result(results[name], configs[name]),
-                      seconds=0.0 if results[name].unreachable and name not in slurm.states else slurm.job_seconds)
-        runs.append(run)
-        progress.write(_progress_line(run, done, len(names)) + "\n")
-    progress.flush()
-    return runs

@@ -129,7 +129,7 @@ def fixture(name: str) -> str:
 
 
 def wrap(name: str, text: str | None, rc: int = 0) -> list[str]:
-    """The output a section of a fact command produces (see gpufleet/facts/_sections.py); None: absent."""
+    """The output a section of a fact command produces (see gpufleet/facts/sections.py); None: absent."""
     if text is None:
         return [f"@@gpufleet absent {name}"]
     return [f"@@gpufleet begin {name}", *text.splitlines(), f"@@gpufleet end {name} rc={rc}"]

@@ -10,10 +10,10 @@ import pytest
 from pyinfra.api import OperationError, OperationValueError, State
 from pyinfra_harness import gpu_inventory, managed_state, run_operation
 
+from gpufleet.facts.files import ManagedState
 from gpufleet.facts.mig import MigState
 from gpufleet.facts.nvidia import GpuInventory
 from gpufleet.operations import clocks, mig, power
-from gpufleet.operations._systemd import ManagedState
 
 H100 = "NVIDIA H100 80GB HBM3"
 RTX = "NVIDIA GeForce RTX 4090"

@@ -22,8 +22,8 @@ from gpufleet.facts import (
     UnitStates,
     upstream_version,
 )
-from gpufleet.facts._sections import print_file
 from gpufleet.facts.packages import DebInstalled, parse_versionlock
+from gpufleet.facts.sections import print_file
 from gpufleet.facts.system import Distribution
 
 # ------------------------------------------------------------------------------------------------ packages

@@ -9,8 +9,8 @@ import pytest
 from pyinfra_harness import FACT_FIXTURES, fixture, wrap
 
 from gpufleet.facts import GpuInventory, MigState, instances_by_gpu
-from gpufleet.facts._sections import parse_sections, section
 from gpufleet.facts.nvidia import gpu_query_fields, parse_gpu_query
+from gpufleet.facts.sections import parse_sections, section
 
 
 def inventory(text: str | None, rc: int = 0) -> dict:

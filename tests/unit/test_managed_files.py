@@ -1,4 +1,4 @@
-"""_systemd.put_file / remove_file, the file writer of gpufleet's operations: ``--diff`` and ``_temp_dir`` as
+"""managed_files.put_file / remove_file, the file writer of gpufleet's operations: ``--diff`` and ``_temp_dir`` as
 pyinfra's ``files.put`` (shown through nccl.nccl_conf and persistence's drop-in, which use it)."""
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from pyinfra.context import ctx_host, ctx_state
 from pyinfra.facts.files import FileContents
 from pyinfra_harness import FakeHost, MissingFact, render
 
+from gpufleet.facts.files import ManagedState
 from gpufleet.operations import nccl
-from gpufleet.operations._systemd import ManagedState, put_file
+from gpufleet.operations.managed_files import put_file
 
 PATH = "/etc/nccl.conf"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")

@@ -6,9 +6,11 @@ import pytest
 from pyinfra.api import OperationValueError
 from pyinfra_harness import gpu_inventory, managed_state, run_operation
 
+from gpufleet.facts.files import ManagedState
 from gpufleet.facts.nvidia import GpuInventory
 from gpufleet.operations import clocks
-from gpufleet.operations._systemd import GPU_SETTINGS_SCRIPT, ManagedState, gpu_settings_unit, node_script
+from gpufleet.operations.gpu_settings import GPU_SETTINGS_SCRIPT, gpu_settings_unit
+from gpufleet.operations.managed_files import node_script
 
 UNIT_PATH = f"/etc/systemd/system/{clocks.UNIT}"
 UUID0 = "GPU-0c5ef656-7642-5c6a-a509-453b0e5cca1e"

@@ -13,10 +13,10 @@ from pyinfra.facts.server import Date
 from pyinfra_harness import managed_state, run_operation
 
 from gpufleet.exporter import bundle
+from gpufleet.facts.files import ManagedState
 from gpufleet.facts.packages import DebInstalled
 from gpufleet.facts.system import Distribution
 from gpufleet.operations import apt_lists, exporters
-from gpufleet.operations._systemd import ManagedState
 
 UNIT = exporters.nvml_unit_text("0.0.0.0:9400")
 

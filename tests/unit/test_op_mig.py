@@ -17,11 +17,12 @@ from pyinfra.api import Config, OperationError, OperationValueError, State
 from pyinfra.context import ctx_host, ctx_state
 from pyinfra_harness import FakeHost, gpu_inventory, managed_state, render
 
+from gpufleet.facts.files import ManagedState
 from gpufleet.facts.mig import MigState
 from gpufleet.facts.nvidia import GpuInventory
 from gpufleet.facts.systemd import UnitStates
 from gpufleet.operations import mig
-from gpufleet.operations._systemd import ManagedState, node_script, put_file
+from gpufleet.operations.managed_files import node_script, put_file
 from gpufleet.plan import Gpu, mig_target
 
 REPO = Path(__file__).resolve().parents[2]

@@ -9,9 +9,9 @@ import pytest
 from pyinfra.api import OperationValueError
 from pyinfra_harness import run_operation
 
+from gpufleet.facts.files import ManagedState
 from gpufleet.facts.systemd import UnitStates
 from gpufleet.operations import nccl
-from gpufleet.operations._systemd import ManagedState
 
 PATH = "/etc/nccl.conf"
 SETTINGS = {"NCCL_SOCKET_IFNAME": "=eth0", "NCCL_DEBUG": "WARN", "NCCL_IB_DISABLE": 1, "NCCL_IB_HCA": "^=mlx5_1"}

@@ -8,9 +8,9 @@ import pytest
 from pyinfra.api import State
 from pyinfra_harness import run_operation
 
+from gpufleet.facts.files import ManagedState
 from gpufleet.facts.nvidia import GpuInventory
 from gpufleet.operations import persistence
-from gpufleet.operations._systemd import ManagedState
 
 DROP_IN = persistence.DROP_IN
 LINK = persistence.WANTS_LINK

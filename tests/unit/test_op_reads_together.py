@@ -10,7 +10,7 @@ from pyinfra_harness import FakeHost, managed_state
 from gpufleet.config import DEFAULT_TEXTFILE_DIR
 from gpufleet.facts.files import ManagedState
 from gpufleet.facts.systemd import UnitStates
-from gpufleet.operations import _systemd, clocks, driver, exporters, mig, nccl, persistence, power, slurm
+from gpufleet.operations import clocks, driver, exporters, mig, nccl, persistence, power, reads, slurm
 
 GPUS = [{"index": 0, "uuid": "GPU-a", "pci_bus_id": "00000000:18:00.0", "power_limit_w": 500.0,
          "persistence": True, "mig_enabled": None}]
@@ -54,4 +54,4 @@ def test_a_path_no_module_declares_is_read_with_the_others():
     host = _reads((nccl.nccl_conf, {"settings": {"NCCL_DEBUG": "WARN"}, "path": "/opt/nccl/nccl.conf"}))
     (asked,) = _kwargs(host, ManagedState)
     paths = dict(asked)["paths"]
-    assert "/opt/nccl/nccl.conf" in paths and set(_systemd._FILES_READ_TOGETHER) < set(paths)
+    assert "/opt/nccl/nccl.conf" in paths and set(reads._FILES_READ_TOGETHER) < set(paths)

@@ -10,8 +10,8 @@ from pyinfra_harness import managed_state, run_operation
 
 from gpufleet.config import ConfigErrors, load_node_config
 from gpufleet.deploys.gpu_node import slurm_gres_args
+from gpufleet.facts.files import ManagedState
 from gpufleet.operations import slurm
-from gpufleet.operations._systemd import ManagedState
 from gpufleet.plan import Gpu, NodePlan, catalog_model
 
 H100 = "NVIDIA H100 80GB HBM3"

@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 
 from gpufleet.catalog import load_catalog
-from gpufleet.probe import PROBE_DIR, PROBE_FILES, probe
+from gpufleet.probe import PROBE_DIR, PROBE_FILES, probe, probe_nvml
 from tests import upstream
 
 REPO = Path(__file__).resolve().parents[2]
@@ -31,17 +31,17 @@ DRIVER = "570.172.08"
 
 
 def test_clock_event_reasons_decoded_with_hardware_problems_flagged():
-    names, hardware = probe.decode_clock_event_reasons(0x1)
+    names, hardware = probe_nvml.decode_clock_event_reasons(0x1)
     assert names == ["gpu_idle"] and hardware == []
-    names, hardware = probe.decode_clock_event_reasons(0x8 | 0x40 | 0x80 | 0x4)
+    names, hardware = probe_nvml.decode_clock_event_reasons(0x8 | 0x40 | 0x80 | 0x4)
     assert names == ["sw_power_cap", "hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown"]
     assert hardware == ["hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown"]
-    names, hardware = probe.decode_clock_event_reasons(0x20 | 0x10 | 0x2 | 0x100)
+    names, hardware = probe_nvml.decode_clock_event_reasons(0x20 | 0x10 | 0x2 | 0x100)
     assert names == ["applications_clocks_setting", "sync_boost", "sw_thermal_slowdown", "display_clock_setting"]
     assert hardware == []
-    names, _ = probe.decode_clock_event_reasons(0x1000)
+    names, _ = probe_nvml.decode_clock_event_reasons(0x1000)
     assert names == ["unknown_0x1000"]
-    assert probe.hex_mask(0x1FF) == "0x00000000000001FF"
+    assert probe_nvml.hex_mask(0x1FF) == "0x00000000000001FF"
 
 
 class _NvmlError(Exception):
@@ -55,12 +55,12 @@ class _NvmlError(Exception):
                                          (18, "lib_rm_version_mismatch"), (13, "function_not_found"),
                                          (999, "unknown:999"), (2, "unknown:2")])
 def test_nvml_status_strings(code, status):
-    assert probe.nvml_status(_NvmlError(code)) == status
+    assert probe_nvml.nvml_status(_NvmlError(code)) == status
 
 
 def test_nvml_status_of_other_exceptions():
-    assert probe.nvml_status(AttributeError("x")) == "function_not_found"
-    assert probe.nvml_status(UnicodeDecodeError("utf-8", b"\xff", 0, 1, "bad")) == "error:UnicodeDecodeError"
+    assert probe_nvml.nvml_status(AttributeError("x")) == "function_not_found"
+    assert probe_nvml.nvml_status(UnicodeDecodeError("utf-8", b"\xff", 0, 1, "bad")) == "error:UnicodeDecodeError"
 
 
 def test_nccl_conf_parsed_as_nccl_reads_it():
@@ -274,11 +274,12 @@ def test_recovery_action_from_nvml_where_the_driver_has_it():
 
 def test_nvml_ids_the_probe_uses_are_nvml_s():
     nvml = upstream.nvml_facts()
-    assert probe._FI_DEV_GET_GPU_RECOVERY_ACTION == nvml["field_ids"]["NVML_FI_DEV_GET_GPU_RECOVERY_ACTION"]["value"]
-    assert probe._FI_DEV_MEMORY_TEMP == nvml["field_ids"]["NVML_FI_DEV_MEMORY_TEMP"]["value"]
+    field_ids = nvml["field_ids"]
+    assert probe_nvml._FI_DEV_GET_GPU_RECOVERY_ACTION == field_ids["NVML_FI_DEV_GET_GPU_RECOVERY_ACTION"]["value"]
+    assert probe_nvml._FI_DEV_MEMORY_TEMP == nvml["field_ids"]["NVML_FI_DEV_MEMORY_TEMP"]["value"]
     thresholds = nvml["temperature_thresholds"]
-    assert (probe._THRESHOLD_SHUTDOWN, probe._THRESHOLD_SLOWDOWN, probe._THRESHOLD_MEM_MAX,
-            probe._THRESHOLD_GPU_MAX) == tuple(thresholds[f"NVML_TEMPERATURE_THRESHOLD_{k}"]["value"]
+    assert (probe_nvml._THRESHOLD_SHUTDOWN, probe_nvml._THRESHOLD_SLOWDOWN, probe_nvml._THRESHOLD_MEM_MAX,
+            probe_nvml._THRESHOLD_GPU_MAX) == tuple(thresholds[f"NVML_TEMPERATURE_THRESHOLD_{k}"]["value"]
                                                for k in ("SHUTDOWN", "SLOWDOWN", "MEM_MAX", "GPU_MAX"))
 
 
@@ -300,7 +301,7 @@ def test_handle_failure_gives_skeleton_gpu():
     doc = probe.collect_nvml(FakeNvml(fail={"nvmlDeviceGetHandleByIndex": 15}))
     gpu = doc["gpus"][0]
     assert gpu["status"] == "gpu_lost" and gpu["uuid"] is None and gpu["power"]["limit_w"] is None
-    assert set(gpu) == set(probe.empty_gpu(0))
+    assert set(gpu) == set(probe_nvml.empty_gpu(0))
 
 
 def test_collect_document_shape(tmp_path):
@@ -323,7 +324,7 @@ def test_collect_document_shape(tmp_path):
 _STDLIB_OK = {"__future__", "argparse", "ctypes", "json", "math", "os", "platform", "re", "shutil", "socket",
               "statistics", "subprocess", "sys", "tempfile", "threading", "time", "typing", "collections",
               "collections.abc", "urllib.request"}
-_OPTIONAL = {"pynvml", "torch", "cupy", "probe", "bench", "exporters"}
+_OPTIONAL = {"pynvml", "torch", "cupy", "probe", "probe_nvml", "bench", "exporters"}
 
 
 @pytest.mark.parametrize("name", PROBE_FILES)

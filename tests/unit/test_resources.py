@@ -20,7 +20,7 @@ def test_every_template_of_the_checkout_is_a_package_resource():
 def test_node_scripts_and_probe_files_are_the_package_files():
     assert resources.node_script("gpu-settings.sh") == (REPO / "gpufleet/node/gpu-settings.sh").read_text()
     names = [name for name, _ in resources.probe_paths()]
-    assert names == ["__init__.py", "__main__.py", "probe.py", "bench.py", "exporters.py"]
+    assert names == ["__init__.py", "__main__.py", "probe.py", "probe_nvml.py", "bench.py", "exporters.py"]
     assert all(path.read_bytes() == (REPO / "gpufleet/probe" / name).read_bytes()
                for name, path in resources.probe_paths())
 

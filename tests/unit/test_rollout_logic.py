@@ -419,7 +419,7 @@ class FakeSlurm:
 
 
 def test_sinfo_parsing_keeps_spaces_and_bars_in_the_reason():
-    from gpufleet.rollout.slurm import parse_sinfo  # noqa: PLC0415
+    from gpufleet.slurm import SlurmError, parse_sinfo  # noqa: PLC0415
 
     s = parse_sinfo("drained|gres/gpu count reported lower | than configured (0 < 8)|slurm\n", "n1")
     assert (s.state, s.reason, s.user) == ("drained", "gres/gpu count reported lower | than configured (0 < 8)",
@@ -429,12 +429,12 @@ def test_sinfo_parsing_keeps_spaces_and_bars_in_the_reason():
     assert not parse_sinfo("draining|x|root", "n").drained
     assert parse_sinfo("drained*|x|root", "n").drained
     assert not parse_sinfo("idle|none|Unknown", "n").drain_set
-    with pytest.raises(DrainError, match="no node 'n9'"):
+    with pytest.raises(SlurmError, match="no node 'n9'"):
         parse_sinfo("", "n9")
 
 
 def test_slurm_drains_with_the_rollout_reason_and_resumes_only_its_own():
-    from gpufleet.rollout.slurm import SlurmDrainer  # noqa: PLC0415
+    from gpufleet.rollout.drain import SlurmDrainer  # noqa: PLC0415
 
     fake = FakeSlurm({"n1": {"state": "idle", "reason": "", "user": ""},
                       "n2": {"state": "drained", "reason": "bad DIMM, ticket 42", "user": "admin"},
@@ -457,7 +457,7 @@ def test_slurm_drains_with_the_rollout_reason_and_resumes_only_its_own():
 
 
 def test_slurm_errors_name_the_command():
-    from gpufleet.rollout.slurm import SlurmDrainer  # noqa: PLC0415
+    from gpufleet.rollout.drain import SlurmDrainer  # noqa: PLC0415
 
     fake = FakeSlurm({"n1": {"state": "idle", "reason": "", "user": ""}})
 
@@ -621,11 +621,11 @@ def test_resume_after_a_stop_retries_the_failed_hosts_and_not_the_done_ones(fake
 
 
 def test_slurm_spec_runs_commands_locally_or_through_a_prefix(monkeypatch):
-    from gpufleet.rollout import slurm  # noqa: PLC0415
+    from gpufleet import slurm  # noqa: PLC0415
 
     seen = []
-    monkeypatch.setattr(slurm, "_run", lambda argv: seen.append(argv) or __import__("subprocess").CompletedProcess(
-        argv, 0, "idle|none|Unknown\n", ""))
+    monkeypatch.setattr(slurm, "run_command", lambda argv: seen.append(argv) or __import__(
+        "subprocess").CompletedProcess(argv, 0, "idle|none|Unknown\n", ""))
     assert slurm.parse_spec("slurm") == [] and slurm.parse_spec("slurm:ssh -p 2222 root@ctl") == [
         "ssh", "-p", "2222", "root@ctl"]
     make_drainer("slurm:ssh root@ctl", "r1").status("gpu node")
@@ -728,14 +728,13 @@ def test_a_slurm_command_killed_with_the_rollout_is_the_interruption_not_a_node_
     import signal  # noqa: PLC0415
     import subprocess  # noqa: PLC0415
 
-    from gpufleet import interruption  # noqa: PLC0415
-    from gpufleet.rollout import slurm  # noqa: PLC0415
+    from gpufleet import interruption, slurm  # noqa: PLC0415
 
     ssh_killed = ["sh", "-c", "echo 'Killed by signal 2.' >&2; exit 255"]  # what ssh -T prints and exits with
-    assert slurm._run(ssh_killed).returncode == 255  # no signal: a failing command is for the caller to judge
+    assert slurm.run_command(ssh_killed).returncode == 255  # no signal: a failing command is for the caller to judge
     signalled(signal.SIGINT)
     with pytest.raises(interruption.Interrupted) as caught:
-        slurm._run(ssh_killed)
+        slurm.run_command(ssh_killed)
     assert caught.value.signum == signal.SIGINT
 
     def gone(*_a, **_k):  # subprocess.run killing a child the same signal already took
@@ -743,7 +742,7 @@ def test_a_slurm_command_killed_with_the_rollout_is_the_interruption_not_a_node_
 
     monkeypatch.setattr(slurm.subprocess, "run", gone)
     with pytest.raises(interruption.Interrupted):
-        slurm._run(["sinfo"])
+        slurm.run_command(["sinfo"])
     monkeypatch.setattr(subprocess, "run", gone)
     with pytest.raises(interruption.Interrupted):
         CommandDrainer(["hook"]).drain("n1", "r")
@@ -755,7 +754,7 @@ def test_ctrl_c_in_a_drain_starts_nothing_more_and_names_the_drain_slurm_applied
     more nodes drained and changed after Ctrl-C. Here the drain of n3 is applied by Slurm while the signal arrives
     (its scontrol is cut off): the rollout stops, asks Slurm again and names n3 as still drained; --resume ends it."""
     from gpufleet import interruption  # noqa: PLC0415
-    from gpufleet.rollout.slurm import SlurmDrainer  # noqa: PLC0415
+    from gpufleet.rollout.drain import SlurmDrainer  # noqa: PLC0415
 
     fleet = fake(5)
     slurm = FakeSlurm({f"n{i}": {"state": "idle", "reason": "", "user": ""} for i in range(1, 6)})

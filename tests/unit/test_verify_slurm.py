@@ -1,4 +1,5 @@
-"""``gpufleet verify --via slurm`` without a cluster (gpufleet/verify/slurm.py): the sinfo and srun command lines,
+"""``gpufleet verify --via slurm`` without a cluster (gpufleet/verify/slurm.py and the Slurm client it shares with
+rollout, gpufleet/slurm.py): the sinfo and srun command lines,
 Slurm's node states, taking srun's labelled output apart (interleaved tasks, a node missing, garbage, a node cut
 short by the time limit), the same checks as over SSH, and the job's task script run here by ``sh`` as Slurm would
 run it (stdin: the bundle). The end-to-end run against a real Slurm is tests/sim/test_verify_slurm.py."""
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from gpufleet import slurm
 from gpufleet.config import load_node_config
 from gpufleet.verify import bundle as vbundle
 from gpufleet.verify import evaluate_host
@@ -57,11 +59,11 @@ def labelled(tasks: dict[int, list[str]]) -> str:
 
 
 def test_srun_command_line_one_task_per_node_bounded_and_named():
-    assert vslurm.srun_argv(["node02", "node03"], "gpufleet-verify-0a1b2c3d", 120, "SCRIPT") == [
+    assert slurm.srun_argv(["node02", "node03"], "gpufleet-verify-0a1b2c3d", 120, "SCRIPT") == [
         "srun", "--job-name=gpufleet-verify-0a1b2c3d", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1",
         "--nodelist=node02,node03", "--time=2:00", "--immediate=30", "--label", "--kill-on-bad-exit=0",
         "sh", "-c", "SCRIPT"]
-    assert vslurm.time_limit(900) == "15:00" and vslurm.time_limit(75) == "1:15"
+    assert slurm.time_limit(900) == "15:00" and slurm.time_limit(75) == "1:15"
 
 
 @pytest.mark.parametrize(("via", "prefix"), [
@@ -90,13 +92,13 @@ def test_prefixed_commands_run_as_rollouts_drain_does(monkeypatch):
         return popen(["true"], **kwargs)
 
     monkeypatch.setattr(subprocess, "Popen", fake_popen)
-    vslurm.local_runner(["ssh", "root@ctl"])(["sinfo", "-n", "node 1"], None, 5)
-    vslurm.local_runner([])(["sinfo", "-n", "node 1"], None, 5)
+    slurm.bounded_runner(["ssh", "root@ctl"])(["sinfo", "-n", "node 1"], None, 5)
+    slurm.bounded_runner([])(["sinfo", "-n", "node 1"], None, 5)
     assert seen == [["ssh", "root@ctl", "sinfo -n 'node 1'"], ["sinfo", "-n", "node 1"]]
 
 
-def test_local_runner_returns_what_came_before_its_bound():
-    code, out, _err = vslurm.local_runner([])(["sh", "-c", "echo early; sleep 30"], None, 0.5)
+def test_bounded_runner_returns_what_came_before_its_bound():
+    code, out, _err = slurm.bounded_runner([])(["sh", "-c", "echo early; sleep 30"], None, 0.5)
     assert (code, out) == (None, "early\n")
 
 
@@ -104,7 +106,7 @@ def test_local_runner_returns_what_came_before_its_bound():
 
 
 def test_sinfo_states_usable_or_why_not():
-    nodes = vslurm.parse_sinfo_nodes(
+    nodes = slurm.parse_sinfo_nodes(
         "node02|idle|none\nnode03|drained|admin: bad DIMM | ticket 42\nnode04|down*|Not responding\n"
         "node05|mixed|none\nnode06|idle*|none\nnode07|draining|gpufleet rollout r1\nnode08|allocated|none\n")
     usable = {name for name, state in nodes.items() if state.usable}
@@ -140,7 +142,7 @@ def test_nodes_slurm_cannot_run_on_are_left_out_of_the_job_with_slurms_reason():
     results = engine.probe(["node02", "node03", "node09"], vbundle.probe_bundle(), {"node02": "python3"}, "none")
     assert fake.calls[0][0] == ["sinfo", "-h", "-N", "-n", "node02,node03,node09", "-o", "%N|%T|%E"]
     srun, stdin, timeout = fake.calls[1]
-    assert srun[:10] == vslurm.srun_argv(["node02"], "gpufleet-verify-test", 120, "")[:10]
+    assert srun[:10] == slurm.srun_argv(["node02"], "gpufleet-verify-test", 120, "")[:10]
     assert timeout == 120 + 30 + 60
     with tarfile.open(fileobj=io.BytesIO(stdin), mode="r:gz") as tar:  # the bundle is the job's stdin
         assert sorted(tar.getnames()) == sorted(vbundle.probe_bundle().names)
@@ -292,8 +294,9 @@ def test_fleet_run_via_slurm_writes_the_same_reports_and_node_textfiles(tmp_path
     probe = labelled({0: task_lines("node02", probe_output(PROBE)), 1: task_lines("node03", probe_output(PROBE))})
     textfiles = labelled({0: task_lines("node02", ["ok"])})
     fake = FakeSlurm("node02|idle|none\nnode03|mixed|none\nnode04|drained|admin\n", (0, probe, ""), (0, textfiles, ""))
-    monkeypatch.setattr(vslurm, "local_runner", lambda prefix: fake)
     from gpufleet.verify import run as vrun  # noqa: PLC0415
+
+    monkeypatch.setattr(vrun, "bounded_runner", lambda prefix: fake)
 
     progress = io.StringIO()
     run = vrun.run_verify(str(tmp_path / "inventory.py"), out=tmp_path / "out", via="slurm", progress=progress,
