@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -75,11 +76,14 @@ def test_an_interrupted_pyinfra_child_is_stopped_and_its_report_kept(monkeypatch
                      "    sys.stderr.write('gpufleet: interrupted by SIGTERM while executing (exit 143).\\n"
                      "Hosts mid-change (stage):\\n  node03: gpufleet: GPU node | GPU power limits\\n')\n"
                      "    sys.exit(143)\n"
-                     "signal.signal(signal.SIGTERM, stop)\nprint('ready', flush=True)\ntime.sleep(60)\n")
+                     "signal.signal(signal.SIGTERM, stop)\nprint('ready', flush=True)\n"
+                     f"open({str(tmp_path / 'ready')!r}, 'w').close()\ntime.sleep(60)\n")
     monkeypatch.setattr(converge, "pyinfra_command", lambda *a, **k: [sys.executable, str(child)])
     interruption.catch_signals()
     pid = os.getpid()
-    killer = subprocess.Popen(["sh", "-c", f"sleep 1; kill -TERM {pid}"])
+    # the signal once the child has its handler (a loaded machine may take longer than a fixed sleep to start it)
+    ready = shlex.quote(str(tmp_path / "ready"))
+    killer = subprocess.Popen(["sh", "-c", f"while [ ! -e {ready} ]; do sleep 0.05; done; kill -TERM {pid}"])
     with pytest.raises(interruption.Interrupted) as caught:
         converge.run_pyinfra("inv.py", "deploy.py", None, dry=True)
     killer.wait()
