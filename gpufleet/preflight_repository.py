@@ -46,8 +46,9 @@ def check_driver_repository(host, config: NodeConfig, facts: preflight.HostFacts
     branch = config.driver.branch
     models = [gpu.model for gpu in preflight.host_gpus(facts)]
     flavour = preflight.choose_kernel_flavour(config.driver.flavour, models)
-    driver = pkg.driver_package(branch, flavour, config.driver.packages_style or pkg.default_style(distro))
-    fabricmanager = pkg.fabricmanager_package(branch)
+    style = config.driver.packages_style or pkg.default_style(distro)
+    driver = pkg.driver_package(branch, flavour, style)
+    fabricmanager = pkg.fabricmanager_package(branch, style)
     nvswitch = bool((facts.pci or {}).get("nvswitch_present"))
     driver_installed = _installed(facts, driver)
     fm_installed = _installed(facts, fabricmanager)

@@ -7,6 +7,10 @@ Naming styles on apt systems (``packages_style``):
   (proprietary) -- Ubuntu's archive and NVIDIA's Ubuntu repositories.
 - ``nvidia``: ``nvidia-open-<branch>`` / ``cuda-drivers-<branch>`` -- NVIDIA's CUDA repositories.
 
+The fabric manager: ``nvidia-fabricmanager-<branch>`` in Ubuntu's archive and in NVIDIA's CUDA repositories up to
+branch 575; plain ``nvidia-fabricmanager`` in NVIDIA's CUDA repositories from branch 580 on
+(tests/reference/upstream/nvidia-packaging/facts.json ``fabricmanager_package_by_branch``).
+
 RHEL-family (dnf): the ``nvidia-driver`` module stream ``<branch>-open`` or ``<branch>-dkms``.
 """
 
@@ -41,7 +45,9 @@ _APT_DRIVER_META_RE = re.compile(
     r"^(nvidia-driver-[0-9]+(-server)?(-open)?|nvidia-headless-[0-9]+(-server)?(-open)?"
     r"|nvidia-open-[0-9]+|cuda-drivers-[0-9]+)$"
 )
-_APT_FABRICMANAGER_RE = re.compile(r"^nvidia-fabricmanager-[0-9]+$")
+_APT_FABRICMANAGER_RE = re.compile(r"^nvidia-fabricmanager(-[0-9]+)?$")
+# NVIDIA's CUDA repositories drop the branch from the fabric manager's name from this branch on
+FABRICMANAGER_UNSUFFIXED_FROM = 580
 # Packages of a driver release (their version is the driver's): held with the metapackage, because a metapackage
 # that depends on ``>=`` versions would otherwise let ``apt upgrade`` move them to a newer point release.
 _APT_COMPONENT_RE = re.compile(r"^((lib)?nvidia-|cuda-drivers|xserver-xorg-video-nvidia|libcuda1|firmware-nvidia)")
@@ -163,7 +169,15 @@ def driver_package(branch: str, flavour: str, style: str) -> str:
     return f"nvidia-open-{branch}" if flavour == "open" else f"cuda-drivers-{branch}"
 
 
-def fabricmanager_package(branch: str) -> str:
+def fabricmanager_package(branch: str, style: str) -> str:
+    """The fabric manager package of driver ``branch`` under a naming style: NVIDIA's CUDA repositories name it
+    ``nvidia-fabricmanager`` from branch 580 on (which branch is then the version's business: the apt pin admits only
+    the branch's versions of it), ``nvidia-fabricmanager-<branch>`` before; Ubuntu's archive always with the branch.
+
+    NVIDIA's repositories also offer ``nvidia-driver-pinning-<version>`` to pin a whole driver tree; gpufleet pins
+    with its own preferences file (:func:`apt_pin`) and holds instead, the same on every naming style."""
+    if style == "nvidia" and int(branch) >= FABRICMANAGER_UNSUFFIXED_FROM:
+        return "nvidia-fabricmanager"
     return f"nvidia-fabricmanager-{branch}"
 
 
@@ -178,6 +192,7 @@ def selector_flavour(name: str) -> str:
 
 
 def is_apt_fabricmanager(name: str) -> bool:
+    """A fabric manager package of any branch and naming (``nvidia-fabricmanager-570``, ``nvidia-fabricmanager``)."""
     return bool(_APT_FABRICMANAGER_RE.match(name))
 
 
@@ -207,7 +222,8 @@ def apt_pin(branch: str) -> str:
     versions get 1000 and any other -1 (never installed, not even as a dependency of something else).
     """
     packages = [driver_package(branch, flavour, style) for style in STYLES for flavour in FLAVOURS]
-    packages.append(fabricmanager_package(branch))
+    # the branch's own fabric manager (NVIDIA's unsuffixed ``nvidia-fabricmanager`` is one of APT_PIN_PACKAGES)
+    packages.append(fabricmanager_package(branch, "ubuntu"))
     names = " ".join(dict.fromkeys([*packages, *APT_PIN_PACKAGES]))
     return (
         f"# Managed by gpufleet: NVIDIA driver branch {branch} only. Set the branch in the inventory.\n"

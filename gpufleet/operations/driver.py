@@ -428,7 +428,7 @@ def _apt_packages(branch: str, flavour: str, style: str, nvswitch: bool, repo_ur
     """Driver (and fabric manager) of the branch installed and held; returns (driver version, fm changed), or
     None when the host was refused (nothing installable)."""
     driver = pkg.driver_package(branch, flavour, style)
-    fabricmanager = pkg.fabricmanager_package(branch)
+    fabricmanager = pkg.fabricmanager_package(branch, style)
     installed, holds = _apt_installed()
     driver_version = _apt_installed_driver(branch, flavour, style)
     fm_version = _one(installed.get(fabricmanager)) if nvswitch else None
@@ -674,9 +674,10 @@ def nvidia_driver(
        alone); skipped when ``/lib/modules/$(uname -r)/build`` exists; when no repository offers them (custom or
        foreign kernel) the operation reports it and goes on - it does not fail, since prebuilt module packages
        do not need them and a DKMS build that does fails loudly itself;
-    5. the driver metapackage (and ``nvidia-fabricmanager-<branch>`` at the version whose upstream part equals
-       the driver's) installed in one apt transaction that also removes other branches', flavours' and styles'
-       metapackages; then held, with every installed package of the same driver release (``apt upgrade`` cannot
+    5. the driver metapackage (and the fabric manager at the version whose upstream part equals the driver's:
+       ``nvidia-fabricmanager-<branch>``, or ``nvidia-fabricmanager`` in NVIDIA's naming from branch 580 on)
+       installed in one apt transaction that also removes other branches', flavours' and styles' metapackages
+       (and fabric managers); then held, with every installed package of the same driver release (``apt upgrade`` cannot
        move part of it to another point release). A flavour change at the same version writes
        ``/var/run/reboot-required``: nvidia-smi cannot show which modules are loaded. dnf: module stream
        ``nvidia-driver:<branch>-open|-dkms``, ``nvidia-fabric-manager-<driver version>``, ``dnf versionlock``;

@@ -4,6 +4,8 @@ GPU persistence mode through the nvidia-persistenced daemon (never the legacy ``
 
 from __future__ import annotations
 
+import shlex
+
 from pyinfra import host, state
 from pyinfra.api import operation
 
@@ -18,14 +20,57 @@ UNIT = "nvidia-persistenced.service"
 DROP_IN = "/etc/systemd/system/nvidia-persistenced.service.d/gpufleet.conf"
 WANTS_TARGET = "multi-user.target"
 WANTS_LINK = f"/etc/systemd/system/{WANTS_TARGET}.wants/{UNIT}"
-read_together(UNIT, files=(DROP_IN, WANTS_LINK))
+# Where a package (or an administrator) puts the unit, in the order systemd prefers them: the first one present is the
+# unit systemd loads. Debian 12 installs it under /lib, Debian 13 and NVIDIA's packaging under /usr/lib (the same
+# directory on a merged-/usr system). Their text is read with the other files: no round trip of its own.
+PACKAGED_UNITS = tuple(f"{directory}/{UNIT}" for directory in
+                       ("/etc/systemd/system", "/usr/lib/systemd/system", "/lib/systemd/system"))
+read_together(UNIT, files=(DROP_IN, WANTS_LINK), contents=PACKAGED_UNITS)
 BINARY = "/usr/bin/nvidia-persistenced"
-DAEMON_USER = "nvidia-persistenced"
+PERSISTENCE_FLAGS = ("--persistence-mode", "--no-persistence-mode")
 
 
-def drop_in_text(persistence_mode: bool) -> str:
+def packaged_exec_start(unit_text: str) -> list[str] | None:
+    """The command line (words) the unit's ``[Service]`` runs: its last ``ExecStart=`` (an empty one resets), or
+    None when it has none."""
+    command: list[str] | None = None
+    section = None
+    logical = ""
+    for raw in unit_text.splitlines():
+        line = raw.strip()
+        if not logical and (not line or line[0] in "#;"):
+            continue
+        if line.endswith("\\"):
+            logical += line[:-1] + " "
+            continue
+        line, logical = (logical + line).strip(), ""
+        if line.startswith("[") and line.endswith("]"):
+            section = line[1:-1]
+        elif section == "Service" and line.partition("=")[0].strip() == "ExecStart":
+            value = line.partition("=")[2].strip()
+            command = shlex.split(value) if value else None
+    return command
+
+
+def daemon_command(unit_text: str | None) -> list[str]:
+    """The packaged command without its persistence-mode flag: the packaged unit's own user (Debian's ``--user nvpd``,
+    NVIDIA's template ``--user nvidia-persistenced``, none in NVIDIA's Ubuntu packaging: root) and options, which
+    gpufleet keeps. Without a packaged unit (while planning a run whose driver stage installs it): the binary."""
+    command = packaged_exec_start(unit_text) if unit_text else None
+    return [word for word in command or [BINARY] if word not in PERSISTENCE_FLAGS]
+
+
+def drop_in_text(unit_text: str | None, persistence_mode: bool) -> str:
+    """The drop-in: the packaged unit's ``ExecStart`` (``unit_text``) with ``--persistence-mode`` or
+    ``--no-persistence-mode`` in place of its own flag."""
     flag = "--persistence-mode" if persistence_mode else "--no-persistence-mode"
-    return render("systemd/nvidia-persistenced-gpufleet.conf.j2", binary=BINARY, user=DAEMON_USER, flag=flag)
+    command = " ".join(shlex.quote(word) for word in [*daemon_command(unit_text), flag])
+    return render("systemd/nvidia-persistenced-gpufleet.conf.j2", command=command, flag=flag)
+
+
+def packaged_unit(contents: dict[str, str | None]) -> str | None:
+    """The text of the unit systemd loads (the first of ``PACKAGED_UNITS`` present), or None."""
+    return next((contents[path] for path in PACKAGED_UNITS if contents.get(path) is not None), None)
 
 
 @operation()
@@ -35,14 +80,19 @@ def nvidia_persistenced(persistence_mode: bool = True):
 
     + persistence_mode: run the daemon with ``--persistence-mode`` (``False``: ``--no-persistence-mode``)
 
-    The packaged unit (Ubuntu's, Debian's) runs ``nvidia-persistenced --user nvidia-persistenced
-    --no-persistence-mode --verbose`` and is *static* (no ``[Install]`` section). This operation:
+    The packaged unit's command differs by packaging: Debian's runs ``nvidia-persistenced --user nvpd`` (its
+    postinst creates the ``nvpd`` user), NVIDIA's template ``--user <the user its install.sh creates>``
+    (``nvidia-persistenced`` by default), NVIDIA's Ubuntu packaging ``--verbose`` (as root); some run it with
+    ``--no-persistence-mode``. This operation:
 
     - writes the drop-in ``/etc/systemd/system/nvidia-persistenced.service.d/gpufleet.conf`` that clears
-      ``ExecStart`` and sets it again with ``--persistence-mode`` (same user, ``--verbose``), and reloads
-      systemd only when the drop-in changed (or systemd says a reload is pending);
-    - makes the static unit start at boot with ``systemctl add-wants multi-user.target
-      nvidia-persistenced.service`` (checked through the ``multi-user.target.wants`` link);
+      ``ExecStart`` and sets it again to the packaged unit's command (read from the installed unit file: its user
+      and options kept, so it never names a user the package did not create) with ``--persistence-mode`` in place
+      of any persistence flag, and reloads systemd only when the drop-in changed (or systemd says a reload is
+      pending);
+    - makes the unit start at boot with ``systemctl add-wants multi-user.target nvidia-persistenced.service``
+      (the link ``systemctl enable`` makes for a unit ``WantedBy=multi-user.target``, which works on a static unit
+      too; checked through the ``multi-user.target.wants`` link);
     - starts the daemon when it is not running, and restarts it when the drop-in changed or when a GPU's
       persistence mode (read from the GPU through ``nvidia-smi``, not from the unit state) is ``Disabled``
       while it should be ``Enabled``.
@@ -63,7 +113,7 @@ def nvidia_persistenced(persistence_mode: bool = True):
         )
     """
     inventory = host.get_fact(GpuInventory)
-    managed = get_state(paths=(DROP_IN, WANTS_LINK), units=(UNIT,))
+    managed = get_state(paths=(DROP_IN, WANTS_LINK), read=PACKAGED_UNITS, units=(UNIT,))
     unit = managed["units"][UNIT]
     if unit["load_state"] == "not-found" and state.is_executing:
         # this host fails, the others go on (while planning, the driver stage of the run may still install it)
@@ -72,7 +122,14 @@ def nvidia_persistenced(persistence_mode: bool = True):
         return
     commands = []
 
-    drop_in = list(put_file(managed["files"][DROP_IN], DROP_IN, drop_in_text(persistence_mode)))
+    unit_text = packaged_unit(managed["contents"])
+    if unit_text is None and unit["load_state"] == "loaded" and state.is_executing:
+        # a unit elsewhere (/run, /usr/local): its user is unknown, and a drop-in without it could run the daemon
+        # as another user than the package set up
+        yield fail(f"{UNIT} on {host.name} is not in any of {', '.join(PACKAGED_UNITS)}: gpufleet reads the "
+                   "packaged unit's command there (its --user) to keep it in its drop-in")
+        return
+    drop_in = list(put_file(managed["files"][DROP_IN], DROP_IN, drop_in_text(unit_text, persistence_mode)))
     commands += drop_in
     if drop_in or unit["need_daemon_reload"]:
         commands.append(systemctl("daemon-reload"))

@@ -31,6 +31,9 @@ BRANCHES = {"570": ("570.172.08", "12.8"), "580": ("580.95.05", "13.0")}
 # the driver generation whose nvidia-smi deprecates driver_version for kmd_version (real 610.57.04, CUDA 13.3)
 BRANCHES["610"] = ("610.57.04", "13.3")
 DEFAULT_BRANCH = "580"
+# NVIDIA's CUDA repository names the fabric manager plain nvidia-fabricmanager from this branch on
+# (tests/reference/upstream/nvidia-packaging/facts.json, fabricmanager_package_by_branch)
+FABRICMANAGER_UNSUFFIXED_FROM = 580
 KEYRING_NAME = "gpufleet-sim-keyring.gpg"
 GRAFANA_KEY_NAME = "gpg-full.key"
 SIMGPU_DIR = Path(__file__).with_name("gpu")
@@ -64,17 +67,59 @@ def _wrapper(module: str) -> str:
     return f"{PREAMBLE}from simgpu.{module} import main\nsys.exit(main(sys.argv[1:]))\n"
 
 
-PERSISTENCED_UNIT = """\
+# nvidia-persistenced's unit as the packaging each simulated driver package imitates installs it: gpufleet's own text
+# with the directives tests/reference/upstream/nvidia-packaging/facts.json records (tests/unit/
+# test_upstream_nvidia_packaging.py holds them equal). NVIDIA's Ubuntu driver packaging (nvidia-compute-utils-<flavour>)
+# runs the daemon as root with --verbose; NVIDIA's own init template, as its install.sh installs it, runs it as the
+# user install.sh creates (__USER__ -> nvidia-persistenced by default).
+PERSISTENCED_UNIT_UBUNTU = """\
+[Unit]
+Description=NVIDIA Persistence Daemon
+After=syslog.target
+
+[Service]
+Type=forking
+PIDFile=/var/run/nvidia-persistenced/nvidia-persistenced.pid
+Restart=always
+ExecStart=/usr/bin/nvidia-persistenced --verbose
+ExecStopPost=/bin/rm -rf /var/run/nvidia-persistenced/*
+TimeoutSec=300
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+PERSISTENCED_TEMPLATE_USER = "nvidia-persistenced"
+PERSISTENCED_UNIT_NVIDIA = f"""\
 [Unit]
 Description=NVIDIA Persistence Daemon
 Wants=syslog.target
 
 [Service]
 Type=forking
-PIDFile=/var/run/nvidia-persistenced/nvidia-persistenced.pid
-ExecStart=/usr/bin/nvidia-persistenced --user nvidia-persistenced --no-persistence-mode --verbose
+ExecStart=/usr/bin/nvidia-persistenced --user {PERSISTENCED_TEMPLATE_USER}
 ExecStopPost=/bin/rm -rf /var/run/nvidia-persistenced
+
+[Install]
+WantedBy=multi-user.target
 """
+
+
+def _cuda_repository_driver(package: str) -> bool:
+    """A driver package named as NVIDIA's CUDA repository names them (``nvidia-open-<branch>``); the others are
+    named as Ubuntu's packaging names them (``nvidia-driver-<branch>[-server][-open]``)."""
+    return package.startswith("nvidia-open-")
+
+
+def persistenced_unit(package: str) -> str:
+    """The nvidia-persistenced unit the simulated driver package ``package`` installs."""
+    return PERSISTENCED_UNIT_NVIDIA if _cuda_repository_driver(package) else PERSISTENCED_UNIT_UBUNTU
+
+
+def persistenced_user(package: str) -> str | None:
+    """The user the package's postinst creates for the daemon (None: it runs as root)."""
+    return PERSISTENCED_TEMPLATE_USER if _cuda_repository_driver(package) else None
+
 
 FABRICMANAGER_UNIT = """\
 [Unit]
@@ -99,9 +144,7 @@ DRIVER_POSTINST = """\
 set -e
 if [ "$1" = configure ]; then
     ldconfig
-    getent passwd nvidia-persistenced >/dev/null || \
-        useradd --system --home /nonexistent --shell /usr/sbin/nologin nvidia-persistenced
-    PYTHONPATH=/usr/lib/gpufleet-sim python3 -m simgpu.driver load
+{create_user}    PYTHONPATH=/usr/lib/gpufleet-sim python3 -m simgpu.driver load
     if [ -d /run/systemd/system ]; then
         systemctl daemon-reload || true
         systemctl start nvidia-persistenced.service || true
@@ -290,7 +333,7 @@ def _driver_tree(work: Path, package: str, version: str, revision: str, flavour:
         (tree / "usr/bin" / command).chmod(0o755)
     units = tree / "lib/systemd/system"
     units.mkdir(parents=True)
-    (units / "nvidia-persistenced.service").write_text(PERSISTENCED_UNIT)
+    (units / "nvidia-persistenced.service").write_text(persistenced_unit(package))
     (tree / "etc/modprobe.d").mkdir(parents=True)
     (tree / "etc/modprobe.d/nvidia-graphics-drivers.conf").write_text(
         "blacklist nouveau\noptions nouveau modeset=0\n")
@@ -300,14 +343,18 @@ def _driver_tree(work: Path, package: str, version: str, revision: str, flavour:
         package, f"{version}-{revision}", f"NVIDIA driver metapackage ({flavour} kernel modules)",
         Depends="python3", Provides="nvidia-driver-sim, libnvidia-ml1",
         Conflicts=conflicts, Replaces=conflicts))
-    for script, body in (("postinst", DRIVER_POSTINST), ("prerm", DRIVER_PRERM)):
+    user = persistenced_user(package)
+    create_user = (f"    getent passwd {user} >/dev/null || "
+                   f"useradd --system --home /nonexistent --shell /usr/sbin/nologin {user}\n") if user else ""
+    postinst = DRIVER_POSTINST.replace("{create_user}", create_user)
+    for script, body in (("postinst", postinst), ("prerm", DRIVER_PRERM)):
         (debian / script).write_text(body)
         (debian / script).chmod(0o755)
     return tree
 
 
 def _fabricmanager_tree(work: Path, package: str, version: str, revision: str) -> Path:
-    tree = work / package
+    tree = work / f"{package}_{version}"  # nvidia-fabricmanager comes in several versions
     lib = tree / "usr/lib/gpufleet-sim"
     lib.mkdir(parents=True)
     (lib / "fabricmanager-version").write_text(version + "\n")
@@ -319,9 +366,12 @@ def _fabricmanager_tree(work: Path, package: str, version: str, revision: str) -
     (tree / "lib/systemd/system").mkdir(parents=True)
     (tree / "lib/systemd/system/nvidia-fabricmanager.service").write_text(FABRICMANAGER_UNIT)
     (tree / "DEBIAN").mkdir()
+    # the branch-suffixed package provides, conflicts with and replaces the plain name (NVIDIA's fabric manager
+    # control template, recorded in nvidia-packaging/facts.json); the plain package is the name itself
+    relations = {} if package == "nvidia-fabricmanager" else {
+        "Provides": "nvidia-fabricmanager", "Conflicts": "nvidia-fabricmanager", "Replaces": "nvidia-fabricmanager"}
     (tree / "DEBIAN/control").write_text(_control(
-        package, f"{version}-{revision}", "Fabric Manager for NVSwitch based systems",
-        Provides="nvidia-fabricmanager", Conflicts="nvidia-fabricmanager", Replaces="nvidia-fabricmanager"))
+        package, f"{version}-{revision}", "Fabric Manager for NVSwitch based systems", **relations))
     return tree
 
 
@@ -335,9 +385,12 @@ def packages() -> list[tuple[str, str, str, str]]:
             (f"nvidia-driver-{branch}-open", version, "0ubuntu1", "open"),
             (f"nvidia-driver-{branch}", version, "0ubuntu1", "proprietary"),
             (f"nvidia-open-{branch}", version, "1", "open"),  # NVIDIA's CUDA repository naming
-            (f"nvidia-fabricmanager-{branch}", version, "1", "fabricmanager"),
+            (f"nvidia-fabricmanager-{branch}", version, "1", "fabricmanager"),  # Ubuntu's archive, CUDA repo < 580
             (f"cuda-drivers-{branch}", version, "1", "cuda-drivers"),
         ]
+        if int(branch) >= FABRICMANAGER_UNSUFFIXED_FROM:
+            # NVIDIA's CUDA repository from branch 580 on: one name, the branch in the version
+            found.append(("nvidia-fabricmanager", version, "1", "fabricmanager"))
     found += [("datacenter-gpu-manager-4-core", DCGM_VERSION, "1", "dcgm"),
               (DCGM_PROFILING_PACKAGE, DCGM_VERSION, "1", "dcgm"),
               ("datacenter-gpu-manager-exporter", DCGM_EXPORTER_VERSION, "1", "dcgm")]

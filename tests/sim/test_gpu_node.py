@@ -123,6 +123,16 @@ def test_first_run_converges_bare_hosts(fleet):
     assert "NCCL_DEBUG=WARN\n" in ssh(fleet, "node02", "cat /etc/nccl.conf").stdout
     held = ssh(fleet, "node02", "apt-mark showhold").stdout.split()
     assert "nvidia-open-580" in held or "nvidia-driver-580-server-open" in held
+    # NVIDIA's CUDA repository naming (Debian's default): from branch 580 the fabric manager is plain
+    # nvidia-fabricmanager (tests/reference/upstream/nvidia-packaging/facts.json), installed and held with the driver
+    fm = ssh(fleet, "node01", "dpkg-query -W -f='${db:Status-Abbrev}${Version}' nvidia-fabricmanager").stdout
+    assert fm.split() == ["hi", "580.95.05-1"]
+    assert "nvidia-fabricmanager" in ssh(fleet, "node01", "apt-mark showhold").stdout.split()
+    # the persistence drop-in runs the daemon as the packaged unit's user, one the package created
+    for name in ("node01", "node02"):
+        exec_start = ssh(fleet, name, "systemctl show -p ExecStart nvidia-persistenced").stdout
+        assert "argv[]=/usr/bin/nvidia-persistenced --user nvidia-persistenced --persistence-mode" in exec_start
+        assert ssh(fleet, name, "getent passwd nvidia-persistenced", check=False).returncode == 0
 
 
 def test_second_run_changes_nothing(fleet):

@@ -118,7 +118,7 @@ def test_reboot_brings_the_layout_back_without_rerunning_the_deploy(fleet):
     assert mig_devices(fleet, H100)[2] == 7
     assert active(fleet, H100, "nvidia-fabricmanager.service") == "active"
     totals = grand_total(pyinfra(fleet, DEPLOY).stdout)
-    # nvidia-persistenced is a static unit the persistence stage (not this test) starts at boot: started again
+    # nvidia-persistenced is a unit the persistence stage (not this test) makes start at boot: started again
     assert (totals["error"], totals["no_change"]) == ("-", "2"), totals
 
 

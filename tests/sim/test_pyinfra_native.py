@@ -61,7 +61,8 @@ def test_diff_before_the_first_run_shows_every_file_to_be_created_and_changes_no
     for path in ("/etc/nccl.conf", DROP_IN, POWER_UNIT, "/etc/gpufleet/power-limits.conf"):
         assert f"[node01] Will create {path}" in out, out
     assert "  + NCCL_DEBUG=WARN" in out
-    assert "  + ExecStart=/usr/bin/nvidia-persistenced --user nvidia-persistenced --persistence-mode --verbose" in out
+    # the preinstalled driver is Ubuntu-style (nvidia-driver-580-server-open): its packaged unit runs the daemon as root
+    assert "  + ExecStart=/usr/bin/nvidia-persistenced --verbose --persistence-mode" in out
     assert "  + Type=oneshot" in out
     assert ssh(fleet, "node01", f"ls /etc/nccl.conf {DROP_IN}", check=False).returncode != 0  # --dry: nothing
 

@@ -66,6 +66,10 @@ def policy(packages):
     """apt-cache policy of the simulated repository: every branch at its version, the pin gives candidates."""
     known = {}
     for name in packages:
+        if name == "nvidia-fabricmanager":  # NVIDIA's plain name: every branch's version, the pin picks
+            versions = [{"version": f"{VERSIONS[b]}-1", "priority": 1000} for b in VERSIONS]
+            known[name] = {"installed": None, "candidate": versions[0]["version"], "versions": versions}
+            continue
         match = next((b for b in VERSIONS if f"-{b}" in name), None)
         if match:
             version = f"{VERSIONS[match]}-1"
@@ -134,7 +138,7 @@ def converged(branch="580", style="nvidia", flavour="open", nvswitch=True, extra
     """Facts of a host this operation already converged (branch 580 loaded and running)."""
     names = [_packaging.driver_package(branch, flavour, style)]
     if nvswitch:
-        names.append(_packaging.fabricmanager_package(branch))
+        names.append(_packaging.fabricmanager_package(branch, style))
     version = f"{VERSIONS[branch]}-1"
     managed = {
         KEYRING: "key",
@@ -194,8 +198,8 @@ def test_bare_debian_host_gets_repository_pin_blacklist_driver_fabricmanager_and
         f"update-initramfs -u || {{ rm -f {NOUVEAU}; exit 1; }}",
         f"{APT_INSTALL} {headers}",
         f"{APT_INSTALL} --allow-downgrades --allow-change-held-packages "
-        "nvidia-open-580=580.95.05-1 nvidia-fabricmanager-580=580.95.05-1",
-        "apt-mark hold nvidia-open-580 nvidia-fabricmanager-580",
+        "nvidia-open-580=580.95.05-1 nvidia-fabricmanager=580.95.05-1",
+        "apt-mark hold nvidia-open-580 nvidia-fabricmanager",
         "systemctl daemon-reload",
         f"systemctl enable {FM_UNIT}",
         f"systemctl start {FM_UNIT}",
@@ -236,6 +240,7 @@ def test_pin_admits_only_the_branch_first_record_wins():
             "cuda-drivers-580",
             "nvidia-driver-580-server-open",
             "nvidia-fabricmanager-580",
+            "nvidia-fabricmanager",
             "cuda-drivers",
             "nvidia-open",
         } <= set(names)
@@ -245,21 +250,21 @@ def test_pin_admits_only_the_branch_first_record_wins():
 def test_converged_host_is_noop():
     commands, noops = run(converged())
     assert commands == []
-    assert "nvidia-open-580, nvidia-fabricmanager-580 installed (580.95.05-1) and held" in noops
+    assert "nvidia-open-580, nvidia-fabricmanager installed (580.95.05-1) and held" in noops
     assert f"{FM_UNIT} is enabled and running" in noops
     assert not any("reboot" in noop for noop in noops)
 
 
 def test_converged_host_missing_a_hold_gets_only_the_hold():
-    installed = {"nvidia-open-580": {"580.95.05-1"}, "nvidia-fabricmanager-580": {"580.95.05-1"}}
+    installed = {"nvidia-open-580": {"580.95.05-1"}, "nvidia-fabricmanager": {"580.95.05-1"}}
     commands, _ = run(converged(extra={NvidiaPackages: nvidia_packages(installed, holds={"nvidia-open-580"})}))
-    assert commands == ["apt-mark hold nvidia-fabricmanager-580"]
+    assert commands == ["apt-mark hold nvidia-fabricmanager"]
 
 
 def test_the_whole_driver_release_is_held_not_container_tools_or_other_versions():
     installed = {
         "nvidia-open-580": {"580.95.05-1"},
-        "nvidia-fabricmanager-580": {"580.95.05-1"},
+        "nvidia-fabricmanager": {"580.95.05-1"},
         "libnvidia-compute-580": {"580.95.05-0ubuntu1"},
         "nvidia-kernel-common-580": {"580.95.05-0ubuntu1"},
         "nvidia-firmware-570": {"570.172.08-0ubuntu1"},
@@ -267,7 +272,7 @@ def test_the_whole_driver_release_is_held_not_container_tools_or_other_versions(
         "nvidia-container-toolkit": {"1.17.8-1"},
         "bash": {"5.2.15-2+b7"},
     }
-    holds = {"nvidia-open-580", "nvidia-fabricmanager-580"}
+    holds = {"nvidia-open-580", "nvidia-fabricmanager"}
     commands, _ = run(converged(extra={NvidiaPackages: nvidia_packages(installed, holds)}))
     assert commands == ["apt-mark hold libnvidia-compute-580 nvidia-kernel-common-580"]
 
@@ -278,7 +283,7 @@ def test_branch_change_installs_other_branch_removes_old_and_reports_reboot_pend
         f"upload {PIN}\n{_packaging.apt_pin('570')}",  # an existing file of root, mode 644: its text changes
         UPDATE,
         f"{APT_INSTALL} --allow-downgrades --allow-change-held-packages nvidia-open-570=570.172.08-1 "
-        "nvidia-fabricmanager-570=570.172.08-1 nvidia-fabricmanager-580- nvidia-open-580-",
+        "nvidia-fabricmanager-570=570.172.08-1 nvidia-fabricmanager- nvidia-open-580-",
         "apt-mark hold nvidia-open-570 nvidia-fabricmanager-570",
         "systemctl daemon-reload",
     ]
@@ -361,6 +366,19 @@ def test_style_change_of_the_same_flavour_replaces_the_metapackage_without_reboo
     ]
 
 
+def test_style_change_on_nvswitch_swaps_the_fabric_manager_name_in_the_same_transaction():
+    """NVIDIA's repositories name branch 580's fabric manager ``nvidia-fabricmanager``, Ubuntu's archive
+    ``nvidia-fabricmanager-580`` (tests/unit/test_upstream_nvidia_packaging.py holds the rule to upstream)."""
+    commands, _ = run(converged(style="nvidia"), packages_style="ubuntu")
+    assert commands[:3] == [
+        UPDATE,
+        f"{APT_INSTALL} --allow-downgrades --allow-change-held-packages "
+        "nvidia-driver-580-server-open=580.95.05-1 nvidia-fabricmanager-580=580.95.05-1 "
+        "nvidia-fabricmanager- nvidia-open-580-",
+        "apt-mark hold nvidia-driver-580-server-open nvidia-fabricmanager-580",
+    ]
+
+
 def test_without_nvswitch_no_fabric_manager_and_no_unit():
     commands, _ = run(apt_facts(), nvswitch=False)
     assert not any("fabricmanager" in c for c in commands if not c.startswith("upload "))
@@ -371,14 +389,14 @@ def test_without_nvswitch_no_fabric_manager_and_no_unit():
 def test_fabric_manager_of_another_version_is_replaced_by_the_drivers_version_and_restarted():
     facts = converged(
         extra={NvidiaPackages: nvidia_packages(
-            {"nvidia-open-580": {"580.95.05-1"}, "nvidia-fabricmanager-580": {"580.65.06-1"}},
-            holds={"nvidia-open-580", "nvidia-fabricmanager-580"})}
+            {"nvidia-open-580": {"580.95.05-1"}, "nvidia-fabricmanager": {"580.65.06-1"}},
+            holds={"nvidia-open-580", "nvidia-fabricmanager"})}
     )
     commands, _ = run(facts)
     assert commands == [
         UPDATE,
-        f"{APT_INSTALL} --allow-downgrades --allow-change-held-packages nvidia-fabricmanager-580=580.95.05-1",
-        "apt-mark hold nvidia-open-580 nvidia-fabricmanager-580",
+        f"{APT_INSTALL} --allow-downgrades --allow-change-held-packages nvidia-fabricmanager=580.95.05-1",
+        "apt-mark hold nvidia-open-580 nvidia-fabricmanager",
         "systemctl daemon-reload",
         f"systemctl restart {FM_UNIT}",
     ]
@@ -387,11 +405,11 @@ def test_fabric_manager_of_another_version_is_replaced_by_the_drivers_version_an
 def test_fabric_manager_missing_in_the_repository_at_the_drivers_version_fails_clearly():
     def no_match(packages):
         found = policy(packages)
-        if "nvidia-fabricmanager-580" in found:
-            found["nvidia-fabricmanager-580"]["versions"] = [{"version": "580.65.06-1", "priority": 1000}]
+        if "nvidia-fabricmanager" in found:
+            found["nvidia-fabricmanager"]["versions"] = [{"version": "580.65.06-1", "priority": 1000}]
         return found
 
-    with pytest.raises(OperationError, match=r"nvidia-fabricmanager-580: .* no version 580\.95\.05.*exactly"):
+    with pytest.raises(OperationError, match=r"nvidia-fabricmanager: .* no version 580\.95\.05.*exactly"):
         run(apt_facts(extra={driver._AptCachePolicy: no_match}))
 
 

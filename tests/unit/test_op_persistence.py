@@ -11,9 +11,17 @@ from pyinfra_harness import run_operation
 from gpufleet.facts.files import ManagedState
 from gpufleet.facts.nvidia import GpuInventory
 from gpufleet.operations import persistence
+from tests.upstream import debian_unit_path, read
 
 DROP_IN = persistence.DROP_IN
 LINK = persistence.WANTS_LINK
+# the unit Debian 12's nvidia-persistenced installs (verbatim), where it installs it
+PACKAGED_PATH = "/lib/systemd/system/nvidia-persistenced.service"
+PACKAGED = read(debian_unit_path("bookworm", "nvidia-persistenced", "nvidia-persistenced.service"))
+
+
+def drop_in(persistence_mode: bool = True) -> str:
+    return persistence.drop_in_text(PACKAGED, persistence_mode)
 
 
 def gpu(index: int, mode: str | None) -> dict:
@@ -54,32 +62,50 @@ def managed(files: dict | None = None, units: dict | None = None):
     return fact
 
 
-def run(inv: dict, files=None, units=None, **kwargs):
+def run(inv: dict, files=None, units=None, packaged: bool = True, **kwargs):
+    files = {**({PACKAGED_PATH: PACKAGED} if packaged else {}), **(files or {})}
     facts = {GpuInventory: inv, ManagedState: managed(files, units)}
     return run_operation(persistence.nvidia_persistenced, facts=facts, **kwargs)
 
 
-CONVERGED_FILES = {DROP_IN: persistence.drop_in_text(True), LINK: ("link", "/lib/systemd/system/x.service")}
+CONVERGED_FILES = {DROP_IN: drop_in(True), LINK: ("link", "/lib/systemd/system/x.service")}
 RUNNING = {persistence.UNIT: {"active_state": "active", "sub_state": "running"}}
 
 
-def test_drop_in_overrides_exec_start_with_persistence_mode():
-    text = persistence.drop_in_text(True)
+def test_drop_in_overrides_exec_start_with_persistence_mode_as_the_packaged_user():
+    text = drop_in(True)
     lines = text.splitlines()
     assert "[Service]" in lines
     start = lines.index("ExecStart=")  # clears the packaged ExecStart first
-    assert lines[start + 1] == ("ExecStart=/usr/bin/nvidia-persistenced --user nvidia-persistenced "
-                                "--persistence-mode --verbose")
+    assert lines[start + 1] == "ExecStart=/usr/bin/nvidia-persistenced --user nvpd --persistence-mode"
     assert "--no-persistence-mode\n" not in text
-    assert "ExecStart=/usr/bin/nvidia-persistenced --user nvidia-persistenced --no-persistence-mode --verbose" \
-        in persistence.drop_in_text(False)
+    assert "ExecStart=/usr/bin/nvidia-persistenced --user nvpd --no-persistence-mode" in drop_in(False)
+
+
+def test_the_unit_systemd_loads_decides_the_drop_in():
+    """Debian 13 (/usr/lib), and an administrator's full unit in /etc/systemd/system, which systemd prefers."""
+    trixie = read(debian_unit_path("trixie", "nvidia-persistenced", "nvidia-persistenced.service"))
+    commands, _ = run(inventory("Enabled"), {"/usr/lib/systemd/system/nvidia-persistenced.service": trixie},
+                      RUNNING, packaged=False)
+    assert f"upload {DROP_IN}\n{persistence.drop_in_text(trixie, True)}" in commands
+    local = "[Service]\nExecStart=/usr/bin/nvidia-persistenced --user site-user --verbose\n"
+    commands, _ = run(inventory("Enabled"), {"/etc/systemd/system/nvidia-persistenced.service": local}, RUNNING)
+    assert any(c.startswith(f"upload {DROP_IN}") and "--user site-user --verbose --persistence-mode" in c
+               for c in commands)
+
+
+def test_unit_outside_the_read_directories_fails_the_host_at_execution(monkeypatch):
+    monkeypatch.setattr(State, "is_executing", True)
+    commands, _ = run(inventory("Enabled"), {}, RUNNING, packaged=False)
+    assert len(commands) == 1 and commands[0].startswith("echo 'gpufleet: error: nvidia-persistenced.service on "
+                                                         "testhost is not in any of /etc/systemd/system/")
 
 
 def test_fresh_host_gets_drop_in_reload_wants_and_start():
     commands, noops = run(inventory("Disabled", "Disabled"))
     assert commands == [
         "mkdir -p /etc/systemd/system/nvidia-persistenced.service.d",
-        f"upload {DROP_IN}\n{persistence.drop_in_text(True)}",
+        f"upload {DROP_IN}\n{drop_in(True)}",
         f"chown root:root {DROP_IN} && chmod 644 {DROP_IN}",
         "systemctl daemon-reload",
         "systemctl add-wants multi-user.target nvidia-persistenced.service",
@@ -104,7 +130,7 @@ def test_changed_drop_in_reloads_and_restarts():
     files = {**CONVERGED_FILES, DROP_IN: "[Service]\nExecStart=\nExecStart=/usr/bin/nvidia-persistenced\n"}
     commands, _ = run(inventory("Enabled"), files, RUNNING)
     assert commands == [
-        f"upload {DROP_IN}\n{persistence.drop_in_text(True)}",
+        f"upload {DROP_IN}\n{drop_in(True)}",
         "systemctl daemon-reload",
         "systemctl restart nvidia-persistenced.service",
     ]
@@ -122,7 +148,7 @@ def test_pending_daemon_reload_is_done_without_drop_in_change():
 
 
 def test_missing_wants_link_only_adds_wants():
-    files = {DROP_IN: persistence.drop_in_text(True)}
+    files = {DROP_IN: drop_in(True)}
     commands, _ = run(inventory("Enabled"), files, RUNNING)
     assert commands == ["systemctl add-wants multi-user.target nvidia-persistenced.service"]
 
@@ -142,7 +168,7 @@ def test_lost_gpu_is_ignored_for_the_persistence_check():
 
 
 def test_persistence_mode_false_writes_no_persistence_mode_and_does_not_check_gpus():
-    files = {**CONVERGED_FILES, DROP_IN: persistence.drop_in_text(False)}
+    files = {**CONVERGED_FILES, DROP_IN: drop_in(False)}
     commands, noops = run(inventory("Disabled", "Enabled"), files, RUNNING, persistence_mode=False)
     assert commands == []
     assert noops
@@ -156,9 +182,10 @@ def test_never_uses_legacy_nvidia_smi_pm():
 
 def test_missing_unit_is_refused_at_execution_not_while_planning(monkeypatch):
     units = {persistence.UNIT: {"load_state": "not-found"}}
-    commands, _ = run(inventory(status="absent"), {}, units)  # planning: the driver stage may install it
+    # planning: the driver stage may install it (its command is read when the operation runs)
+    commands, _ = run(inventory(status="absent"), {}, units, packaged=False)
     assert commands[-1] == "systemctl add-wants multi-user.target nvidia-persistenced.service"
     monkeypatch.setattr(State, "is_executing", True)  # executing: this host fails with a message, others go on
-    commands, _ = run(inventory(status="absent"), {}, units)
+    commands, _ = run(inventory(status="absent"), {}, units, packaged=False)
     assert commands == ["echo 'gpufleet: error: nvidia-persistenced.service is not installed on testhost: install "
                         "the NVIDIA driver first (its nvidia-persistenced package)' >&2; exit 1"]

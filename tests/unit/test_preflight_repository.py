@@ -16,7 +16,8 @@ from gpufleet.preflight_repository import branch_versions, check_driver_reposito
 
 URL = "http://10.77.23.1:8731/"
 DEBIAN = {"name": "Debian", "major": 12, "release_meta": {"ID": "debian", "VERSION_ID": "12"}}
-# the simulator's repository index as apt-helper fetched it on a simulated host (Package/Version lines)
+# a repository index as apt-helper fetches it on a host (Package/Version lines), named as NVIDIA's CUDA repository
+# names the fabric manager: with the branch up to 575, plain nvidia-fabricmanager from 580 on
 SIM_INDEX = """\
 Package: cuda-drivers-570
 Version: 570.172.08-1
@@ -24,7 +25,7 @@ Package: cuda-drivers-580
 Version: 580.95.05-1
 Package: nvidia-fabricmanager-570
 Version: 570.172.08-1
-Package: nvidia-fabricmanager-580
+Package: nvidia-fabricmanager
 Version: 580.95.05-1
 Package: nvidia-open-570
 Version: 570.172.08-1
@@ -69,13 +70,26 @@ def test_branch_not_offered_names_the_branches_that_are():
 
 
 def test_nvswitch_system_needs_the_fabric_manager_of_the_drivers_version():
-    text = SIM_INDEX.replace("nvidia-fabricmanager-580\nVersion: 580.95.05-1", "nvidia-fabricmanager-580\nVersion: "
+    text = SIM_INDEX.replace("nvidia-fabricmanager\nVersion: 580.95.05-1", "nvidia-fabricmanager\nVersion: "
                              "580.65.06-1")
     assert check(hgx_h100_no_driver(), index(text))[0] == [
         "node01: gpufleet_driver_branch='580': the driver repository http://10.77.23.1:8731/ offers nvidia-open-580 "
-        "580.95.05 but no nvidia-fabricmanager-580 of that version (NVSwitch system); allowed: a repository with "
-        "nvidia-fabricmanager-580 580.95.05 (the fabric manager must be exactly the driver's version)"]
+        "580.95.05 but no nvidia-fabricmanager of that version (NVSwitch system); allowed: a repository with "
+        "nvidia-fabricmanager 580.95.05 (the fabric manager must be exactly the driver's version)"]
     assert check(rtx4090_no_driver(), index(text))[0] == []  # no NVSwitch: no fabric manager
+
+
+def test_fabric_manager_name_follows_the_branch_and_naming_style():
+    """NVIDIA's repository: ``nvidia-fabricmanager-570`` for 570, plain ``nvidia-fabricmanager`` for 580 (a repository
+    offering only ``nvidia-fabricmanager-580`` does not serve NVIDIA's naming); Ubuntu's names keep the branch."""
+    assert check(hgx_h100_no_driver(), index(), gpufleet_driver_branch="570")[0] == []
+    suffixed_only = SIM_INDEX.replace("nvidia-fabricmanager\n", "nvidia-fabricmanager-580\n")
+    assert "no nvidia-fabricmanager of that version" in check(hgx_h100_no_driver(), index(suffixed_only))[0][0]
+    ubuntu = suffixed_only.replace("nvidia-open-580\n", "nvidia-driver-580-server-open\n")
+    assert check(hgx_h100_no_driver(), index(ubuntu), gpufleet_driver_packages_style="ubuntu")[0] == []
+    assert "no nvidia-fabricmanager-580 of that version" in check(
+        hgx_h100_no_driver(), index(ubuntu.replace("nvidia-fabricmanager-580\n", "nvidia-fabricmanager\n")),
+        gpufleet_driver_packages_style="ubuntu")[0][0]
 
 
 def test_installed_driver_needs_no_repository_round_trip():

@@ -30,7 +30,8 @@ def test_a_template_in_the_override_directory_wins_by_name_and_the_others_stay(t
     text = resources.render_template("nccl.conf.j2", str(tmp_path), settings=[("NCCL_DEBUG", "WARN")], path="x")
     assert text == "# site header\nNCCL_DEBUG=WARN\n"
     unit = resources.render_template("systemd/nvidia-persistenced-gpufleet.conf.j2", str(tmp_path),
-                                     binary="/usr/bin/nvidia-persistenced", user="u", flag="--persistence-mode")
+                                     command="/usr/bin/nvidia-persistenced --user u --persistence-mode",
+                                     flag="--persistence-mode")
     assert "ExecStart=/usr/bin/nvidia-persistenced --user u --persistence-mode" in unit
 
 
