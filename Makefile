@@ -17,7 +17,7 @@ demo: deps
 test: deps
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/pytest -q tests/unit
-	$(VENV)/bin/pytest -q -n 2 --dist loadfile tests/sim
+	$(VENV)/bin/pytest -q -n 2 --dist loadfile --durations=12 tests/sim
 
 unit: deps
 	$(VENV)/bin/pytest -q tests/unit
