@@ -105,10 +105,16 @@ def systemd_unit(relpath: str) -> dict[str, list[tuple[str, str]]]:
             raise ValueError(f"{relpath}: recorded as {unit.get('format')!r}, not a systemd unit")
         return {section: [(item["key"], item["value"]) for item in items]
                 for section, items in unit["sections"].items()}
+    return parse_systemd_unit(read(relpath), where=relpath)
+
+
+def parse_systemd_unit(text: str, where: str = "unit") -> dict[str, list[tuple[str, str]]]:
+    """section -> [(key, value)] of a unit file's text, as :func:`systemd_unit` reads a kept file (the simulator's
+    and gpufleet's own units are compared with upstream's through it)."""
     sections: dict[str, list[tuple[str, str]]] = {}
     current = None
     logical = ""
-    for raw in read(relpath).splitlines():
+    for raw in text.splitlines():
         line = raw.strip()
         if not logical and (not line or line[0] in "#;"):
             continue
@@ -122,7 +128,7 @@ def systemd_unit(relpath: str) -> dict[str, list[tuple[str, str]]]:
             sections.setdefault(current, [])
             continue
         if current is None or "=" not in line:
-            raise ValueError(f"{relpath}: not a unit file line: {raw!r}")
+            raise ValueError(f"{where}: not a unit file line: {raw!r}")
         key, value = line.split("=", 1)
         sections[current].append((key.strip(), value.strip()))
     return sections

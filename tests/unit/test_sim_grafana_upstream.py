@@ -37,23 +37,6 @@ RESET_GO = "grafana/pkg/cmd/grafana-cli/commands/reset_password_command.go"
 POSTINST = "grafana/packaging/deb/control/postinst"
 
 
-def _unit(text: str) -> dict[str, list[tuple[str, str]]]:
-    """The simulator's unit as systemd reads it (comments dropped, continuations joined, repeated keys kept)."""
-    sections: dict[str, list[tuple[str, str]]] = {}
-    current = ""
-    for line in re.sub(r"\\\n\s*", " ", text).splitlines():
-        line = line.strip()
-        if not line or line[0] in "#;":
-            continue
-        if line.startswith("["):
-            current = line.strip("[]")
-            sections[current] = []
-        else:
-            key, _, value = line.partition("=")
-            sections[current].append((key.strip(), value.strip()))
-    return sections
-
-
 def _values(unit: dict, section: str, key: str) -> list[str]:
     return [value for name, value in unit.get(section, []) if name == key]
 
@@ -62,7 +45,7 @@ def _env(text: str) -> dict[str, str]:
     return dict(word.split("=", 1) for line in text.splitlines() for word in shlex.split(line, comments=True))
 
 
-SIM_UNIT = _unit((repo.GRAFANA_DIR / repo.GRAFANA_UNIT).read_text())
+SIM_UNIT = upstream.parse_systemd_unit((repo.GRAFANA_DIR / repo.GRAFANA_UNIT).read_text())
 SIM_DEFAULTS = _env((repo.GRAFANA_DIR / repo.GRAFANA_DEFAULTS).read_text())
 SIM_EXEC = _values(SIM_UNIT, "Service", "ExecStart")
 

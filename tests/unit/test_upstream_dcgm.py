@@ -249,23 +249,6 @@ def sim_package(tmp_path, package: str, version: str):
     return repo._dcgm_tree(tmp_path, package, version, "1")
 
 
-def parse_unit(text: str) -> dict[str, list[tuple[str, str]]]:
-    """section -> [(key, value)] of a unit file (comments and blank lines skipped)."""
-    sections: dict[str, list[tuple[str, str]]] = {}
-    current = ""
-    for line in text.splitlines():
-        line = line.strip()
-        if not line or line[0] in "#;":
-            continue
-        if line.startswith("["):
-            current = line.strip("[]")
-            sections[current] = []
-        else:
-            key, value = line.split("=", 1)
-            sections[current].append((key.strip(), value.strip()))
-    return sections
-
-
 def upstream_install_path(relpath: str) -> str:
     """Where NVIDIA's package installs the unit: recorded for the exporter; for DCGM, its CMake unit destination
     under the /usr prefix its ExecStart names."""
@@ -290,7 +273,7 @@ def test_the_simulators_packages_install_units_with_the_upstream_directives(tmp_
     path = upstream_install_path(relpath)
     assert path.rsplit("/", 1)[1] == upstream.recorded(relpath)["unit_name"]
     assert (tree / path.lstrip("/")).is_file(), f"{SIM_PACKAGES[relpath][0]} does not install {path}"
-    ours = parse_unit((tree / path.lstrip("/")).read_text())
+    ours = upstream.parse_systemd_unit((tree / path.lstrip("/")).read_text())
     for section, directives in upstream.systemd_unit(relpath).items():
         for key in dict(directives):
             theirs = [configured(relpath, value) for name, value in directives if name == key]
