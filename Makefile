@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
 SYSTEM_PACKAGES := debootstrap systemd-container nftables lxcfs iproute2 openssh-client gcc libc6-dev \
-	dpkg gnupg python3-venv make tar chromium shellcheck prometheus prometheus-alertmanager
+	dpkg gnupg curl python3-venv make tar chromium shellcheck prometheus prometheus-alertmanager
 BUILD := build
 
 .PHONY: demo test unit sim-test lint deps system-deps clean bench
