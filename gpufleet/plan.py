@@ -47,6 +47,8 @@ from gpufleet.config import (
     _normalize_uuid,
     did_you_mean,
 )
+from gpufleet.node import mig_compare
+from gpufleet.node.mig_compare import norm_bus
 
 # nvidia-smi prints power limits with 2 decimals and NVML takes milliwatts: two limits closer than this are the
 # same limit. Used by the power operation, preflight's range check, the boot script (through the file) and verify.
@@ -60,6 +62,8 @@ POWER_UNIT = "gpufleet-power-limits.service"
 CLOCKS_UNIT = "gpufleet-gpu-clocks.service"
 MIG_UNIT = "gpufleet-mig.service"
 MIG_APPLIER = "/usr/local/sbin/gpufleet-mig-apply"
+# the shared MIG comparison (gpufleet/node/mig_compare.py), which the applier imports
+MIG_COMPARE = "/usr/local/lib/gpufleet/mig_compare.py"
 _MODES = {True: "Enabled", False: "Disabled"}
 
 
@@ -81,11 +85,8 @@ def catalog_model(name: Any = None, pci_device_id: Any = None, catalog: Catalog 
     return None
 
 
-def _mode(value: Any) -> bool | None:
-    """nvidia-smi's ``Enabled``/``Disabled`` or the probe's booleans -> bool; None when not reported."""
-    if isinstance(value, bool) or value is None:
-        return value
-    return {"enabled": True, "disabled": False}.get(str(value).lower())
+# nvidia-smi's ``Enabled``/``Disabled`` or the probe's booleans -> bool; None when not reported
+_mode = mig_compare.mode_of
 
 
 @dataclass(frozen=True)
@@ -498,19 +499,27 @@ def creation_order(profiles: Iterable[MigProfile]) -> list[MigProfile]:
 
 
 def mig_mode_ok(enabled: bool, gpu: Gpu | None) -> bool:
-    """Whether ``gpu`` is in the wanted MIG mode, now and after a reset (a GPU without MIG is "disabled")."""
+    """Whether ``gpu`` is in the wanted MIG mode, now and after a reset (a GPU without MIG is "disabled"): the
+    shared comparison's answer (:func:`gpufleet.node.mig_compare.mode_differences`)."""
     if gpu is None:
-        return False
-    if gpu.mig_current is None:
-        return not enabled
-    return gpu.mig_current == enabled and gpu.mig_pending in (enabled, None)
+        return not mig_compare.mode_differences(enabled, present=False)
+    return not mig_compare.mode_differences(enabled, True, gpu.mig_current, gpu.mig_pending)
 
 
 def mig_instances_ok(profile_ids: Iterable[int], existing: Iterable[tuple[int, bool]]) -> bool:
     """Whether the GPU instances ``existing`` ((profile id, holds exactly one full compute instance) each) are
-    exactly ``profile_ids``, compared as a multiset of profile ids."""
-    existing = list(existing)
-    return sorted(pid for pid, _ in existing) == sorted(profile_ids) and all(whole for _, whole in existing)
+    exactly ``profile_ids``, compared as a multiset of profile ids (:mod:`gpufleet.node.mig_compare`)."""
+    return not mig_compare.instance_differences(list(profile_ids), existing)
+
+
+def mig_differences(enabled: bool, profile_ids: Iterable[int], gpu: Gpu | None,
+                    instances: Iterable[tuple[int, bool]] = ()) -> list[str]:
+    """Everything not as the layout says on one GPU ([] = applied): the comparison the operation, the node-side
+    applier, the exporter and verify share (:func:`gpufleet.node.mig_compare.differences`)."""
+    if gpu is None:
+        return mig_compare.differences(enabled, list(profile_ids), present=False)
+    return mig_compare.differences(enabled, list(profile_ids), True, gpu.mig_current, gpu.mig_pending,
+                                   list(instances))
 
 
 @dataclass(frozen=True)
@@ -635,13 +644,6 @@ def mig_target(gpu: Gpu, want: Mapping[str, int] | None) -> tuple[MigTarget | No
     return MigTarget(gpu, True, tuple(profiles)), None
 
 
-def norm_bus(bus_id: Any) -> str:
-    """``0000:18:00.0`` / ``00000000:18:00.0`` -> ``00000000:18:00.0`` (upper case), as nvidia-smi prints it."""
-    text = str(bus_id or "").strip().upper()
-    domain, sep, rest = text.partition(":")
-    return f"{domain.zfill(8)}:{rest}" if sep and rest.count(":") == 1 else text
-
-
 def kept_mig_entries(previous: str | None, lost: Iterable[str]) -> list[dict]:
     """The entries of the layout file written before (``previous``, its text) for GPUs that are lost now: their
     desired layout is kept, for the boot unit to apply when they are back."""
@@ -676,6 +678,57 @@ def mig_layout_doc(targets: Iterable[MigTarget], holders: Iterable[str], kept: I
             if t.gpu.mig_current is not None  # GPUs without MIG have nothing to apply at boot
         ] + list(kept),
     }
+
+
+@dataclass(frozen=True)
+class MigDiff:
+    """What the MIG operation has to do on one host, decided here once (:func:`mig_diff`): each GPU's target (or why
+    the host cannot take the layout), the entries of lost GPUs kept for boot, the layout file, and, against what the
+    GPUs say at each step, the GPUs whose mode and whose instances are not the layout's."""
+
+    targets: tuple[MigTarget, ...] = ()
+    problem: str | None = None  # a host-state problem: nothing may change on this host
+    kept: tuple[dict, ...] = ()  # layout-file entries of lost GPUs, kept for the boot unit
+    warning: str | None = None  # said when entries are kept
+
+    def layout_doc(self, holders: Iterable[str]) -> dict:
+        """The layout file's content (:func:`mig_layout_doc`)."""
+        return mig_layout_doc(self.targets, holders, self.kept)
+
+    def mode_changes(self, gpus: Mapping[int, Gpu]) -> list[MigTarget]:
+        """The targets whose GPU (in ``gpus``, what nvidia-smi lists now) is not in the wanted mode."""
+        return [t for t in self.targets if not mig_mode_ok(t.enabled, gpus.get(t.gpu.index))]
+
+    def instance_changes(self, ready: Iterable[MigTarget], existing: Mapping[int, Iterable[tuple[int, bool]]]
+                         ) -> list[MigTarget]:
+        """The targets of ``ready`` (MIG on and in the wanted mode) whose GPU instances ``existing`` ({index:
+        [(profile id, whole)]}) are not the layout's."""
+        return [t for t in ready if not mig_instances_ok(t.profile_ids, existing.get(t.gpu.index, ()))]
+
+
+def mig_diff(host: str, layout: Mapping[int, Mapping[str, int] | None], gpus: Mapping[int, Gpu],
+             lost: Iterable[str] = (), previous: str | None = None) -> MigDiff:
+    """The MIG operation's plan of one host: ``layout`` ({index: {profile: count} | None}) against the GPUs
+    nvidia-smi lists (``gpus`` by index; ``lost``: bus ids of lost GPUs) and the layout file written before
+    (``previous``, its text)."""
+    lost = list(lost)
+    targets = []
+    for index, want in sorted(layout.items()):
+        gpu = gpus.get(index)
+        if gpu is None:
+            also = f"; nvidia-smi reports lost GPU(s) {', '.join(lost)}" if lost else ""
+            return MigDiff(problem=f"GPU {index} is not on {host} (its GPUs: "
+                           f"{', '.join(str(i) for i in sorted(gpus))}{also})")
+        target, problem = mig_target(gpu, want)
+        if problem:
+            return MigDiff(problem=f"{host}: {problem}")
+        assert target is not None
+        targets.append(target)
+    planned = {norm_bus(t.gpu.pci_bus_id) for t in targets}
+    # a lost GPU's entry is never pruned: the boot unit applies it when the GPU is back
+    kept = tuple(e for e in kept_mig_entries(previous, lost) if norm_bus(e.get("pci_bus_id")) not in planned)
+    warning = missing_gpu_warning(host, [str(e.get("pci_bus_id")) for e in kept], lost, "MIG layout") if kept else None
+    return MigDiff(tuple(targets), None, kept, warning)
 
 
 # -------------------------------------------------------------------------------------------------- clocks
