@@ -63,9 +63,9 @@ def mode_differences(enabled: bool, present: bool = True, current=None, pending=
 
 def instance_differences(create, instances) -> list:
     """Why the GPU instances ``instances`` ((profile id, whole) each) are not exactly ``create`` (profile ids, a
-    multiset) each with one compute instance spanning it ([]: they are)."""
+    multiset; names where the profile ids are unknown) each with one compute instance spanning it ([]: they are)."""
     instances = list(instances)
-    if sorted(int(pid) for pid, _whole in instances) != sorted(int(pid) for pid in create):
+    if sorted(pid for pid, _whole in instances) != sorted(create):
         return [INSTANCES]
     if not all(whole for _pid, whole in instances):
         return [COMPUTE]
