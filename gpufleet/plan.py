@@ -326,19 +326,18 @@ class PowerPlan:
 
     def problems(self, host: str, gpus: list[Gpu], lost: list[str]) -> Problems:
         out = Problems()
-        pci_only = bool(gpus) and gpus[0].source == "pci"
-        if self.unmatched_uuids:
-            key = "gpufleet_power_limit_by_uuid"
-            if pci_only or not gpus:
-                out.notes.append(f"{key}: GPU UUIDs are unknown until the driver answers; per-UUID limits are "
-                                 "checked once it does (this run, after the driver stage)")
-            elif lost:
-                out.warnings.append(missing_gpu_warning(host, self.unmatched_uuids, lost, "power limit"))
-            else:
-                for uuid in self.unmatched_uuids:
-                    out.errors.append(Problem(
-                        host, f"{key}[{uuid!r}]", uuid, "a UUID of this host's GPUs: "
-                        + ", ".join(sorted(g.uuid for g in gpus if g.uuid)), "no such GPU on this host"))
+        key = "gpufleet_power_limit_by_uuid"
+        absent, fate = absent_uuids(self.unmatched_uuids, gpus, lost)
+        if fate == ABSENT_UNKNOWN:
+            out.notes.append(f"{key}: GPU UUIDs are unknown until the driver answers; per-UUID limits are "
+                             "checked once it does (this run, after the driver stage)")
+        elif fate == ABSENT_KEPT:
+            out.warnings.append(missing_gpu_warning(host, absent, lost, "power limit"))
+        elif fate == ABSENT_REFUSED:
+            for uuid in absent:
+                out.errors.append(Problem(
+                    host, f"{key}[{uuid!r}]", uuid, "a UUID of this host's GPUs: "
+                    + ", ".join(sorted(g.uuid for g in gpus if g.uuid)), "no such GPU on this host"))
         grouped: dict[tuple, list[Gpu]] = {}
         for t in self.targets:
             low, high = t.gpu.power_range_w
@@ -369,6 +368,31 @@ def missing_gpu_warning(host: str, uuids: Iterable[str], lost: Iterable[str], wh
             f"desired {what} is kept and applied at boot when it is back")
 
 
+# What becomes of a per-UUID setting that names no GPU the host lists (:func:`absent_uuids`)
+ABSENT_UNKNOWN = "unknown"  # the driver does not list the GPUs (yet): checked once it does
+ABSENT_KEPT = "kept"  # GPUs are lost (fallen off the bus): the setting is kept for boot, with a warning
+ABSENT_REFUSED = "refused"  # no such GPU on this host: an error, nothing changes
+
+
+def _uuid_key(uuid: str) -> str:
+    return _normalize_uuid(uuid) if _UUID_RE.match(uuid) else uuid
+
+
+def absent_uuids(uuids: Iterable[str], gpus: Iterable[Gpu], lost: Iterable[str]) -> tuple[list[str], str | None]:
+    """The UUIDs of ``uuids`` naming no GPU of ``gpus`` (compared case-insensitively, as config normalises them)
+    and what becomes of them (``ABSENT_*``; None when every UUID names a GPU): the ONE check of a per-UUID setting
+    for a GPU that is not there, used by preflight (:meth:`PowerPlan.problems`) and the power operation
+    (:func:`power_plan_diff`)."""
+    gpus = list(gpus)
+    present = {_uuid_key(g.uuid) for g in gpus if isinstance(g.uuid, str)}
+    absent = sorted(u for u in uuids if _uuid_key(u) not in present)
+    if not absent:
+        return [], None
+    if not gpus or gpus[0].source == "pci":
+        return absent, ABSENT_UNKNOWN
+    return absent, ABSENT_KEPT if list(lost) else ABSENT_REFUSED
+
+
 def power_diff(limits: Mapping[str, float], observed: Iterable[Gpu]) -> dict[str, float]:
     """``{uuid: watts}`` to set, in GPU index order: the GPUs of ``limits`` present in ``observed`` whose current
     limit differs (:func:`power_differs`). What the power operation sets."""
@@ -378,6 +402,59 @@ def power_diff(limits: Mapping[str, float], observed: Iterable[Gpu]) -> dict[str
         if want is not None and gpu.power_limit_w is not None and power_differs(gpu.power_limit_w, want):
             changes[gpu.uuid] = want
     return changes
+
+
+@dataclass(frozen=True)
+class PowerDiff:
+    """What the power operation does on one host (:func:`power_plan_diff`)."""
+
+    problem: str | None = None  # the host cannot take these limits: nothing may change on it
+    set: Mapping[str, float] = field(default_factory=dict)  # {uuid: watts} to set now, index order
+    reset: Mapping[str, float] = field(default_factory=dict)  # {uuid: default watts}: managed before, dropped now
+    file_limits: Mapping[str, float] = field(default_factory=dict)  # the boot file's {uuid: watts}
+    warning: str | None = None  # limits of lost GPUs kept for boot
+
+
+def power_plan_diff(host: str, wanted: Mapping[str, float], gpus: Iterable[Gpu], lost: Iterable[str],
+                    previous: Mapping[str, str]) -> PowerDiff:
+    """The power operation's plan of one host: ``wanted`` ({uuid: watts}) against the GPUs nvidia-smi lists, the
+    lost ones, and the boot file written before (``previous``: {uuid: watts text}). A UUID naming no GPU is refused,
+    or kept for boot while GPUs are lost (:func:`absent_uuids`); limits are checked against each GPU's range
+    (:func:`power_refusal`); GPUs at their limit are left alone (:func:`power_diff`)."""
+    gpus = [g for g in gpus if g.uuid]
+    lost = list(lost)
+    if not gpus:
+        return PowerDiff(file_limits=dict(wanted))
+    by_uuid = {g.uuid: g for g in gpus}
+    missing, fate = absent_uuids(wanted, gpus, lost)
+    if fate == ABSENT_REFUSED:
+        return PowerDiff(problem=f"GPU {', '.join(missing)} is not on {host} (its GPUs: {', '.join(sorted(by_uuid))})")
+    problem = power_refusal(host, wanted, gpus)
+    if problem:
+        return PowerDiff(problem=problem)
+    kept: dict[str, float] = {}
+    warning = None
+    if wanted and lost:
+        kept = {uuid: float(previous[uuid]) for uuid in previous
+                if uuid not in by_uuid and uuid not in wanted and _watts(previous[uuid]) is not None}
+        absent = sorted({*missing, *kept})
+        if absent:
+            warning = missing_gpu_warning(host, absent, lost, "power limit")
+    reset = {}
+    for uuid in sorted(set(previous) - set(wanted) - set(kept)):
+        gpu = by_uuid.get(uuid)
+        if gpu is not None and gpu.power_default_w is not None and gpu.power_limit_w is not None \
+                and power_differs(gpu.power_limit_w, gpu.power_default_w):
+            reset[uuid] = gpu.power_default_w
+    return PowerDiff(None, power_diff(wanted, gpus), reset, {**kept, **wanted}, warning)
+
+
+def _watts(text: str) -> float | None:
+    """A watts value of the boot file, None when it is not one."""
+    try:
+        return float(text)
+    except ValueError:
+        return None
 
 
 def power_refusal(host: str, limits: Mapping[str, float], gpus: Iterable[Gpu]) -> str | None:
