@@ -868,6 +868,115 @@ class ClocksPlan:
 # ---------------------------------------------------------------------------------------------- node plan
 
 
+# -------------------------------------------------------------------------------------------------- stages
+
+# The order the GPU node's stages run in (the deploy follows it): the driver first (the GPU stages need the GPUs it
+# lists); MIG before power limits and clocks (a MIG mode change resets the GPU, which then loses its power limit and
+# locked clocks; the boot units are ordered the same way); Slurm's gres.conf after the MIG layout it describes; the
+# exporters last (they publish what the stages set).
+STAGE_ORDER = ("driver", "persistence", "mig", "power", "nccl", "clocks", "slurm", "exporters")
+# The stages that set the GPUs: planned from the GPUs the driver lists
+GPU_STAGES = ("persistence", "mig", "power", "nccl", "clocks", "slurm")
+
+
+def stage_order(config: NodeConfig) -> tuple[str, ...]:
+    """The host's enabled stages (``gpufleet_stages``), in the order they run."""
+    return tuple(stage for stage in STAGE_ORDER if config.stage_enabled(stage))
+
+
+# -------------------------------------------------------------------------------------------------- driver
+
+OPEN_ONLY_ARCHITECTURES = ("Blackwell",)
+PRE_TURING_ARCHITECTURES = ("Kepler", "Maxwell", "Pascal", "Volta")
+
+
+def required_kernel_flavour(models: Iterable[GpuModel | None]) -> str | None:
+    """``open`` when a GPU needs the open kernel modules (Blackwell, Grace), ``proprietary`` when one needs the
+    proprietary ones (pre-Turing), None when either works (or nothing is known)."""
+    need = None
+    for model in models:
+        if model is None:
+            continue
+        if model.architecture.startswith(OPEN_ONLY_ARCHITECTURES) or "Grace" in model.architecture \
+                or any(tag in model.name for tag in ("GH200", "GB200", "GB300")):
+            need = "open"
+        elif model.architecture in PRE_TURING_ARCHITECTURES and need is None:
+            need = "proprietary"
+    return need
+
+
+def choose_kernel_flavour(requested: str, models: Iterable[GpuModel | None]) -> str:
+    """The kernel module flavour to install: ``requested`` unless ``auto``; ``auto`` is ``open`` (NVIDIA's
+    recommendation for Turing and newer, required on Blackwell/Grace) unless a GPU is pre-Turing."""
+    if requested != "auto":
+        return requested
+    return "proprietary" if required_kernel_flavour(models) == "proprietary" else "open"
+
+
+def packages_style_for(os_id: str | None, requested: str | None = None) -> str:
+    """The apt package naming of the driver (``gpufleet_driver_packages_style``, else by OS): Ubuntu's names on
+    Ubuntu (its archive and NVIDIA's Ubuntu repositories), NVIDIA's CUDA repositories' names elsewhere."""
+    if requested is not None:
+        return requested
+    return "ubuntu" if str(os_id or "").lower() == "ubuntu" else "nvidia"
+
+
+def driver_on_branch(version: str | None, branch: str) -> bool:
+    """Whether a driver version (``580.95.05``) is of ``branch`` (``580``): what verify and preflight compare."""
+    version = str(version or "")
+    return version == branch or version.split(".")[0] == branch
+
+
+@dataclass(frozen=True)
+class DriverPlan:
+    """What the driver stage installs on a host: the branch, the kernel modules' flavour (``auto`` resolved from
+    the GPUs), the package naming (by OS), whether its modules are built by DKMS (unsigned under Secure Boot),
+    and the fabric manager where the host has NVSwitches."""
+
+    branch: str
+    flavour: str
+    packages_style: str
+    dkms: bool
+    nvswitch: bool
+
+    @classmethod
+    def resolve(cls, config: NodeConfig, gpus: Iterable[Gpu], os_id: str | None, nvswitch: bool = False
+                ) -> DriverPlan:
+        style = packages_style_for(os_id, config.driver.packages_style)
+        return cls(config.driver.branch, choose_kernel_flavour(config.driver.flavour, [g.model for g in gpus]),
+                   style,
+                   # Ubuntu's packages on Ubuntu come with Canonical-signed precompiled modules
+                   # (linux-modules-nvidia-*); NVIDIA's repository packages build with DKMS
+                   dkms=not (style == "ubuntu" and str(os_id or "").lower() == "ubuntu"), nvswitch=nvswitch)
+
+    def loaded(self, version: str | None) -> bool:
+        """Whether the loaded driver (``version``) is of the planned branch."""
+        return driver_on_branch(version, self.branch)
+
+
+# ----------------------------------------------------------------------------------------------- persistence
+
+PERSISTENCED = "nvidia-persistenced"
+
+
+@dataclass(frozen=True)
+class PersistencePlan:
+    """GPU persistence mode through the ``nvidia-persistenced`` daemon, which must be active: ``mode`` True runs it
+    with ``--persistence-mode``; False with ``--no-persistence-mode`` (a mode set by hand is then left alone)."""
+
+    mode: bool = True
+    service: str = PERSISTENCED
+
+    def differs(self, gpu: Gpu) -> bool | None:
+        """Whether ``gpu``'s persistence mode is not the planned one (None: not reported)."""
+        return None if gpu.persistence is None else gpu.persistence != self.mode
+
+    def diff(self, gpus: Iterable[Gpu]) -> list[str]:
+        """UUIDs (index order) of the GPUs the daemon must be restarted for: persistence off where it should be on
+        (with ``mode`` False gpufleet does not switch it off)."""
+        return [g.uuid for g in sorted(gpus, key=lambda g: g.index) if self.mode and self.differs(g) and g.uuid]
+
+
 # ------------------------------------------------------------------------------------------------ exporters
 
 # DCGM's profiling metrics (DCGM_FI_PROF_*) on this architecture and earlier need NVIDIA's proprietary DCGM package
@@ -876,26 +985,40 @@ class ClocksPlan:
 PROFILING_PACKAGE_UP_TO = "Ampere"
 
 
+def choose_gpu_exporter(setting: str, models: Iterable[GpuModel | None], dcgm_offered: bool) -> str:
+    """``auto``: DCGM on datacenter GPUs when the repository offers it, else gpufleet's NVML exporter."""
+    if setting != "auto":
+        return setting
+    models = list(models)
+    datacenter = bool(models) and all(model is not None and model.datacenter for model in models)
+    return "dcgm" if datacenter and dcgm_offered else "nvml"
+
+
 @dataclass(frozen=True)
 class ExportersPlan:
-    """What the GPU exporter of a host collects: profiling counters where every GPU has them (datacenter GPUs),
-    the proprietary DCGM module where profiling needs it, and how often dcgm-exporter collects."""
+    """Which GPU exporter a host runs (``kind``: dcgm, nvml or none) and what it collects: profiling counters where
+    every GPU has them (datacenter GPUs), the proprietary DCGM module where profiling needs it (by GPU generation),
+    and how often dcgm-exporter collects."""
 
     profiling: bool
     profiling_package: bool
     collect_interval_ms: int
+    kind: str = "nvml"
 
     @classmethod
-    def resolve(cls, config: NodeConfig, gpus: Iterable[Gpu]) -> ExportersPlan:
+    def resolve(cls, config: NodeConfig, gpus: Iterable[Gpu], dcgm_offered: bool = False) -> ExportersPlan:
+        """``dcgm_offered``: a repository of the host offers dcgm-exporter (``auto`` chooses DCGM only then)."""
         models = [gpu.model for gpu in gpus]
         profiling = bool(models) and all(m is not None and m.datacenter for m in models)
         package = profiling and any(m.architecture_at_most(PROFILING_PACKAGE_UP_TO) for m in models if m)
-        return cls(profiling, package, config.exporters.collect_interval_ms)
+        return cls(profiling, package, config.exporters.collect_interval_ms,
+                   choose_gpu_exporter(config.exporters.gpu, models, dcgm_offered))
 
 
 @dataclass(frozen=True)
 class NodePlan:
-    """A host's configuration resolved against its GPUs; a part is None where its stage is off or unset."""
+    """A host's configuration resolved against its GPUs; a part is None where its stage is off or unset.
+    ``stages``: the enabled stages in the order they run (:data:`STAGE_ORDER`)."""
 
     host: str
     gpus: tuple[Gpu, ...]
@@ -903,9 +1026,16 @@ class NodePlan:
     mig: MigPlan | None = None
     clocks: ClocksPlan | None = None
     mig_unused: bool = False  # a MIG layout is configured but the mig stage is off
+    stages: tuple[str, ...] = ()
+    driver: DriverPlan | None = None
+    persistence: PersistencePlan | None = None
+    exporters: ExportersPlan | None = None
 
     @classmethod
-    def resolve(cls, config: NodeConfig, gpus: Iterable[Gpu], catalog: Catalog | None = None) -> NodePlan:
+    def resolve(cls, config: NodeConfig, gpus: Iterable[Gpu], catalog: Catalog | None = None, *,
+                os_id: str | None = None, nvswitch: bool = False, dcgm_offered: bool = False) -> NodePlan:
+        """``os_id``: the OS (``ID`` of os-release), which names the driver's packages; ``nvswitch``: the host has
+        NVSwitches (fabric manager); ``dcgm_offered``: a repository offers dcgm-exporter (the exporter choice)."""
         gpus = tuple(gpus)
         if catalog is not None:  # models from another catalog than the default one
             gpus = tuple(_with_model(g, catalog) for g in gpus)
@@ -914,8 +1044,12 @@ class NodePlan:
         clocks = None
         if config.stage_enabled("clocks") and config.clocks.mode is not None:
             clocks = ClocksPlan(config.clocks.lock_gpu_mhz if config.clocks.mode == "lock" else None)
+        driver = DriverPlan.resolve(config, gpus, os_id, nvswitch) if config.stage_enabled("driver") else None
+        persistence = PersistencePlan() if config.stage_enabled("persistence") else None
+        exporters = ExportersPlan.resolve(config, gpus, dcgm_offered) if config.stage_enabled("exporters") else None
         return cls(config.host, gpus, power, mig, clocks,
-                   mig_unused=config.mig is not None and not config.stage_enabled("mig"))
+                   mig_unused=config.mig is not None and not config.stage_enabled("mig"), stages=stage_order(config),
+                   driver=driver, persistence=persistence, exporters=exporters)
 
     def problems(self, lost: list[str] | None = None) -> Problems:
         """Everything preflight reports about power, MIG and clocks on this host."""

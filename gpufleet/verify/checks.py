@@ -26,7 +26,7 @@ from typing import Any
 
 from gpufleet.catalog import Catalog, GpuModel, UnknownGpuModel, UnknownMigProfile, load_catalog
 from gpufleet.node import mig_compare
-from gpufleet.plan import Gpu, mig_differences, outside_range, power_differs
+from gpufleet.plan import Gpu, PersistencePlan, driver_on_branch, mig_differences, outside_range, power_differs
 
 from .exporter_checks import check_exporters
 from .model import FAIL, PASS, SKIP, UNREACHABLE, WARN, CheckResult, FleetResult, HostResult, worst_verdict
@@ -147,7 +147,7 @@ def _check_driver(ctx: _Ctx, probe: dict[str, Any], expected: ExpectedState, nvm
         ctx.add("config.driver_branch", SKIP, "driver version unknown: NVML unavailable", expected=branch)
         return
     version = probe.get("driver_version") or ""
-    if version == branch or version.split(".")[0] == branch or version.startswith(branch + "."):
+    if driver_on_branch(version, branch):  # the plan's comparison
         ctx.add("config.driver_branch", PASS, f"driver {version} is on branch {branch}", observed=version,
                 expected=branch)
     else:
@@ -270,12 +270,14 @@ def _check_nccl(ctx: _Ctx, probe: dict[str, Any], expected: ExpectedState) -> No
 
 
 def _check_persistence(ctx: _Ctx, gpu: dict[str, Any], expected: ExpectedState) -> None:
+    """config.persistence: the plan's comparison (:meth:`gpufleet.plan.PersistencePlan.differs`) of the probe's GPU."""
     if expected.persistence is None:
         return
     observed = gpu.get("persistence_mode")
-    if observed is None:
+    differs = PersistencePlan(expected.persistence).differs(Gpu.from_probe(gpu, ctx.catalog))
+    if differs is None:
         ctx.add("config.persistence", SKIP, "persistence mode not reported" + _err(gpu, "persistence_mode"), gpu=gpu)
-    elif observed == expected.persistence:
+    elif not differs:
         ctx.add("config.persistence", PASS, f"persistence mode {'on' if observed else 'off'}", gpu=gpu,
                 observed=observed, expected=expected.persistence)
     else:

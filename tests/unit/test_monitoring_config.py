@@ -13,7 +13,7 @@ import yaml
 
 from gpufleet.catalog import load_catalog
 from gpufleet.config import load_node_config
-from gpufleet.deploys.gpu_node import choose_gpu_exporter
+from gpufleet.plan import choose_gpu_exporter
 from gpufleet.monitoring import render, rules
 from gpufleet.monitoring.config import (
     MonitoringSettings,
