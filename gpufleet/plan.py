@@ -865,6 +865,36 @@ class ClocksPlan:
         return clocks_conf_text(self.desired(uuids))
 
 
+@dataclass(frozen=True)
+class ClocksDiff:
+    """What the clocks operation does on one host (:func:`clocks_plan_diff`)."""
+
+    problem: str | None = None  # the lock cannot be applied: nothing may change on this host
+    lock: Mapping[str, str] = field(default_factory=dict)  # {uuid: "MIN,MAX"} to lock now, index order
+    desired: Mapping[str, str] = field(default_factory=dict)  # the record of what is locked once done
+    file_locks: Mapping[str, str] = field(default_factory=dict)  # the boot file's {uuid: "MIN,MAX"}
+    warning: str | None = None  # locks of lost GPUs kept for boot
+
+
+def clocks_plan_diff(host: str, lock_mhz: tuple[int, int], gpus: Iterable[Gpu], lost: Iterable[str],
+                     applied: Mapping[str, str], previous: Mapping[str, str]) -> ClocksDiff:
+    """The clocks operation's plan of one host: lock every GPU of ``gpus`` (with a UUID) at ``lock_mhz``, against
+    what gpufleet recorded as locked since boot (``applied``) and the boot file written before (``previous``)."""
+    gpus = [g for g in gpus if g.uuid]
+    lost = list(lost)
+    plan = ClocksPlan(lock_mhz)
+    for top, members in plan.above_max(gpus).items():
+        return ClocksDiff(problem=f"{host}: {gpu_label(members)}: lock_mhz {lock_mhz[0]},{lock_mhz[1]} starts above "
+                          f"the GPU's max SM clock {top} MHz")
+    present = {g.uuid for g in gpus}
+    desired = plan.desired(g.uuid for g in gpus if g.uuid)
+    # GPUs in the boot file that are lost now: kept there, locked at boot when they are back
+    kept = plan.desired(u for u in previous if u not in present) if lost else {}
+    warning = missing_gpu_warning(host, sorted(kept), lost, "clock lock") if kept else None
+    lock = {uuid: desired[uuid] for uuid in plan.diff(gpus, applied)}
+    return ClocksDiff(None, lock, desired, {**kept, **desired}, warning)
+
+
 # ---------------------------------------------------------------------------------------------- node plan
 
 
