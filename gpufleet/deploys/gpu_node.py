@@ -79,9 +79,13 @@ def gpu_stages(config: NodeConfig, inventory_fact: dict) -> None:
     if not gpus:
         logger.warning(f"{host.name}: the NVIDIA driver does not answer ({inventory_fact.get('error')}); "
                        "GPU settings are skipped until it does (a reboot is probably pending)")
-    for stage in plan.stages:  # the plan's order
+    for stage in plan.stages:
         if stage in GPU_STAGES:
             _GPU_STAGE_OPERATIONS[stage](config, plan)
+
+
+# One function per GPU stage, standing here in the plan's order (STAGE_ORDER): pyinfra orders a deploy's operations
+# by the source lines they are called from, not by the order of the calls (tests/unit/test_stage_order.py).
 
 
 def _persistence(config: NodeConfig, plan: NodePlan) -> None:

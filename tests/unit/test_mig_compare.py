@@ -194,7 +194,7 @@ def shared():
     (root / "bin" / "nvidia-smi").chmod(0o755)
     pyz = write_bundle(root)
     yield root, pyz
-    shutil.rmtree(root, ignore_errors=True) if not os.environ.get("KEEP") else None
+    shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.mark.parametrize(("layout", "keys", "expected"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
