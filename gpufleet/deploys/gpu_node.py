@@ -105,7 +105,8 @@ def _power(config: NodeConfig, plan: NodePlan) -> None:
 
 
 def _nccl(config: NodeConfig, plan: NodePlan) -> None:
-    nccl.nccl_conf(name="/etc/nccl.conf", settings=dict(config.nccl.settings))
+    assert plan.nccl is not None
+    nccl.nccl_conf(name="/etc/nccl.conf", settings=dict(plan.nccl.settings))
 
 
 def _clocks(config: NodeConfig, plan: NodePlan) -> None:

@@ -33,10 +33,11 @@ they can be called from any deploy or the pyinfra CLI; they build the same recor
 off the bus) is kept in the boot files (:func:`missing_gpu_warning`, :func:`kept_mig_entries`).
 
 One module per part: ``gpu`` (the GPU, whoever saw it), ``problems``, ``power``, ``mig`` (with the comparison
-shared with the node, ``gpufleet/node/mig_compare.py``), ``clocks``, ``driver``, ``persistence``, ``exporters``,
-``stages`` (the order the stages run in), ``files`` (the boot files and units), ``node`` (:class:`NodePlan`, all of
-them). What an operation does is ONE call into its part: :func:`mig_diff`, :func:`power_plan_diff`,
-:func:`clocks_plan_diff`, :meth:`PersistencePlan.diff`; verify renders the same comparisons against the probe.
+shared with the node, ``gpufleet/node/mig_compare.py``), ``clocks``, ``driver``, ``persistence``, ``nccl``,
+``exporters``, ``stages`` (the order the stages run in), ``files`` (the boot files and units), ``node``
+(:class:`NodePlan`, all of them). What an operation does is ONE call into its part: :func:`mig_diff`,
+:func:`power_plan_diff`, :func:`clocks_plan_diff`, :meth:`PersistencePlan.diff`; verify renders the same comparisons
+against the probe (and :meth:`NcclPlan.diff` for ``/etc/nccl.conf``).
 
 Lower layer than operations and verify: imports config, catalog and the node-side comparison only (no pyinfra).
 """
@@ -81,6 +82,7 @@ from .mig import (
     mig_mode_ok,
     mig_target,
 )
+from .nccl import NcclDiff, NcclPlan
 from .node import NodePlan
 from .persistence import PERSISTENCED, PersistencePlan
 from .power import (
@@ -125,6 +127,8 @@ __all__ = [
     "MigIssue",
     "MigPlan",
     "MigTarget",
+    "NcclDiff",
+    "NcclPlan",
     "NodePlan",
     "OPEN_ONLY_ARCHITECTURES",
     "PERSISTENCED",

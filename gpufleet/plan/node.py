@@ -15,6 +15,7 @@ from .driver import DriverPlan
 from .exporters import ExportersPlan
 from .gpu import Gpu, catalog_model
 from .mig import MigPlan
+from .nccl import NcclPlan
 from .persistence import PersistencePlan
 from .power import PowerPlan
 from .problems import Problems
@@ -36,6 +37,7 @@ class NodePlan:
     driver: DriverPlan | None = None
     persistence: PersistencePlan | None = None
     exporters: ExportersPlan | None = None
+    nccl: NcclPlan | None = None
 
     @classmethod
     def resolve(cls, config: NodeConfig, gpus: Iterable[Gpu], catalog: Catalog | None = None, *,
@@ -53,9 +55,10 @@ class NodePlan:
         driver = DriverPlan.resolve(config, gpus, os_id, nvswitch) if config.stage_enabled("driver") else None
         persistence = PersistencePlan() if config.stage_enabled("persistence") else None
         exporters = ExportersPlan.resolve(config, gpus, dcgm_offered) if config.stage_enabled("exporters") else None
+        nccl = NcclPlan(dict(config.nccl.settings)) if config.stage_enabled("nccl") else None
         return cls(config.host, gpus, power, mig, clocks,
                    mig_unused=config.mig is not None and not config.stage_enabled("mig"), stages=stage_order(config),
-                   driver=driver, persistence=persistence, exporters=exporters)
+                   driver=driver, persistence=persistence, exporters=exporters, nccl=nccl)
 
     def problems(self, lost: list[str] | None = None) -> Problems:
         """Everything preflight reports about power, MIG and clocks on this host."""

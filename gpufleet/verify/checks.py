@@ -26,7 +26,15 @@ from typing import Any
 
 from gpufleet.catalog import Catalog, GpuModel, UnknownGpuModel, UnknownMigProfile, load_catalog
 from gpufleet.node import mig_compare
-from gpufleet.plan import Gpu, PersistencePlan, driver_on_branch, mig_differences, outside_range, power_differs
+from gpufleet.plan import (
+    Gpu,
+    NcclPlan,
+    PersistencePlan,
+    driver_on_branch,
+    mig_differences,
+    outside_range,
+    power_differs,
+)
 
 from .exporter_checks import check_exporters
 from .model import FAIL, PASS, SKIP, UNREACHABLE, WARN, CheckResult, FleetResult, HostResult, worst_verdict
@@ -248,15 +256,13 @@ def _check_nccl(ctx: _Ctx, probe: dict[str, Any], expected: ExpectedState) -> No
         else:
             ctx.add("config.nccl", PASS, f"no {path}, as expected", expected=want)
         return
-    missing = sorted(k for k in want if k not in values)
-    wrong = sorted(k for k in want if k in values and values[k] != want[k])
-    extra = sorted(k for k in values if k not in want)
-    if missing or wrong:
-        parts = [f"missing {', '.join(missing)}"] if missing else []
-        parts += [f"{k}={values[k]!r} (expected {want[k]!r})" for k in wrong]
+    diff = NcclPlan(want).diff(values)  # the plan's comparison, rendered
+    if diff.missing or diff.wrong:
+        parts = [f"missing {', '.join(diff.missing)}"] if diff.missing else []
+        parts += [f"{k}={value!r} (expected {want[k]!r})" for k, value in diff.wrong.items()]
         ctx.add("config.nccl", FAIL, f"{path}: " + "; ".join(parts), hint, observed=values, expected=want)
-    elif extra:
-        ctx.add("config.nccl", WARN, f"{path} has unmanaged key(s): {', '.join(extra)}",
+    elif diff.extra:
+        ctx.add("config.nccl", WARN, f"{path} has unmanaged key(s): {', '.join(diff.extra)}",
                 f"add them to the inventory's nccl settings or remove them from {path}", observed=values,
                 expected=want)
     else:

@@ -64,7 +64,7 @@ def expected_state(config: NodeConfig, probe: Mapping[str, Any], *, pci: Mapping
         persistence=plan.persistence.mode if plan.persistence is not None else None,
         power_limits_w=power,
         mig=mig,
-        nccl=dict(config.nccl.settings) if config.stage_enabled("nccl") else None,
+        nccl=dict(plan.nccl.settings) if plan.nccl is not None else None,
         gpu_count=gpu_count,
         services=services,
         exporters=expected_exporters(config),
