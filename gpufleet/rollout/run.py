@@ -571,9 +571,17 @@ def _rollout(opts: RolloutOptions, parsed: Parsed, state: RolloutState | None, e
         echo(report.dry_plan_text(state, need, unchanged, planned, canary, parsed.waves))
         return EXIT_DONE
     if confirm is not None and need:
-        if not confirm(report.dry_plan_text(state, need, unchanged, planned, canary, parsed.waves, to_confirm=True)):
-            progress.write("gpufleet rollout: not confirmed: nothing was drained or changed"
-                           + (f"; {path} is as it was\n" if opts.resume else "\n"))
+        as_it_was = f"; {path} is as it was\n" if opts.resume else "\n"
+        try:
+            confirmed = confirm(report.dry_plan_text(state, need, unchanged, planned, canary, parsed.waves,
+                                                     to_confirm=True))
+        except KeyboardInterrupt as error:  # a signal at the prompt: nothing was drained or changed, nothing saved
+            status = interruption.status_of(error)
+            _write(progress, f"\ngpufleet rollout: interrupted at the confirmation by {signal_name(status - 128)}: "
+                   f"nothing was drained or changed (exit {status})" + as_it_was)
+            return status
+        if not confirmed:
+            progress.write("gpufleet rollout: not confirmed: nothing was drained or changed" + as_it_was)
             return EXIT_BAD_INPUT
     for n in unchanged:
         state.nodes[n].changed = False

@@ -935,6 +935,38 @@ def test_the_plan_is_confirmed_before_any_drain_or_change(fake, tmp_path):
     assert fleet.calls == [("dry", ["n1", "n2", "n3"]), ("run", ["n1", "n3"])]
 
 
+def test_a_signal_at_the_confirmation_exits_128_plus_it_with_nothing_changed_or_saved(fake, tmp_path, signalled,
+                                                                                     monkeypatch):
+    import signal  # noqa: PLC0415
+
+    from gpufleet import interruption  # noqa: PLC0415
+
+    def interrupted_by(signum):
+        def confirm(plan):
+            signalled(signum)
+            raise interruption.Interrupted(signum)
+        return confirm
+
+    fleet = fake(3)
+    o = opts(tmp_path, fake.deploy, canary=1, waves="1")
+    out = io.StringIO()
+    assert run.main(o, progress=out, echo=lambda _: None, confirm=interrupted_by(signal.SIGTERM)) == 143
+    assert fleet.calls == [("dry", ["n1", "n2", "n3"])]  # planned, nothing run
+    assert not Path(o.out).exists() or not list(Path(o.out).iterdir())  # no state file, no report
+    assert "interrupted at the confirmation by SIGTERM: nothing was drained or changed (exit 143)" in out.getvalue()
+    # --resume of an interrupted rollout: its state file stays as it was
+    monkeypatch.setattr(interruption, "_received", [])
+    fleet.interrupt_on = "n2"
+    assert run.main(o, progress=io.StringIO(), echo=lambda _: None) == 130
+    before = o.state_path().read_bytes()
+    o.resume = True
+    fleet.calls.clear()
+    out = io.StringIO()
+    assert run.main(o, progress=out, echo=lambda _: None, confirm=interrupted_by(signal.SIGHUP)) == 129
+    assert [c[0] for c in fleet.calls] == ["dry"] and o.state_path().read_bytes() == before
+    assert f"{o.state_path()} is as it was" in out.getvalue()
+
+
 def test_nothing_to_change_is_not_asked(fake, tmp_path):
     fake(2, converged={"n1", "n2"})
     asked = []
