@@ -566,6 +566,17 @@ def test_wait_for_jobs_waits_until_the_jobs_end(fake, tmp_path, monkeypatch):
     assert drainer.resumed == ["n1", "n2"]
 
 
+def test_a_job_still_running_without_wait_for_jobs_fails_the_node_with_a_message(fake, tmp_path, monkeypatch):
+    fake(2)
+    drainer = BusyDrainer({"n2"})
+    monkeypatch.setattr(run, "make_drainer", lambda spec, rid: drainer)
+    rc, text = go(opts(tmp_path, fake.deploy, canary=0, waves="100%", max_failures="100%"))
+    assert rc == 1, text
+    rec = st.load(tmp_path / "out" / "state.json").nodes["n2"]
+    assert rec.state == "failed" and rec.reason == "drain: jobs still running (not waited for: no --wait-for-jobs)"
+    assert "n2" in drainer.resumed
+
+
 def test_verify_gate_uses_verify_and_fails_hosts_that_fail_a_check(tmp_path, monkeypatch):
     from types import SimpleNamespace  # noqa: PLC0415
 
@@ -785,6 +796,59 @@ def test_ctrl_c_in_a_drain_starts_nothing_more_and_names_the_drain_slurm_applied
     rc, text = go(o)
     assert rc == 0, text
     assert all(v["state"] == "idle" and not v["reason"] for v in slurm.nodes.values())
+
+
+def test_resume_drains_again_a_node_whose_cut_off_resume_slurm_applied_after_the_rollout_asked(fake, tmp_path,
+                                                                                               monkeypatch, signalled):
+    """Ctrl-C while n2's `scontrol ... state=resume` was on its way to a remote controller: the rollout asked Slurm
+    (still drained: recorded as drained by the rollout), then the resume applied. --resume drains n2 again before
+    its converge (it must not be changed in service, nor taken for a node whose jobs never end), then resumes it."""
+    from gpufleet import interruption  # noqa: PLC0415
+    from gpufleet.rollout.drain import SlurmDrainer  # noqa: PLC0415
+
+    fleet = fake(3)
+    slurm = FakeSlurm({f"n{i}": {"state": "idle", "reason": "", "user": ""} for i in range(1, 4)})
+    late: list[list[str]] = []
+
+    def terminal(argv):
+        if argv[:3] == ["scontrol", "update", "nodename=n2"] and "state=resume" in argv and not late:
+            late.append(argv)  # its remote side applies after the rollout has exited
+            signalled()
+            raise interruption.Interrupted(2)
+        return slurm(argv)
+
+    monkeypatch.setattr(run, "make_drainer", lambda spec, rid: SlurmDrainer(rid, run=terminal))
+    o = opts(tmp_path, fake.deploy, canary=1, waves="1", max_failures="5", drain="slurm")
+    rc, text = go(o)
+    assert rc == 130 and "STILL DRAINED by this rollout (1): n2" in text, text
+    slurm(late[0])  # applied now
+    assert slurm.nodes["n2"]["state"] == "idle"
+    monkeypatch.setattr(interruption, "_received", [])
+    o.resume = True
+    slurm.calls.clear()
+    rc, text = go(o)
+    assert rc == 0, text
+    updates = [c for c in slurm.calls if c[0] == "scontrol"]
+    assert updates[0][:4] == ["scontrol", "update", "nodename=n2", "state=drain"]  # drained before its converge
+    assert all(v["state"] == "idle" and not v["reason"] for v in slurm.nodes.values())
+    assert [c[1] for c in fleet.calls if c[0] == "run"][-2:] == [["n2"], ["n3"]]
+
+
+def test_a_signal_while_printing_the_summary_exits_130_with_the_rollout_finished(fake, tmp_path, signalled):
+    from gpufleet import interruption  # noqa: PLC0415
+
+    fake(2)
+
+    def blocked_terminal(text):  # stdout full (nobody reads it): Ctrl-C arrives while the summary is written
+        signalled()
+        raise interruption.Interrupted(2)
+
+    o = opts(tmp_path, fake.deploy, canary=1, waves="1")
+    out = io.StringIO()
+    assert run.main(o, progress=out, echo=blocked_terminal) == 130  # was click's "Aborted!", exit 1
+    assert st.load(o.state_path()).status == "finished" and (Path(o.out) / "rollout.json").exists()
+    assert "interrupted by SIGINT after the last wave, while saving or printing: the rollout is FINISHED" in \
+        out.getvalue()
 
 
 def test_sigterm_and_sighup_exit_143_and_129(fake, tmp_path, signalled):
