@@ -182,13 +182,13 @@ def test_rollout_waits_for_a_job_to_finish_then_changes_the_node(fleet, tmp_path
 
 # ------------------------------------------------------------------------- interruption from a terminal (issue 20)
 # A terminal sends SIGINT to the whole foreground process group: the rollout and its ssh/sinfo/scontrol children at
-# once. 20 timings, in four chains: a chain is one rollout, started, signalled at its first timing, continued with
+# once. 20 timings, in three chains: a chain is one rollout, started, signalled at its first timing, continued with
 # --resume and signalled at the next timing, and so on, then finished by a last --resume (exit 0, every node changed
 # and idle in Slurm). Each run starts in its own process group (start_new_session) and the signal goes to the group.
 # A moment is reached by a gate (a wrapper stops the n-th matching command on a host: before it runs, released only
 # once the rollout has exited, so that its remote side goes on after the rollout asked Slurm, as a real controller's
-# would; or after it ran, so that Slurm applied it and its ssh dies with the rollout), by Slurm's or the state file's
-# state, at a state-file write (inotify), or with stdout blocked at the summary. Judged after every signal: the exit
+# would; or after it ran, so that Slurm applied it and its ssh dies with the rollout), by the state file, at a
+# state-file write (inotify), or with stdout blocked at the summary. Judged after every signal: the exit
 # status, the state file, Slurm (every node it has drained for the rollout is named by the summary and the state file,
 # no other), the node caught mid-phase named, and the later nodes untouched (not drained, never drained for this
 # rollout in slurmctld's log, power limit unchanged). Waves: the canary node02, then node03, then node04; the deploy
@@ -235,7 +235,8 @@ class Gate:
         """Open it, wait for a held command to finish (its effect is then in Slurm or the GPU), remove it."""
         self.open()
         if self.reached():
-            wait_for(f"the {self.program} held by the gate to finish", self.files["done"].exists, timeout=60)
+            wait_for(f"the {self.program} held by the gate to finish", self.files["done"].exists, timeout=60,
+                     every=0.05)
         self.wrapper.unlink(missing_ok=True)
 
 
@@ -279,9 +280,9 @@ def _node_state(out: Path, node: str) -> str | None:
 
 # (name, signal, moment, node caught mid-phase or None, nodes the run must leave untouched)
 # moments: ("start",) the rollout's first line (its whole-fleet validation and preflight); ("gate", host, program,
-# match, before|after, nth); ("state", node, state) in the state file; ("slurm", node) drained for the rollout in
-# Slurm; ("write", host, program, match) the first state-file write after that command (let through); ("summary",)
-# the rollout done, printing its summary to a stdout nobody reads (a full pipe).
+# match, before|after, nth); ("state", node, state) in the state file; ("write", host, program, match) the first
+# state-file write after that command (let through); ("summary",) the rollout done, printing its summary to a stdout
+# nobody reads (a full pipe).
 DRAIN2, DRAIN3, DRAIN4 = (f"nodename={n} state=drain" for n in COMPUTE)
 RESUME2, RESUME3, RESUME4 = (f"nodename={n} state=resume" for n in COMPUTE)
 CHAINS = {
@@ -293,7 +294,10 @@ CHAINS = {
          ("gate", "node01", "scontrol", DRAIN2, "before", 1), "node02", ("node03", "node04")),
         ("canary: converge (nvidia-smi -pl)", signal.SIGINT, ("gate", "node02", "nvidia-smi", "-pl", "before", 1),
          "node02", ("node03", "node04")),
-        ("between the canary and wave 2", signal.SIGINT, ("state", "node02", "done"), None, ("node04",)),
+        # wave 2's drain status query (1st sinfo -n node03), then whether it is drained (2nd): Slurm has drained
+        # it, the answer is cut off
+        ("wave 2: drained in Slurm, the poll's answer cut off (sinfo)", signal.SIGINT,
+         ("gate", "node01", "sinfo", "-n node03", "after", 2), "node03", ("node04",)),
     ]),
     "B": ("none", [
         ("canary: drain applied by Slurm, its ssh cut off (scontrol)", signal.SIGINT,
@@ -306,23 +310,9 @@ CHAINS = {
          "node03", ("node04",)),
         ("wave 2: resume applied by Slurm, its ssh cut off (scontrol)", signal.SIGHUP,
          ("gate", "node01", "scontrol", RESUME3, "after", 1), "node03", ("node04",)),
-    ]),
-    "C": ("quick", [
-        ("canary: verify gate (probe)", signal.SIGINT, ("gate", "node02", "python3", "probe", "before", 1), "node02",
-         ("node03", "node04")),
-        ("wave 2: verify gate (probe)", signal.SIGHUP, ("gate", "node03", "python3", "probe", "before", 1), "node03",
-         ("node04",)),
-        ("at the state-file write after wave 2's resume", signal.SIGINT, ("write", "node01", "scontrol", RESUME3),
-         None, ("node04",)),
-        ("wave 3: converge (nvidia-smi -pl)", signal.SIGINT, ("gate", "node04", "nvidia-smi", "-pl", "before", 1),
-         "node04", ()),
-        ("after the last wave (printing the summary)", signal.SIGINT, ("summary",), None, ()),
-    ]),
-    "D": ("none", [
-        ("wave 2: drain applied (seen in Slurm)", signal.SIGINT, ("slurm", "node03"), "node03", ("node04",)),
         ("wave 3: drain command cut off, applied after the rollout exited (scontrol)", signal.SIGTERM,
          ("gate", "node01", "scontrol", DRAIN4, "before", 1), "node04", ()),
-        # node04 drained for the rollout: its drain status query (1st sinfo), then whether it is drained (2nd)
+        # node04 is drained for the rollout now: its drain status query (1st sinfo), then whether it is drained (2nd)
         ("wave 3: poll whether the node is drained (sinfo)", signal.SIGINT,
          ("gate", "node01", "sinfo", "-n node04", "before", 2), "node04", ()),
         ("wave 3: resume command cut off, applied after the rollout exited (scontrol)", signal.SIGINT,
@@ -330,6 +320,18 @@ CHAINS = {
         # drain status query (1st), drained? (2nd), the resume's status query (3rd)
         ("wave 3: the resume's status query (sinfo)", signal.SIGHUP,
          ("gate", "node01", "sinfo", "-n node04", "before", 3), "node04", ()),
+    ]),
+    "C": ("quick", [
+        ("canary: verify gate (probe)", signal.SIGINT, ("gate", "node02", "python3", "probe", "before", 1), "node02",
+         ("node03", "node04")),
+        ("between the canary and wave 2", signal.SIGINT, ("state", "node02", "done"), None, ("node04",)),
+        ("wave 2: verify gate (probe)", signal.SIGHUP, ("gate", "node03", "python3", "probe", "before", 1), "node03",
+         ("node04",)),
+        ("at the state-file write after wave 2's resume", signal.SIGINT, ("write", "node01", "scontrol", RESUME3),
+         None, ("node04",)),
+        ("wave 3: converge (nvidia-smi -pl)", signal.SIGINT, ("gate", "node04", "nvidia-smi", "-pl", "before", 1),
+         "node04", ()),
+        ("after the last wave (printing the summary)", signal.SIGINT, ("summary",), None, ()),
     ]),
 }
 TIMINGS = [(chain, *t) for chain, (_verify, steps) in CHAINS.items() for t in steps]
@@ -374,13 +376,11 @@ def _interrupted_run(fleet, argv: list[str], out: Path, step: int, signum: int, 
             reached = lambda: "gpufleet rollout " in stderr_path.read_text()  # noqa: E731
         elif kind in ("gate", "write"):
             reached = gate.reached
-        elif kind == "slurm":
-            reached = lambda: sinfo(fleet).get(moment[1], ("", ""))[1].startswith("gpufleet rollout")  # noqa: E731
         elif kind == "state":
             reached = lambda: _node_state(out, moment[1]) == moment[2]  # noqa: E731
         else:
             reached = lambda: _state(out).get("status") == "finished"  # noqa: E731
-        wait_for(moment, lambda: reached() or run.poll() is not None, timeout=300)
+        wait_for(moment, lambda: reached() or run.poll() is not None, timeout=300, every=0.05)
         assert run.poll() is None, stderr_path.read_text()
         if kind == "write":
             writes = StateWrites(out)
