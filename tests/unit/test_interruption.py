@@ -89,3 +89,18 @@ def test_an_interrupted_pyinfra_child_is_stopped_and_its_report_kept(monkeypatch
     killer.wait()
     assert caught.value.child_report == ("gpufleet: interrupted by SIGTERM while executing (exit 143).\n"
                                          "Hosts mid-change (stage):\n  node03: gpufleet: GPU node | GPU power limits")
+
+
+def test_a_pyinfra_child_stopped_while_preparing_names_the_hosts_still_being_read(tmp_path):
+    """drift (a pyinfra --dry child) stopped while it reads facts: pyinfra's own report says only that nothing was
+    changed; the hosts it had connected but not prepared ("Ready:") are the ones in flight, and are named."""
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stderr.write("
+                              "'--> Connecting to hosts...\\n    [node01] Connected\\n    [node03] Connected\\n"
+                              "    [node02] Connected\\n    [node01] Ready: deploys/gpu_node.py\\n"
+                              "gpufleet: interrupted by SIGINT before executing anything: no host was changed "
+                              "(exit 130)\\n'); sys.exit(130)"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    child.wait(30)
+    assert converge._stop_child(child, signal.SIGINT) == (
+        "gpufleet: interrupted by SIGINT before executing anything: no host was changed (exit 130)\n"
+        "Hosts still being read (facts; nothing is changed before execution): node03, node02")
