@@ -278,7 +278,8 @@ def _node_state(out: Path, node: str) -> str | None:
     return (_state(out).get("nodes") or {}).get(node, {}).get("state")
 
 
-# (name, signal, moment, node caught mid-phase or None, nodes the run must leave untouched)
+# (name, signal, moment, node caught mid-phase or None, nodes the run must leave untouched, whether Slurm has that
+# node drained for the rollout when the rollout has exited: nothing after the signal drained or resumed it)
 # moments: ("start",) the rollout's first line (its whole-fleet validation and preflight); ("gate", host, program,
 # match, before|after, nth); ("state", node, state) in the state file; ("write", host, program, match) the first
 # state-file write after that command (let through); ("summary",) the rollout done, printing its summary to a stdout
@@ -287,51 +288,51 @@ DRAIN2, DRAIN3, DRAIN4 = (f"nodename={n} state=drain" for n in COMPUTE)
 RESUME2, RESUME3, RESUME4 = (f"nodename={n} state=resume" for n in COMPUTE)
 CHAINS = {
     "A": ("none", [
-        ("at the very start (whole-fleet preflight)", signal.SIGINT, ("start",), None, COMPUTE),
+        ("at the very start (whole-fleet preflight)", signal.SIGINT, ("start",), None, COMPUTE, None),
         ("canary: drain status query (sinfo)", signal.SIGINT, ("gate", "node01", "sinfo", "-n node02", "before", 1),
-         "node02", ("node03", "node04")),
+         "node02", ("node03", "node04"), False),
         ("canary: drain command cut off, applied after the rollout exited (scontrol)", signal.SIGINT,
-         ("gate", "node01", "scontrol", DRAIN2, "before", 1), "node02", ("node03", "node04")),
+         ("gate", "node01", "scontrol", DRAIN2, "before", 1), "node02", ("node03", "node04"), False),
         ("canary: converge (nvidia-smi -pl)", signal.SIGINT, ("gate", "node02", "nvidia-smi", "-pl", "before", 1),
-         "node02", ("node03", "node04")),
+         "node02", ("node03", "node04"), True),
         # wave 2's drain status query (1st sinfo -n node03), then whether it is drained (2nd): Slurm has drained
         # it, the answer is cut off
         ("wave 2: drained in Slurm, the poll's answer cut off (sinfo)", signal.SIGINT,
-         ("gate", "node01", "sinfo", "-n node03", "after", 2), "node03", ("node04",)),
+         ("gate", "node01", "sinfo", "-n node03", "after", 2), "node03", ("node04",), True),
     ]),
     "B": ("none", [
         ("canary: drain applied by Slurm, its ssh cut off (scontrol)", signal.SIGINT,
-         ("gate", "node01", "scontrol", DRAIN2, "after", 1), "node02", ("node03", "node04")),
+         ("gate", "node01", "scontrol", DRAIN2, "after", 1), "node02", ("node03", "node04"), True),
         ("canary: resume command cut off, applied after the rollout exited (scontrol)", signal.SIGTERM,
-         ("gate", "node01", "scontrol", RESUME2, "before", 1), "node02", ("node03", "node04")),
+         ("gate", "node01", "scontrol", RESUME2, "before", 1), "node02", ("node03", "node04"), True),
         ("wave 2: drain status query (sinfo)", signal.SIGINT, ("gate", "node01", "sinfo", "-n node03", "before", 1),
-         "node03", ("node04",)),
+         "node03", ("node04",), False),
         ("wave 2: converge (nvidia-smi -pl)", signal.SIGTERM, ("gate", "node03", "nvidia-smi", "-pl", "before", 1),
-         "node03", ("node04",)),
+         "node03", ("node04",), True),
         ("wave 2: resume applied by Slurm, its ssh cut off (scontrol)", signal.SIGHUP,
-         ("gate", "node01", "scontrol", RESUME3, "after", 1), "node03", ("node04",)),
+         ("gate", "node01", "scontrol", RESUME3, "after", 1), "node03", ("node04",), False),
         ("wave 3: drain command cut off, applied after the rollout exited (scontrol)", signal.SIGTERM,
-         ("gate", "node01", "scontrol", DRAIN4, "before", 1), "node04", ()),
+         ("gate", "node01", "scontrol", DRAIN4, "before", 1), "node04", (), False),
         # node04 is drained for the rollout now: its drain status query (1st sinfo), then whether it is drained (2nd)
         ("wave 3: poll whether the node is drained (sinfo)", signal.SIGINT,
-         ("gate", "node01", "sinfo", "-n node04", "before", 2), "node04", ()),
+         ("gate", "node01", "sinfo", "-n node04", "before", 2), "node04", (), True),
         ("wave 3: resume command cut off, applied after the rollout exited (scontrol)", signal.SIGINT,
-         ("gate", "node01", "scontrol", RESUME4, "before", 1), "node04", ()),
+         ("gate", "node01", "scontrol", RESUME4, "before", 1), "node04", (), True),
         # drain status query (1st), drained? (2nd), the resume's status query (3rd)
         ("wave 3: the resume's status query (sinfo)", signal.SIGHUP,
-         ("gate", "node01", "sinfo", "-n node04", "before", 3), "node04", ()),
+         ("gate", "node01", "sinfo", "-n node04", "before", 3), "node04", (), True),
     ]),
     "C": ("quick", [
         ("canary: verify gate (probe)", signal.SIGINT, ("gate", "node02", "python3", "probe", "before", 1), "node02",
-         ("node03", "node04")),
-        ("between the canary and wave 2", signal.SIGINT, ("state", "node02", "done"), None, ("node04",)),
+         ("node03", "node04"), True),
+        ("between the canary and wave 2", signal.SIGINT, ("state", "node02", "done"), None, ("node04",), None),
         ("wave 2: verify gate (probe)", signal.SIGHUP, ("gate", "node03", "python3", "probe", "before", 1), "node03",
-         ("node04",)),
+         ("node04",), True),
         ("at the state-file write after wave 2's resume", signal.SIGINT, ("write", "node01", "scontrol", RESUME3),
-         None, ("node04",)),
+         None, ("node04",), None),
         ("wave 3: converge (nvidia-smi -pl)", signal.SIGINT, ("gate", "node04", "nvidia-smi", "-pl", "before", 1),
-         "node04", ()),
-        ("after the last wave (printing the summary)", signal.SIGINT, ("summary",), None, ()),
+         "node04", (), True),
+        ("after the last wave (printing the summary)", signal.SIGINT, ("summary",), None, (), None),
     ]),
 }
 TIMINGS = [(chain, *t) for chain, (_verify, steps) in CHAINS.items() for t in steps]
@@ -417,7 +418,7 @@ def test_a_terminal_signal_to_the_process_group_stops_the_rollout_and_resume_fin
     drain = "slurm:" + shlex.join(hosts.ssh_command(fleet.host("node01")))
     argv = [str(BIN / "gpufleet"), "rollout", "-y", str(inventory), "deploys/gpu_node.py", "--out", str(out), "--drain",
             drain, "--canary", "1", "--waves", "1", "--max-failures", "5", "--verify", verify]
-    for step, (name, signum, moment, node, untouched) in enumerate(steps):
+    for step, (name, signum, moment, node, untouched, drained) in enumerate(steps):
         before = {n: power_w(fleet, n) for n in COMPUTE}
         resume = ["--resume"] if (out / "state.json").exists() else []
         t0 = time.monotonic()
@@ -451,6 +452,8 @@ def test_a_terminal_signal_to_the_process_group_stops_the_rollout_and_resume_fin
                 assert slurm[n] == ("idle", "") and n not in ever_drained, (n, slurm, what)
             # every node Slurm has drained for this rollout is named (state file and summary), and no other
             ours = sorted(n for n in COMPUTE if slurm[n][1].startswith(f"gpufleet rollout {state.get('rollout_id')}"))
+            if drained is not None:  # nothing drained or resumed the node after the signal
+                assert (node in ours) is drained, (node, slurm, what)
             recorded = sorted(n for n in nodes if nodes[n]["drained_by_rollout"])
             uncertain = sorted(n for n in nodes if nodes[n]["drain_uncertain"])
             assert set(ours) <= set(recorded) | set(uncertain) and set(recorded) <= set(ours), \
