@@ -100,6 +100,30 @@ def test_state_file_round_trip_and_atomic_replace(tmp_path):
         st.load(path)
 
 
+def test_a_signal_during_a_state_write_waits_for_it_and_leaves_no_temporary_file(tmp_path, monkeypatch):
+    """A signal in the middle of a state write lost the write, or (between the temporary file's creation and the
+    clean-up's try) left the temporary file beside the state file (seen after a Ctrl-C between two waves in
+    tests/sim/test_rollout_slurm.py); it is now delivered once the write is done."""
+    import os  # noqa: PLC0415
+    import signal  # noqa: PLC0415
+
+    from gpufleet import control_files  # noqa: PLC0415
+
+    s = st.RolloutState.new("r1", "inv.py", "deploy.py", {}, ["a"])
+    path = tmp_path / "state.json"
+    real_replace = os.replace
+
+    def signalled_before_the_rename(src, dst):
+        os.kill(os.getpid(), signal.SIGINT)  # arrives here: the temporary file exists, not yet renamed
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(control_files.os, "replace", signalled_before_the_rename)
+    with pytest.raises(KeyboardInterrupt):
+        st.save(s, path)
+    assert [p.name for p in tmp_path.iterdir()] == ["state.json"]
+    assert st.load(path).to_dict() == s.to_dict()
+
+
 # ------------------------------------------------------------------------------------------------ pyinfra
 
 
