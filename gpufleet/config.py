@@ -873,12 +873,30 @@ _DURATION_PART_RE = re.compile(r"(\d+)(ms|s|m|h)")
 _DURATION_MS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000}
 
 
+GPU_EXPORTER_PORT = 9400  # dcgm-exporter's default port
+NODE_EXPORTER_PORT = 9100  # node_exporter's default port
+_IPV4_RE = re.compile(r"^\d{1,3}(?:\.\d{1,3}){3}\Z")
+
+
+def management_address(data: Mapping) -> str:
+    """The address the inventory reaches the host at (``ssh_hostname``) when it is an IP address, in listen-address
+    form (``10.0.0.5``, ``[fd00::5]``); else ``0.0.0.0`` (a host name may resolve to several addresses, or to none
+    of the host's own). The monitoring plane's listeners bind there by default."""
+    address = data.get("ssh_hostname")
+    if isinstance(address, str):
+        if _IPV4_RE.match(address) and all(int(part) <= 255 for part in address.split(".")):
+            return address
+        if ":" in address and re.fullmatch(r"[0-9A-Fa-f:]+", address):
+            return f"[{address}]"
+    return "0.0.0.0"
+
+
 @dataclass(frozen=True)
 class ExportersConfig:
     gpu: str = "auto"
-    gpu_listen: str = "0.0.0.0:9400"
+    gpu_listen: str = f"0.0.0.0:{GPU_EXPORTER_PORT}"
     node: bool = True
-    node_listen: str = "0.0.0.0:9100"
+    node_listen: str = f"0.0.0.0:{NODE_EXPORTER_PORT}"
     textfile_dir: str = DEFAULT_TEXTFILE_DIR
     gpu_count: int | None = None  # GPUs the host should have (monitoring's GpuMissing); None: the most seen
     collect_interval_ms: int = DEFAULT_COLLECT_INTERVAL_MS  # dcgm-exporter's -c (milliseconds)
@@ -954,9 +972,13 @@ EXPORTER_SETTINGS: tuple[tuple[str, Any, Any, str], ...] = (
     ("gpufleet_exporters_gpu", _choice(GPU_EXPORTERS), "auto",
      "GPU exporter: dcgm (NVIDIA DCGM + dcgm-exporter from the NVIDIA repository), nvml (gpufleet's own), auto "
      "(dcgm on datacenter GPUs when the repository offers it, else nvml) or none"),
-    ("gpufleet_exporters_gpu_listen", _listen, "0.0.0.0:9400", "address:port the GPU exporter listens on"),
+    ("gpufleet_exporters_gpu_listen", _listen, None,
+     "address:port the GPU exporter listens on (basic auth always); unset: the host's ssh_hostname when it is an IP "
+     "address, else 0.0.0.0, port 9400"),
     ("gpufleet_exporters_node", _bool, True, "install node_exporter (the distribution's package)"),
-    ("gpufleet_exporters_node_listen", _listen, "0.0.0.0:9100", "address:port node_exporter listens on"),
+    ("gpufleet_exporters_node_listen", _listen, None,
+     "address:port node_exporter listens on (basic auth always); unset: the host's ssh_hostname when it is an IP "
+     "address, else 0.0.0.0, port 9100"),
     ("gpufleet_exporters_textfile_dir", _textfile_dir, DEFAULT_TEXTFILE_DIR,
      "node_exporter's textfile collector directory; verify writes its results there too"),
     ("gpufleet_exporters_gpu_count", _gpu_count, None,
@@ -973,9 +995,12 @@ def _exporters_config(ctx: _Ctx, values: Mapping[str, Any], data: Mapping) -> Ex
         collect = _default_collect_interval(ctx, data)
     if collect is _INVALID or any(values[key] is _INVALID for key, *_ in EXPORTER_SETTINGS):
         return None
+    address = management_address(data)
     config = ExportersConfig(
-        gpu=values["gpufleet_exporters_gpu"], gpu_listen=values["gpufleet_exporters_gpu_listen"],
-        node=values["gpufleet_exporters_node"], node_listen=values["gpufleet_exporters_node_listen"],
+        gpu=values["gpufleet_exporters_gpu"],
+        gpu_listen=values["gpufleet_exporters_gpu_listen"] or f"{address}:{GPU_EXPORTER_PORT}",
+        node=values["gpufleet_exporters_node"],
+        node_listen=values["gpufleet_exporters_node_listen"] or f"{address}:{NODE_EXPORTER_PORT}",
         textfile_dir=values["gpufleet_exporters_textfile_dir"], gpu_count=values["gpufleet_exporters_gpu_count"],
         collect_interval_ms=collect)
     if config.node and config.gpu != "none" and config.port(config.gpu_listen) == config.port(config.node_listen):

@@ -17,8 +17,9 @@ from pyinfra import host, inventory, logger
 from pyinfra.api import deploy, operation
 from pyinfra.operations import python
 
-from gpufleet import connection, interruption, preflight
+from gpufleet import connection, interruption, preflight, web_auth
 from gpufleet.config import NodeConfig
+from gpufleet.control_files import UnsafePath
 from gpufleet.facts import prefetch
 from gpufleet.facts.exporters import AptCandidate
 from gpufleet.facts.lock import HostLock
@@ -30,7 +31,7 @@ from gpufleet.operations import clocks, driver, exporters, lock, mig, nccl, pers
 from gpufleet.operations.errors import refuse
 from gpufleet.plan import ExportersPlan, NodePlan, gpus_from_facts
 
-from .inputs import checked_facts, node_config
+from .inputs import InputError, checked_facts, node_config
 
 GPU_STAGES = ("persistence", "power", "mig", "nccl", "clocks", "slurm")
 # what preflight.gather_facts reads on every host: prefetched on all hosts when the first one is prepared
@@ -109,9 +110,11 @@ def choose_gpu_exporter(setting: str, models: list, dcgm_offered: bool) -> str:
 def exporters_stage(config: NodeConfig, facts: preflight.HostFacts, driver_changes: bool = False) -> None:
     """node_exporter and the GPU exporter (stage ``exporters``), and the desired GPU settings for the alerts."""
     settings = config.exporters
+    # basic auth on both exporters: Prometheus scrapes as gpufleet with the control machine's generated password
+    web_config = exporter_web_config(host.name)
     if settings.node:
         exporters.node_exporter(name="node_exporter", textfile_dir=settings.textfile_dir,
-                                listen=settings.node_listen)
+                                listen=settings.node_listen, web_config=web_config)
     models = [gpu.model for gpu in preflight.host_gpus(facts)]
     # NVIDIA's repository offers DCGM: when the driver stage configures it (this run or an earlier one), auto
     # decides the same on every run; otherwise it asks apt whether a configured repository has the exporter
@@ -125,9 +128,19 @@ def exporters_stage(config: NodeConfig, facts: preflight.HostFacts, driver_chang
                                  keyring_fingerprint=config.driver.repo_key_fingerprint)
     plan = ExportersPlan.resolve(config, preflight.host_gpus(facts))
     exporters.gpu_exporter(name="GPU exporter", kind=kind, listen=settings.gpu_listen, profiling=plan.profiling,
-                           profiling_package=plan.profiling_package, collect_interval_ms=plan.collect_interval_ms)
+                           profiling_package=plan.profiling_package, collect_interval_ms=plan.collect_interval_ms,
+                           web_config=web_config)
     if settings.node and kind != "none":
         publish_desired_state(config, facts, driver_changes)
+
+
+def exporter_web_config(host_name: str) -> str:
+    """The exporters' web configuration file: the ``exporters`` account's bcrypt hash (gpufleet.web_auth)."""
+    try:
+        secret = web_auth.password("exporters")
+    except UnsafePath as error:
+        raise InputError(f"{host_name}: the monitoring credentials: {error}") from None
+    return web_auth.web_config({web_auth.USER: web_auth.bcrypt_hash(secret, f"{host_name}/{web_auth.USER}")})
 
 
 def desired_gpu_settings(config: NodeConfig, gpus: list) -> list[dict]:

@@ -25,8 +25,9 @@ from pyinfra.facts.deb import DebPackages
 from pyinfra.operations import server, systemd
 from pyinfra.operations.util import any_changed
 
-from gpufleet import interruption
+from gpufleet import interruption, web_auth
 from gpufleet.config import ConfigError, ConfigErrors, NodeConfig, catalog_model, validate_pyinfra_inventory
+from gpufleet.control_files import UnsafePath
 from gpufleet.facts.nvidia import GpuInventory
 from gpufleet.masking import mask_urls
 from gpufleet.monitoring import render, rules
@@ -47,6 +48,8 @@ GRAFANA_PROVISIONING = "/etc/grafana/provisioning"  # PROVISIONING_CFG_DIR of th
 GRAFANA_SOURCE = "/etc/apt/sources.list.d/grafana.list"
 GRAFANA_KEY_FILE = "gpg-full.key"  # Grafana publishes its key at https://apt.grafana.com/gpg-full.key
 GRAFANA_DROPIN = "/etc/systemd/system/grafana-server.service.d/gpufleet.conf"
+GRAFANA_DATASOURCE = f"{GRAFANA_PROVISIONING}/datasources/gpufleet.yml"
+GRAFANA_GROUP = "grafana"  # the packaged grafana-server's group
 
 _validated: dict[int, tuple[dict[str, NodeConfig], dict[str, MonitoringSettings], list[render.Target]]] = {}
 
@@ -160,18 +163,39 @@ def _put(name: str, text: str, dest: str, mode: str = "644"):
     return managed_file(name=name, path=dest, content=text, mode=mode)  # files.put's upload name is predictable
 
 
+def passwords() -> dict[str, str]:
+    """{account: password} of the monitoring plane (gpufleet.web_auth), generated on first use."""
+    try:
+        return {account: web_auth.password(account) for account in web_auth.ACCOUNTS}
+    except UnsafePath as error:
+        raise InputError(f"the monitoring credentials: {error}") from None
+
+
+def _web_config(secret: str) -> str:
+    return web_auth.web_config({web_auth.USER: web_auth.bcrypt_hash(secret, f"{host.name}/{web_auth.USER}")})
+
+
 def prometheus_stage(settings: MonitoringSettings, targets) -> None:
     apt_lists.packages(name="Prometheus and Alertmanager (distribution packages)", packages=list(PROMETHEUS_PACKAGES),
                        no_recommends=True)
+    secrets = passwords()
+    # basic auth on both (exporter-toolkit's web configuration, read again on every request), and the passwords
+    # Prometheus sends to the exporters, itself and Alertmanager: never shown, 0640 root:prometheus from the start
+    for path, text in ((render.PROMETHEUS_WEB_CONFIG, _web_config(secrets["prometheus"])),
+                       (render.ALERTMANAGER_WEB_CONFIG, _web_config(secrets["alertmanager"])),
+                       *((path, secrets[account] + "\n") for account, path in render.PASSWORD_FILES.items())):
+        secret_file(name=path, path=path, content=text, mode="640", group=ALERTMANAGER_GROUP)
     prom_args = (f"--web.listen-address={settings.prometheus_listen} "
+                 f"--web.config.file={render.PROMETHEUS_WEB_CONFIG} "
                  f"--storage.tsdb.retention.time={settings.retention}")
-    am_args = f"--web.listen-address={settings.alertmanager_listen} --cluster.listen-address="
+    am_args = (f"--web.listen-address={settings.alertmanager_listen} "
+               f"--web.config.file={render.ALERTMANAGER_WEB_CONFIG} --cluster.listen-address=")
     defaults = [
         _put(PROMETHEUS_DEFAULTS, f"# Managed by gpufleet\nARGS={shlex.quote(prom_args)}\n", PROMETHEUS_DEFAULTS),
         _put(ALERTMANAGER_DEFAULTS, f"# Managed by gpufleet\nARGS={shlex.quote(am_args)}\n", ALERTMANAGER_DEFAULTS),
     ]
-    alertmanager = f"localhost:{settings.alertmanager_listen.rsplit(':', 1)[1]}"
-    prom_files = [_put(PROMETHEUS_CONFIG, render.prometheus_config(settings, alertmanager), PROMETHEUS_CONFIG)]
+    # a changed password file is read at the next scrape or notification (no reload needed)
+    prom_files = [_put(PROMETHEUS_CONFIG, render.prometheus_config(settings), PROMETHEUS_CONFIG)]
     for job, groups in render.scrape_targets(targets).items():
         path = f"{render.FILE_SD_DIR}/gpufleet-{job}.json"
         prom_files.append(_put(path, render.file_sd_text(groups), path))
@@ -227,10 +251,11 @@ def grafana_stage(settings: MonitoringSettings) -> None:
                      _if=lambda: installed and (key.did_change() or source.did_change()))
     apt_lists.packages(name="Grafana", packages=["grafana"], no_recommends=False)  # a checked update first
     grafana.packaged_defaults(name="Grafana's packaged /etc/default/grafana-server")
-    prometheus_url = f"http://localhost:{settings.prometheus_listen.rsplit(':', 1)[1]}"
+    prometheus_url = f"http://{render.client_address(settings.prometheus_listen)}"
+    # the datasource holds the prometheus account's password: 0640 root:grafana, never shown
     provisioning = [
-        _put("Grafana datasource", render.grafana_datasource(prometheus_url),
-             f"{GRAFANA_PROVISIONING}/datasources/gpufleet.yml"),
+        secret_file(name="Grafana datasource", path=GRAFANA_DATASOURCE, mode="640", group=GRAFANA_GROUP,
+                    content=render.grafana_datasource(prometheus_url, passwords()["prometheus"])),
         _put("Grafana dashboard provider", render.grafana_dashboard_provider(),
              f"{GRAFANA_PROVISIONING}/dashboards/gpufleet.yml"),
         *(_put(f"Grafana dashboard {name}", render.dashboard(name), f"{render.GRAFANA_DASHBOARD_DIR}/{name}")

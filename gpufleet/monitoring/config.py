@@ -10,8 +10,8 @@ gpufleet_monitoring_evaluation_interval  a Prometheus duration, 1s..1h          
 gpufleet_monitoring_alert_for            {alert name: duration}: overrides an alert's ``for``       ``{}``
 gpufleet_monitoring_verify_max_age       a duration: VerifyStale fires past it                      ``"8d"``
 gpufleet_monitoring_retention            a duration >= the longest range any rule reads (30d)       ``"35d"``
-gpufleet_monitoring_prometheus_listen    ADDRESS:PORT                                               ``"0.0.0.0:9090"``
-gpufleet_monitoring_alertmanager_listen  ADDRESS:PORT                                               ``"0.0.0.0:9093"``
+gpufleet_monitoring_prometheus_listen    ADDRESS:PORT                                               MGMT ``:9090``
+gpufleet_monitoring_alertmanager_listen  ADDRESS:PORT                                               MGMT ``:9093``
 gpufleet_monitoring_receivers            [{name, type: webhook|email|slack, ...}] (first: default)  ``[]`` (none)
 gpufleet_monitoring_routes               [{receiver, matchers: {label: value}}]                     ``[]``
 gpufleet_monitoring_group_wait           Alertmanager group_wait duration                           ``"30s"``
@@ -19,8 +19,12 @@ gpufleet_monitoring_grafana              true / false                           
 gpufleet_monitoring_grafana_admin_password  a password (>= 12 characters, not a default one)        (required)
 gpufleet_monitoring_grafana_repo_url     the Grafana apt repository                                 apt.grafana.com
 gpufleet_monitoring_grafana_repo_key_fingerprint  the repository key's fingerprint (40 hex), checked    (not checked)
-gpufleet_monitoring_grafana_listen       ADDRESS:PORT                                               ``"0.0.0.0:3000"``
+gpufleet_monitoring_grafana_listen       ADDRESS:PORT                                               MGMT ``:3000``
 ======================================== ========================================================== ==============
+
+MGMT: the host's management address, ``ssh_hostname`` when it is an IP address, else ``0.0.0.0``
+(:func:`gpufleet.config.management_address`). Prometheus and Alertmanager always ask for basic auth (the
+``prometheus`` and ``alertmanager`` accounts of :mod:`gpufleet.web_auth`).
 
 Target keys (every GPU node): ``gpufleet_monitoring_cluster`` (the ``cluster`` label, default ``"default"``) and
 ``gpufleet_monitoring_gpu_model`` (the ``gpu_model`` label: a catalog key or GPU name; default: the catalog key of
@@ -37,7 +41,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpufleet.config import ConfigError, catalog_model, did_you_mean, register_namespace
+from gpufleet.config import ConfigError, catalog_model, did_you_mean, management_address, register_namespace
 from gpufleet.masking import secret_url
 
 from .rules import DURATION_RE, alert_names, alert_rules, duration, longest_lookback, recording_rules, seconds
@@ -82,6 +86,10 @@ KEYS: dict[str, str] = {
     "gpufleet_monitoring_cluster": "a name: letters, digits, . _ - (the cluster label of the host's targets)",
     "gpufleet_monitoring_gpu_model": "a catalog key or GPU name (the gpu_model label of the host's targets)",
 }
+
+
+# each listener's default port; its default address is the host's management address
+LISTEN_PORTS = {"prometheus_listen": 9090, "alertmanager_listen": 9093, "grafana_listen": 3000}
 
 
 @dataclass(frozen=True)
@@ -220,10 +228,9 @@ def load_monitoring_settings(host: str, data: Mapping[str, Any]) -> tuple[Monito
         raw = ours.get(PREFIX + key)
         if raw is not None:
             values[key] = _duration(err, PREFIX + key, raw)
-    for key in ("prometheus_listen", "alertmanager_listen", "grafana_listen"):
+    for key, port in LISTEN_PORTS.items():
         raw = ours.get(PREFIX + key)
-        if raw is not None:
-            values[key] = _listen(err, PREFIX + key, raw)
+        values[key] = _listen(err, PREFIX + key, raw) if raw is not None else f"{management_address(data)}:{port}"
     raw = ours.get(PREFIX + "alert_for")
     if raw is not None:
         if not isinstance(raw, Mapping):

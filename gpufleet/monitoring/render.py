@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from gpufleet.config import NodeConfig
+from gpufleet.web_auth import USER
 
 from .config import MonitoringSettings, TargetSettings, seconds
 
@@ -23,6 +24,11 @@ PROMETHEUS_DIR = "/etc/prometheus"
 FILE_SD_DIR = f"{PROMETHEUS_DIR}/file_sd"
 RULES_DIR = f"{PROMETHEUS_DIR}/rules"
 JOBS = ("gpu", "node")
+# the passwords Prometheus sends (basic_auth password_file), 0640 root:prometheus: per account of gpufleet.web_auth
+PASSWORD_FILES = {account: f"{PROMETHEUS_DIR}/gpufleet-{account}.password"
+                  for account in ("exporters", "prometheus", "alertmanager")}
+PROMETHEUS_WEB_CONFIG = f"{PROMETHEUS_DIR}/prometheus-web-config.yml"
+ALERTMANAGER_WEB_CONFIG = f"{PROMETHEUS_DIR}/alertmanager-web-config.yml"
 DASHBOARDS = ("gpu-fleet-health.json", "training.json")
 GRAFANA_DASHBOARD_DIR = "/var/lib/grafana/dashboards/gpufleet"
 # the alert that means the whole host is down (none of its exporters answers): the only one that inhibits others
@@ -70,18 +76,34 @@ def expected_gpus(targets: Sequence[Target]) -> dict[str, int]:
     return {t.host: t.config.exporters.gpu_count for t in targets if t.config.exporters.gpu_count}
 
 
-def prometheus_config(settings: MonitoringSettings, alertmanager: str) -> str:
+def client_address(listen: str) -> str:
+    """Where a client on the same host reaches a service listening on ``listen`` (``0.0.0.0``/``[::]``: localhost)."""
+    address, port = listen.rsplit(":", 1)
+    return f"localhost:{port}" if address in ("0.0.0.0", "[::]", "") else listen
+
+
+def basic_auth(account: str) -> dict[str, str]:
+    """Prometheus' ``basic_auth`` with the password read from its file (never inline in prometheus.yml)."""
+    return {"username": USER, "password_file": PASSWORD_FILES[account]}
+
+
+def prometheus_config(settings: MonitoringSettings, alertmanager: str | None = None) -> str:
+    """prometheus.yml: scrapes every exporter and itself, sends alerts to Alertmanager, each with its account's
+    basic auth. ``alertmanager``: HOST:PORT (default: where this host's Alertmanager listens)."""
     # scrape timeout: at most 10 s, never longer than the interval (Prometheus refuses that)
     timeout = settings.scrape_interval if seconds(settings.scrape_interval) <= 10 else "10s"
+    alertmanager = alertmanager or client_address(settings.alertmanager_listen)
     config = {
         "global": {"scrape_interval": settings.scrape_interval, "scrape_timeout": timeout,
                    "evaluation_interval": settings.evaluation_interval},
         "rule_files": [f"{RULES_DIR}/*.rules.yml"],
-        "alerting": {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]},
+        "alerting": {"alertmanagers": [{"basic_auth": basic_auth("alertmanager"),
+                                        "static_configs": [{"targets": [alertmanager]}]}]},
         "scrape_configs": [
-            {"job_name": "prometheus",
-             "static_configs": [{"targets": [f"localhost:{settings.prometheus_listen.rsplit(':', 1)[1]}"]}]},
-            *({"job_name": job, "file_sd_configs": [{"files": [f"{FILE_SD_DIR}/gpufleet-{job}.json"]}]}
+            {"job_name": "prometheus", "basic_auth": basic_auth("prometheus"),
+             "static_configs": [{"targets": [client_address(settings.prometheus_listen)]}]},
+            *({"job_name": job, "basic_auth": basic_auth("exporters"),
+               "file_sd_configs": [{"files": [f"{FILE_SD_DIR}/gpufleet-{job}.json"]}]}
               for job in JOBS),
         ],
     }
@@ -138,10 +160,15 @@ def _dump_yaml_as_json(data: Any) -> str:
             + json.dumps(data, indent=2, sort_keys=False) + "\n")
 
 
-def grafana_datasource(prometheus_url: str) -> str:
-    return _dump_yaml_as_json({"apiVersion": 1, "datasources": [{
+def grafana_datasource(prometheus_url: str, password: str | None = None) -> str:
+    """Grafana's provisioned Prometheus datasource; with ``password``, basic auth as gpufleet's ``prometheus``
+    account (the file then holds a secret: written 0640 root:grafana)."""
+    source: dict[str, Any] = {
         "name": "gpufleet-prometheus", "uid": "gpufleet-prometheus", "type": "prometheus", "access": "proxy",
-        "url": prometheus_url, "isDefault": True, "editable": False}]})
+        "url": prometheus_url, "isDefault": True, "editable": False}
+    if password is not None:
+        source.update(basicAuth=True, basicAuthUser=USER, secureJsonData={"basicAuthPassword": password})
+    return _dump_yaml_as_json({"apiVersion": 1, "datasources": [source]})
 
 
 def grafana_dashboard_provider() -> str:
