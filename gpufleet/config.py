@@ -891,6 +891,16 @@ def management_address(data: Mapping) -> str:
     return "0.0.0.0"
 
 
+def listen_problem(listen: str, addresses: Iterable[str]) -> str | None:
+    """Why a service of a host with ``addresses`` (its ``hostname -I``) cannot listen on ``listen``, or None: the
+    address must be one of them, a wildcard (``0.0.0.0``, ``[::]``) or loopback. No addresses known: not checked."""
+    address = listen.rsplit(":", 1)[0].strip("[]")
+    addresses = set(addresses)
+    if not addresses or address in ("0.0.0.0", "::", "", "::1") or address.startswith("127.") or address in addresses:
+        return None
+    return "not an address of this host"
+
+
 @dataclass(frozen=True)
 class ExportersConfig:
     gpu: str = "auto"

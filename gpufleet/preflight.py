@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from gpufleet.catalog import GpuModel
-from gpufleet.config import NodeConfig
+from gpufleet.config import NodeConfig, listen_problem
 from gpufleet.facts.nvidia import GpuInventory
 from gpufleet.facts.packages import NvidiaPackages
 from gpufleet.facts.pci import NvidiaPciDevices
@@ -194,6 +194,20 @@ def _check_driver(host: str, config: NodeConfig, facts: HostFacts, gpus: list[Gp
 # ----------------------------------------------------------------------------------------------- entry points
 
 
+def _check_listen_addresses(host: str, config: NodeConfig, facts: HostFacts, result: PreflightResult) -> None:
+    """The exporters' listen addresses are addresses of this host (else the exporter would not start)."""
+    addresses = (facts.os or {}).get("addresses") or []
+    exporters = config.exporters
+    for key, listen, wanted in (("gpufleet_exporters_node_listen", exporters.node_listen, exporters.node),
+                                ("gpufleet_exporters_gpu_listen", exporters.gpu_listen, exporters.gpu != "none")):
+        reason = listen_problem(listen, addresses) if wanted else None
+        if reason:
+            result.errors.append(PreflightError(
+                host, key, listen, "ADDRESS:PORT with an address of this host (" + ", ".join(addresses)
+                + "), 0.0.0.0, [::] or 127.0.0.1 (unset, it is ssh_hostname's: set it where ssh reaches the host "
+                "through another address, e.g. NAT)", reason))
+
+
 def run_preflight(host_name: str, config: NodeConfig, facts: HostFacts) -> PreflightResult:
     """All fact-dependent checks of one host: errors, plus notes on checks that could not run."""
     result = PreflightResult()
@@ -209,6 +223,8 @@ def run_preflight(host_name: str, config: NodeConfig, facts: HostFacts) -> Prefl
         result.notes.append(f"GPU at {lost} is lost (fallen off the bus); it is not checked")
     if config.stage_enabled("driver"):
         _check_driver(host_name, config, facts, gpus, result)
+    if config.stage_enabled("exporters"):
+        _check_listen_addresses(host_name, config, facts, result)
     problems = NodePlan.resolve(config, gpus).problems(lost=inventory.get("lost_gpus") or [])
     result.errors += problems.errors
     result.notes += problems.notes

@@ -29,6 +29,7 @@ from gpufleet import interruption, web_auth
 from gpufleet.config import ConfigError, ConfigErrors, NodeConfig, catalog_model, validate_pyinfra_inventory
 from gpufleet.control_files import UnsafePath
 from gpufleet.facts.nvidia import GpuInventory
+from gpufleet.facts.system import OsInfo
 from gpufleet.masking import mask_urls
 from gpufleet.monitoring import render, rules
 from gpufleet.monitoring.config import MonitoringSettings, check_monitoring_host, load_monitoring_settings, seconds
@@ -133,7 +134,7 @@ def validated():
             continue
         target_settings[h.name] = target
         if _in_monitoring(h):
-            errors += check_monitoring_host(h.name, settings, data)
+            errors += check_monitoring_host(h.name, settings, data, h.get_fact(OsInfo).get("addresses") or [])
             monitoring[h.name] = settings
     if not errors and not monitoring:
         raise InputError(f"no host in the inventory's '{MONITORING_GROUP}' group: nothing to deploy "

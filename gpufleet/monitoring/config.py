@@ -37,11 +37,18 @@ needs ``api_url`` (``channel`` optional).
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpufleet.config import ConfigError, catalog_model, did_you_mean, management_address, register_namespace
+from gpufleet.config import (
+    ConfigError,
+    catalog_model,
+    did_you_mean,
+    listen_problem,
+    management_address,
+    register_namespace,
+)
 from gpufleet.masking import secret_url
 
 from .rules import DURATION_RE, alert_names, alert_rules, duration, longest_lookback, recording_rules, seconds
@@ -326,9 +333,20 @@ def load_monitoring_settings(host: str, data: Mapping[str, Any]) -> tuple[Monito
     return MonitoringSettings(**values), TargetSettings(**target), []
 
 
-def check_monitoring_host(host: str, settings: MonitoringSettings, data: Mapping[str, Any]) -> list[ConfigError]:
-    """What only matters on a monitoring host: Grafana's password, port clashes between its services."""
+def check_monitoring_host(host: str, settings: MonitoringSettings, data: Mapping[str, Any],
+                          addresses: Iterable[str] = ()) -> list[ConfigError]:
+    """What only matters on a monitoring host: Grafana's password, port clashes between its services, listen
+    addresses that are the host's (``addresses``: its ``hostname -I``; empty: not checked)."""
     err = _Errors(host)
+    addresses = sorted(addresses)
+    for key in LISTEN_PORTS:
+        if key == "grafana_listen" and not settings.grafana:
+            continue
+        reason = listen_problem(getattr(settings, key), addresses)
+        if reason:
+            err.add(PREFIX + key, getattr(settings, key), reason,
+                    f"ADDRESS:PORT with an address of this host ({', '.join(addresses)}), 0.0.0.0, [::] or 127.0.0.1 "
+                    "(unset, it is ssh_hostname's: set it where ssh reaches the host through another address)")
     if settings.grafana and settings.grafana_admin_password is None:
         err.add(PREFIX + "grafana_admin_password", None,
                 "Grafana is enabled but has no admin password (gpufleet never deploys Grafana's default admin/admin)",

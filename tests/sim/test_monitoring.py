@@ -757,8 +757,10 @@ def test_ctrl_c_to_the_monitoring_deploy_exits_130_naming_the_host(mon):
            "gpufleet_monitoring_prometheus_listen"),
     (None, {"gpufleet_exporters_node_listen": "0.0.0.0:9400"},
      f"{DCGM_HOST}: gpufleet_exporters_node_listen='0.0.0.0:9400': port clash"),
+    ({**MONITORING_DATA, "gpufleet_monitoring_alertmanager_listen": "192.0.2.1:9093"},
+     None, f"{MON}: gpufleet_monitoring_alertmanager_listen='192.0.2.1:9093': not an address of this host"),
 ], ids=["unknown-receiver-type", "no-grafana-password", "bad-interval", "port-clash-monitoring",
-        "port-clash-exporters"])
+        "port-clash-exporters", "listen-address-not-on-the-host"])
 def test_bad_input_is_refused_before_any_change(mon, tmp_path, monitoring, dcgm_extra, expected):
     before = {h: _files(mon, h, WATCHED + ("/etc/default/prometheus-node-exporter",)) for h in (MON, DCGM_HOST)}
     inventory = write_inventory(tmp_path / "bad_inventory.py", mon.inventory, monitoring, dcgm_extra)

@@ -237,3 +237,16 @@ def test_prometheus_sends_each_accounts_password_from_its_file():
     datasource = yaml.safe_load(render.grafana_datasource("http://10.0.0.9:9090", "pw-3"))["datasources"][0]
     assert (datasource["basicAuth"], datasource["basicAuthUser"], datasource["secureJsonData"]) == (
         True, "gpufleet", {"basicAuthPassword": "pw-3"})
+
+
+def test_a_monitoring_listen_address_not_on_the_host_is_refused():
+    from gpufleet.monitoring.config import check_monitoring_host
+
+    settings, _, _ = load_monitoring_settings("mon", {"ssh_hostname": "203.0.113.9",
+                                                      "gpufleet_monitoring_grafana": False,
+                                                      "gpufleet_monitoring_alertmanager_listen": "127.0.0.1:9093"})
+    errors = check_monitoring_host("mon", settings, {}, ["10.0.0.9"])
+    assert [str(e).split("; allowed")[0] for e in errors] == [
+        "mon: gpufleet_monitoring_prometheus_listen='203.0.113.9:9090': not an address of this host"]
+    assert "(10.0.0.9), 0.0.0.0" in str(errors[0])
+    assert check_monitoring_host("mon", settings, {}, []) == []  # addresses unknown: not checked
