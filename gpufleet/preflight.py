@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from gpufleet.catalog import GpuModel
-from gpufleet.config import NodeConfig, listen_problem
+from gpufleet.config import NodeConfig, listen_problem, tls_files
 from gpufleet.facts.nvidia import GpuInventory
 from gpufleet.facts.packages import NvidiaPackages
 from gpufleet.facts.pci import NvidiaPciDevices
@@ -206,6 +206,27 @@ def _check_listen_addresses(host: str, config: NodeConfig, facts: HostFacts, res
                 host, key, listen, "ADDRESS:PORT with an address of this host (" + ", ".join(addresses)
                 + "), 0.0.0.0, [::] or 127.0.0.1 (unset, it is ssh_hostname's: set it where ssh reaches the host "
                 "through another address, e.g. NAT)", reason))
+
+
+def exporter_tls_files(config: NodeConfig) -> list[tuple[str, str, str]]:
+    """(setting, key, path) of every certificate and key file the exporters' TLS settings name."""
+    exporters = config.exporters
+    if not config.stage_enabled("exporters"):
+        return []
+    out = []
+    for setting, tls, wanted in (("gpufleet_exporters_node_tls_server_config", exporters.node_tls, exporters.node),
+                                 ("gpufleet_exporters_gpu_tls_server_config", exporters.gpu_tls,
+                                  exporters.gpu != "none")):
+        if wanted:
+            out += [(setting, key, path) for key, path in tls_files(dict(tls))]
+    return out
+
+
+def tls_file_problems(host: str, files: list[tuple[str, str, str]], state: Mapping) -> list[PreflightError]:
+    """A TLS file a setting names that is not a regular file on the host (``state``: ManagedState's ``files``)."""
+    return [PreflightError(host, f"{setting}.{key}", path, "a PEM file that exists on the host",
+                           "no such file on the host" if state.get(path) is None else "not a regular file")
+            for setting, key, path in files if (state.get(path) or {}).get("type") != "file"]
 
 
 def run_preflight(host_name: str, config: NodeConfig, facts: HostFacts) -> PreflightResult:

@@ -124,6 +124,12 @@ _DOCS: dict[str, tuple[str, str, str, str, str | None]] = {
     "gpufleet_exporters_gpu_listen": ("ADDRESS:PORT", "exporters", None, '"10.0.0.5:9400"', _MGMT + "9400"),
     "gpufleet_exporters_node": ("bool", "exporters", None, "False", None),
     "gpufleet_exporters_node_listen": ("ADDRESS:PORT", "exporters", None, '"10.0.0.5:9100"', _MGMT + "9100"),
+    "gpufleet_exporters_node_tls_server_config": ("{cert_file, key_file, min_version, max_version}", "exporters",
+                                                  None, '{"cert_file": "/etc/ssl/gpu01.crt", '
+                                                  '"key_file": "/etc/ssl/private/gpu01.key"}', None),
+    "gpufleet_exporters_gpu_tls_server_config": ("{cert_file, key_file, min_version, max_version}", "exporters",
+                                                 None, '{"cert_file": "/etc/ssl/gpu01.crt", '
+                                                 '"key_file": "/etc/ssl/private/gpu01.key"}', None),
     "gpufleet_exporters_textfile_dir": ("absolute directory path", "exporters, verify", None,
                                         '"/var/lib/node_exporter/textfile_collector"', None),
     "gpufleet_exporters_gpu_count": ("int 1..64", "exporters, monitoring", None, "8", None),
@@ -151,6 +157,16 @@ _DOCS: dict[str, tuple[str, str, str, str, str | None]] = {
                                               '"10.0.0.9:9090"', _MGMT + "9090"),
     "gpufleet_monitoring_alertmanager_listen": (None, "monitoring", "Alertmanager's listen address (basic auth "
                                                 "always)", '"127.0.0.1:9093"', _MGMT + "9093"),
+    "gpufleet_monitoring_prometheus_tls_server_config": (None, "monitoring", "Prometheus serves HTTPS with these "
+                                                         "files (the role's prometheus_web_config.tls_server_config)",
+                                                         '{"cert_file": "/etc/ssl/mon.crt", '
+                                                         '"key_file": "/etc/ssl/private/mon.key"}', None),
+    "gpufleet_monitoring_alertmanager_tls_server_config": (None, "monitoring", "Alertmanager serves HTTPS with "
+                                                           "these files", '{"cert_file": "/etc/ssl/mon.crt", '
+                                                           '"key_file": "/etc/ssl/private/mon.key"}', None),
+    "gpufleet_monitoring_tls_ca_file": (None, "monitoring", "CA certificates (a file on the monitoring host) "
+                                        "Prometheus checks the HTTPS listeners against", '"/etc/ssl/fleet-ca.crt"',
+                                        "the system's CAs"),
     "gpufleet_monitoring_receivers": (None, "monitoring", "Alertmanager receivers",
                                       '[{"name": "ops", "type": "webhook", "url": "http://hooks.internal/gpu"}]',
                                       "`[]`"),

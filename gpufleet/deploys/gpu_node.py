@@ -111,10 +111,10 @@ def exporters_stage(config: NodeConfig, facts: preflight.HostFacts, driver_chang
     """node_exporter and the GPU exporter (stage ``exporters``), and the desired GPU settings for the alerts."""
     settings = config.exporters
     # basic auth on both exporters: Prometheus scrapes as gpufleet with the control machine's generated password
-    web_config = exporter_web_config(host.name)
     if settings.node:
         exporters.node_exporter(name="node_exporter", textfile_dir=settings.textfile_dir,
-                                listen=settings.node_listen, web_config=web_config)
+                                listen=settings.node_listen,
+                                web_config=exporter_web_config(host.name, dict(settings.node_tls)))
     models = [gpu.model for gpu in preflight.host_gpus(facts)]
     # NVIDIA's repository offers DCGM: when the driver stage configures it (this run or an earlier one), auto
     # decides the same on every run; otherwise it asks apt whether a configured repository has the exporter
@@ -127,20 +127,29 @@ def exporters_stage(config: NodeConfig, facts: preflight.HostFacts, driver_chang
                                  keyring_url=config.driver.repo_keyring_url,
                                  keyring_fingerprint=config.driver.repo_key_fingerprint)
     plan = ExportersPlan.resolve(config, preflight.host_gpus(facts))
+    tls, credentials = dict(settings.gpu_tls), ()
+    if kind == "nvml" and tls:  # its dynamic user reads them as systemd credentials, named relative to its config
+        credentials = tuple((NVML_TLS_CREDENTIALS[key], tls[key]) for key in NVML_TLS_CREDENTIALS)
+        tls.update(NVML_TLS_CREDENTIALS)
     exporters.gpu_exporter(name="GPU exporter", kind=kind, listen=settings.gpu_listen, profiling=plan.profiling,
                            profiling_package=plan.profiling_package, collect_interval_ms=plan.collect_interval_ms,
-                           web_config=web_config)
+                           web_config=exporter_web_config(host.name, tls), credentials=credentials)
     if settings.node and kind != "none":
         publish_desired_state(config, facts, driver_changes)
 
 
-def exporter_web_config(host_name: str) -> str:
-    """The exporters' web configuration file: the ``exporters`` account's bcrypt hash (gpufleet.web_auth)."""
+NVML_TLS_CREDENTIALS = {"cert_file": "tls-cert.pem", "key_file": "tls-key.pem"}
+
+
+def exporter_web_config(host_name: str, tls: dict | None = None) -> str:
+    """An exporter's web configuration file: the ``exporters`` account's bcrypt hash (gpufleet.web_auth) and the
+    ``tls_server_config`` of its setting."""
     try:
         secret = web_auth.password("exporters")
     except UnsafePath as error:
         raise InputError(f"{host_name}: the monitoring credentials: {error}") from None
-    return web_auth.web_config({web_auth.USER: web_auth.bcrypt_hash(secret, f"{host_name}/{web_auth.USER}")})
+    return web_auth.web_config({web_auth.USER: web_auth.bcrypt_hash(secret, f"{host_name}/{web_auth.USER}")},
+                               tls_server_config=tls)
 
 
 def desired_gpu_settings(config: NodeConfig, gpus: list) -> list[dict]:

@@ -28,11 +28,18 @@ from pyinfra.operations.util import any_changed
 from gpufleet import interruption, web_auth
 from gpufleet.config import ConfigError, ConfigErrors, NodeConfig, catalog_model, validate_pyinfra_inventory
 from gpufleet.control_files import UnsafePath
+from gpufleet.facts.files import ManagedState
 from gpufleet.facts.nvidia import GpuInventory
 from gpufleet.facts.system import OsInfo
 from gpufleet.masking import mask_urls
 from gpufleet.monitoring import render, rules
-from gpufleet.monitoring.config import MonitoringSettings, check_monitoring_host, load_monitoring_settings, seconds
+from gpufleet.monitoring.config import (
+    MonitoringSettings,
+    check_monitoring_host,
+    load_monitoring_settings,
+    seconds,
+    tls_files_of,
+)
 from gpufleet.operations import apt_lists, grafana
 from gpufleet.operations.files import managed_file, secret_file
 
@@ -134,7 +141,9 @@ def validated():
             continue
         target_settings[h.name] = target
         if _in_monitoring(h):
-            errors += check_monitoring_host(h.name, settings, data, h.get_fact(OsInfo).get("addresses") or [])
+            tls = sorted({path for _, path in tls_files_of(settings)})  # read only where TLS is set
+            files = (h.get_fact(ManagedState, paths=tuple(tls)).get("files") or {}) if tls else None
+            errors += check_monitoring_host(h.name, settings, data, h.get_fact(OsInfo).get("addresses") or [], files)
             monitoring[h.name] = settings
     if not errors and not monitoring:
         raise InputError(f"no host in the inventory's '{MONITORING_GROUP}' group: nothing to deploy "
@@ -172,20 +181,24 @@ def passwords() -> dict[str, str]:
         raise InputError(f"the monitoring credentials: {error}") from None
 
 
-def _web_config(secret: str) -> str:
-    return web_auth.web_config({web_auth.USER: web_auth.bcrypt_hash(secret, f"{host.name}/{web_auth.USER}")})
+def _web_config(secret: str, tls: dict) -> str:
+    return web_auth.web_config({web_auth.USER: web_auth.bcrypt_hash(secret, f"{host.name}/{web_auth.USER}")},
+                               tls_server_config=dict(tls))
 
 
 def prometheus_stage(settings: MonitoringSettings, targets) -> None:
     apt_lists.packages(name="Prometheus and Alertmanager (distribution packages)", packages=list(PROMETHEUS_PACKAGES),
                        no_recommends=True)
     secrets = passwords()
-    # basic auth on both (exporter-toolkit's web configuration, read again on every request), and the passwords
-    # Prometheus sends to the exporters, itself and Alertmanager: never shown, 0640 root:prometheus from the start
-    for path, text in ((render.PROMETHEUS_WEB_CONFIG, _web_config(secrets["prometheus"])),
-                       (render.ALERTMANAGER_WEB_CONFIG, _web_config(secrets["alertmanager"])),
-                       *((path, secrets[account] + "\n") for account, path in render.PASSWORD_FILES.items())):
-        secret_file(name=path, path=path, content=text, mode="640", group=ALERTMANAGER_GROUP)
+    # basic auth and TLS on both (exporter-toolkit's web configuration: read again on every request, but HTTP or
+    # HTTPS is decided at start, so a change restarts), and the passwords Prometheus sends to the exporters, itself
+    # and Alertmanager: never shown, 0640 root:prometheus from the start
+    web = [secret_file(name=path, path=path, content=_web_config(secrets[account], tls), mode="640",
+                       group=ALERTMANAGER_GROUP)
+           for path, account, tls in ((render.PROMETHEUS_WEB_CONFIG, "prometheus", settings.prometheus_tls),
+                                      (render.ALERTMANAGER_WEB_CONFIG, "alertmanager", settings.alertmanager_tls))]
+    for account, path in render.PASSWORD_FILES.items():
+        secret_file(name=path, path=path, content=secrets[account] + "\n", mode="640", group=ALERTMANAGER_GROUP)
     prom_args = (f"--web.listen-address={settings.prometheus_listen} "
                  f"--web.config.file={render.PROMETHEUS_WEB_CONFIG} "
                  f"--storage.tsdb.retention.time={settings.retention}")
@@ -209,14 +222,15 @@ def prometheus_stage(settings: MonitoringSettings, targets) -> None:
                             content=render.alertmanager_config(settings), mode="640", group=ALERTMANAGER_GROUP)]
     check = f"promtool check config {PROMETHEUS_CONFIG}"
     server.shell(name="promtool check config, then restart Prometheus (its arguments changed)",
-                 commands=[f"{check} && systemctl restart prometheus"], _if=any_changed(defaults[0]))
+                 commands=[f"{check} && systemctl restart prometheus"], _if=any_changed(defaults[0], web[0]))
     server.shell(name="promtool check config, then reload Prometheus",
                  commands=[f"{check} && systemctl reload prometheus"],
-                 _if=lambda: any(op.did_change() for op in prom_files) and not defaults[0].did_change())
+                 _if=lambda: (any(op.did_change() for op in prom_files) and not defaults[0].did_change()
+                              and not web[0].did_change()))
     am_check = f"amtool check-config {ALERTMANAGER_CONFIG}"
     server.shell(name="amtool check-config, then restart Alertmanager",
                  commands=[f"{am_check} && systemctl restart prometheus-alertmanager"],
-                 _if=lambda: defaults[1].did_change() or am_files[0].did_change())
+                 _if=lambda: defaults[1].did_change() or am_files[0].did_change() or web[1].did_change())
     for unit in ("prometheus", "prometheus-alertmanager"):
         systemd.service(name=f"{unit} enabled and running", service=unit, running=True, enabled=True)
 
@@ -252,7 +266,8 @@ def grafana_stage(settings: MonitoringSettings) -> None:
                      _if=lambda: installed and (key.did_change() or source.did_change()))
     apt_lists.packages(name="Grafana", packages=["grafana"], no_recommends=False)  # a checked update first
     grafana.packaged_defaults(name="Grafana's packaged /etc/default/grafana-server")
-    prometheus_url = f"http://{render.client_address(settings.prometheus_listen)}"
+    scheme = "https" if settings.prometheus_tls else "http"
+    prometheus_url = f"{scheme}://{render.client_address(settings.prometheus_listen)}"
     # the datasource holds the prometheus account's password: 0640 root:grafana, never shown
     provisioning = [
         secret_file(name="Grafana datasource", path=GRAFANA_DATASOURCE, mode="640", group=GRAFANA_GROUP,

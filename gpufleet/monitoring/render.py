@@ -60,11 +60,13 @@ def scrape_targets(targets: Sequence[Target]) -> dict[str, list[dict[str, Any]]]
             continue
         labels = {"host": t.host, "group": ",".join(g for g in t.groups if g != "all"),
                   "gpu_model": t.target.gpu_model, "cluster": t.target.cluster}
+        # an exporter with a certificate is scraped over HTTPS (Prometheus' __scheme__ target label)
         if exporters.gpu != "none":
-            out["gpu"].append({"targets": [f"{t.address}:{exporters.port(exporters.gpu_listen)}"], "labels": labels})
+            out["gpu"].append({"targets": [f"{t.address}:{exporters.port(exporters.gpu_listen)}"],
+                               "labels": {**labels, **({"__scheme__": "https"} if exporters.gpu_tls else {})}})
         if exporters.node:
             out["node"].append({"targets": [f"{t.address}:{exporters.port(exporters.node_listen)}"],
-                                "labels": labels})
+                                "labels": {**labels, **({"__scheme__": "https"} if exporters.node_tls else {})}})
     return out
 
 
@@ -93,16 +95,22 @@ def prometheus_config(settings: MonitoringSettings, alertmanager: str | None = N
     # scrape timeout: at most 10 s, never longer than the interval (Prometheus refuses that)
     timeout = settings.scrape_interval if seconds(settings.scrape_interval) <= 10 else "10s"
     alertmanager = alertmanager or client_address(settings.alertmanager_listen)
+    # HTTPS: the certificates are checked against tls_ca_file (else the system's CAs)
+    tls = {"tls_config": {"ca_file": settings.tls_ca_file}} if settings.tls_ca_file else {}
+
+    def https(on: Mapping) -> dict:
+        return {"scheme": "https", **tls} if on else {}
+
     config = {
         "global": {"scrape_interval": settings.scrape_interval, "scrape_timeout": timeout,
                    "evaluation_interval": settings.evaluation_interval},
         "rule_files": [f"{RULES_DIR}/*.rules.yml"],
-        "alerting": {"alertmanagers": [{"basic_auth": basic_auth("alertmanager"),
+        "alerting": {"alertmanagers": [{"basic_auth": basic_auth("alertmanager"), **https(settings.alertmanager_tls),
                                         "static_configs": [{"targets": [alertmanager]}]}]},
         "scrape_configs": [
-            {"job_name": "prometheus", "basic_auth": basic_auth("prometheus"),
+            {"job_name": "prometheus", "basic_auth": basic_auth("prometheus"), **https(settings.prometheus_tls),
              "static_configs": [{"targets": [client_address(settings.prometheus_listen)]}]},
-            *({"job_name": job, "basic_auth": basic_auth("exporters"),
+            *({"job_name": job, "basic_auth": basic_auth("exporters"), **tls,
                "file_sd_configs": [{"files": [f"{FILE_SD_DIR}/gpufleet-{job}.json"]}]}
               for job in JOBS),
         ],

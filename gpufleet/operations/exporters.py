@@ -164,10 +164,13 @@ def node_exporter_defaults(textfile_dir: str, listen: str, web_config: bool = Fa
             f"ARGS={shlex.quote(args)}\n")
 
 
-def nvml_unit_text(listen: str, web_config: bool = False) -> str:
+def nvml_unit_text(listen: str, web_config: bool = False, credentials: tuple[tuple[str, str], ...] = ()) -> str:
+    """gpufleet's exporter's unit; ``credentials``: (name, path) of more files its dynamic user gets through
+    ``LoadCredential=`` (the TLS certificate and key its web configuration names relative to it)."""
     return render("systemd/gpufleet-exporter.service.j2", python=PYTHON, bundle=NVML_BUNDLE, listen=listen,
                   settings_dir=SETTINGS_DIR,
-                  web_config=(NVML_WEB_CREDENTIAL, NVML_WEB_CONFIG) if web_config else None)
+                  web_config=(NVML_WEB_CREDENTIAL, NVML_WEB_CONFIG) if web_config else None,
+                  credentials=sorted(credentials))
 
 
 def dcgm_drop_in_text(listen: str, collect_interval_ms: int, web_config: bool = False) -> str:
@@ -255,13 +258,15 @@ def node_exporter(textfile_dir: str, listen: str = "0.0.0.0:9100", web_config: s
     commands = []
     if managed["files"][textfile_dir] is None:
         commands.append(StringCommand("mkdir", "-p", shlex.quote(textfile_dir)))
-    if web_config:  # before the arguments that name it; node_exporter reads it again on every request
-        commands += put_file(managed["files"][NODE_EXPORTER_WEB_CONFIG], NODE_EXPORTER_WEB_CONFIG, web_config,
-                             mode="640", group=NODE_EXPORTER_GROUP, secret=True)
+    # before the arguments that name it; exporter-toolkit reads it again on every request, but decides between
+    # HTTP and HTTPS once, at start: a change restarts node_exporter
+    web = list(put_file(managed["files"][NODE_EXPORTER_WEB_CONFIG], NODE_EXPORTER_WEB_CONFIG, web_config,
+                        mode="640", group=NODE_EXPORTER_GROUP, secret=True)) if web_config else []
+    commands += web
     defaults = list(put_file(managed["files"][NODE_EXPORTER_DEFAULTS], NODE_EXPORTER_DEFAULTS,
                              node_exporter_defaults(textfile_dir, listen, bool(web_config))))
     commands += defaults
-    commands += _converge_service(managed["units"][NODE_EXPORTER_UNIT], NODE_EXPORTER_UNIT, bool(defaults))
+    commands += _converge_service(managed["units"][NODE_EXPORTER_UNIT], NODE_EXPORTER_UNIT, bool(defaults or web))
     if not commands:
         host.noop(f"node_exporter running on {listen}{' (web config)' if web_config else ''}, textfile collector "
                   f"{textfile_dir}")
@@ -308,7 +313,8 @@ def desired_state(textfile_dir: str, gpus: list[dict], lost: list[str] | tuple =
 
 @operation()
 def gpu_exporter(kind: str, listen: str = "0.0.0.0:9400", profiling: bool = False, profiling_package: bool = False,
-                 collect_interval_ms: int = 15_000, web_config: str = ""):
+                 collect_interval_ms: int = 15_000, web_config: str = "",
+                 credentials: tuple[tuple[str, str], ...] = ()):
     """
     Run one GPU exporter on dcgm-exporter's port and names: NVIDIA's (``dcgm``) or gpufleet's (``nvml``).
 
@@ -320,6 +326,8 @@ def gpu_exporter(kind: str, listen: str = "0.0.0.0:9400", profiling: bool = Fals
     + collect_interval_ms: ``dcgm``: how often dcgm-exporter collects (``-c``), the scrape interval
     + web_config: the text of the exporter's web configuration file (exporter-toolkit's format: basic auth, TLS),
       passed as ``--web-config-file`` (dcgm-exporter's flag; gpufleet's exporter reads the same format); never shown
+    + credentials: ``nvml``: (name, path) of the files its web configuration names relative to itself (TLS
+      certificate and key), handed to the exporter's dynamic user by ``LoadCredential=``
 
     ``nvml``: uploads ``/opt/gpufleet/exporter/gpufleet-gpu-exporter.pyz`` (the exporter with nvidia-ml-py and
     prometheus-client: no pip, no internet on the node) and the hardened unit
@@ -354,7 +362,8 @@ def gpu_exporter(kind: str, listen: str = "0.0.0.0:9400", profiling: bool = Fals
         changed = list(_put_bytes(files[NVML_BUNDLE], NVML_BUNDLE, bundle()))
         if web_config:  # systemd copies it for the dynamic user at start (LoadCredential=): a change restarts
             changed += put_file(files[NVML_WEB_CONFIG], NVML_WEB_CONFIG, web_config, mode="600", secret=True)
-        changed += put_file(files[NVML_UNIT_PATH], NVML_UNIT_PATH, nvml_unit_text(listen, bool(web_config)))
+        changed += put_file(files[NVML_UNIT_PATH], NVML_UNIT_PATH,
+                            nvml_unit_text(listen, bool(web_config), tuple(credentials)))
         commands += changed
         commands += _converge_service(units[NVML_UNIT], NVML_UNIT, bool(changed))
     elif kind == "dcgm":
@@ -365,9 +374,9 @@ def gpu_exporter(kind: str, listen: str = "0.0.0.0:9400", profiling: bool = Fals
         changed = list(put_file(files[DCGM_COUNTERS], DCGM_COUNTERS, counters_csv(profiling)))
         changed += put_file(files[DCGM_DROP_IN], DCGM_DROP_IN,
                             dcgm_drop_in_text(listen, collect_interval_ms, bool(web_config)))
+        if web_config:  # read on every request, but HTTP or HTTPS is decided at start (exporter-toolkit): restarts
+            changed += put_file(files[DCGM_WEB_CONFIG], DCGM_WEB_CONFIG, web_config, mode="600", secret=True)
         commands += changed
-        if web_config:  # dcgm-exporter reads it again on every request (exporter-toolkit): no restart for it
-            commands += put_file(files[DCGM_WEB_CONFIG], DCGM_WEB_CONFIG, web_config, mode="600", secret=True)
         commands += _converge_service(units[DCGM_UNIT], DCGM_UNIT, False)
         commands += _converge_service(units[DCGM_EXPORTER_UNIT], DCGM_EXPORTER_UNIT, bool(changed))
     if not commands:

@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import signal
+import ssl
 import subprocess
 import time
 import urllib.error
@@ -62,15 +63,16 @@ monitoring = [({mon!r}, {{**_hosts[{mon!r}], **{monitoring}}})]
 gpu_nodes = [({dcgm!r}, {{**_hosts[{dcgm!r}], "gpufleet_exporters_gpu": "dcgm", "gpufleet_monitoring_cluster": "lab",
                           "gpufleet_monitoring_gpu_model": "h100-sxm", "gpufleet_power_limit": {power},
                           "gpufleet_monitoring_scrape_interval": {scrape!r}, **{dcgm_extra}}}),
-             ({nvml!r}, {{**_hosts[{nvml!r}], "gpufleet_monitoring_cluster": "lab"}})]
+             ({nvml!r}, {{**_hosts[{nvml!r}], "gpufleet_monitoring_cluster": "lab", **{nvml_extra}}})]
 '''
 
 
-def write_inventory(path: Path, sim_inventory: Path, monitoring: dict | None = None, dcgm_extra: dict | None = None):
+def write_inventory(path: Path, sim_inventory: Path, monitoring: dict | None = None, dcgm_extra: dict | None = None,
+                    nvml_extra: dict | None = None):
     path.write_text(INVENTORY.format(sim=str(sim_inventory), mon=MON, dcgm=DCGM_HOST, nvml=NVML_HOST, power=POWER_W,
                                      scrape=SCRAPE,
                                      monitoring=repr(monitoring if monitoring is not None else MONITORING_DATA),
-                                     dcgm_extra=repr(dcgm_extra or {})))
+                                     dcgm_extra=repr(dcgm_extra or {}), nvml_extra=repr(nvml_extra or {})))
     return path
 
 
@@ -889,3 +891,82 @@ def test_credentials_stay_on_the_control_machine_and_in_private_files(mon):
             expected = {"/etc/grafana/provisioning/datasources/gpufleet.yml": ["prometheus"],
                         **{p: [a] for a, p in render.PASSWORD_FILES.items()}}.get(path, [])
             assert leaked == expected, (name, path)
+
+
+def _certificates(address: str) -> dict[str, bytes]:
+    """A CA and a server certificate for ``address`` (IP SAN), PEM: what a site's own PKI would hand out."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "gpufleet e2e CA")])
+    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
+          .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(days=1))
+          .not_valid_after(now + datetime.timedelta(days=2))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True).sign(ca_key, hashes.SHA256()))
+    cert = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, address)]))
+            .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(days=1)).not_valid_after(now + datetime.timedelta(days=2))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(address))]),
+                           critical=False).sign(ca_key, hashes.SHA256()))
+    pem = serialization.Encoding.PEM
+    return {"ca.crt": ca.public_bytes(pem), "node.crt": cert.public_bytes(pem),
+            "node.key": key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())}
+
+
+TLS_DIR = "/etc/ssl/gpufleet-e2e"
+
+
+# last of the module: it leaves the nvml node's exporters on HTTPS
+def test_exporters_serve_https_with_the_sites_certificates_and_prometheus_scrapes_them(mon, tmp_path):
+    node = mon.host(NVML_HOST).address
+    tls = {"cert_file": f"{TLS_DIR}/node.crt", "key_file": f"{TLS_DIR}/node.key"}
+    monitoring = {**MONITORING_DATA, "gpufleet_monitoring_tls_ca_file": f"{TLS_DIR}/ca.crt"}
+    nvml_tls = {"gpufleet_exporters_node_tls_server_config": tls, "gpufleet_exporters_gpu_tls_server_config": tls}
+    inventory = write_inventory(tmp_path / "tls_inventory.py", mon.inventory, monitoring, nvml_extra=nvml_tls)
+    limit = [str(BIN / "pyinfra"), "-y", "--limit", NVML_HOST, str(inventory), "deploys/gpu_node.py"]
+    # the files the settings name are not on the node yet: refused before any change
+    before = _files(mon, NVML_HOST, ("/etc/prometheus/node-exporter-web-config.yml",))
+    result = subprocess.run(limit, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900, cwd=REPO)
+    assert result.returncode != 0 and "no host was changed" in result.stdout, result.stdout
+    assert (f"{NVML_HOST}: gpufleet_exporters_node_tls_server_config.cert_file='{TLS_DIR}/node.crt': no such file "
+            "on the host") in result.stdout
+    assert _files(mon, NVML_HOST, ("/etc/prometheus/node-exporter-web-config.yml",)) == before
+    files = _certificates(node)
+    for name, wanted in ((NVML_HOST, ("ca.crt", "node.crt", "node.key")), (MON, ("ca.crt",))):
+        directory = mon.host(name).dir / "root" / TLS_DIR.lstrip("/")
+        directory.mkdir(parents=True, exist_ok=True)
+        for file in wanted:
+            (directory / file).write_bytes(files[file])
+    # node_exporter runs as Debian's prometheus user: the site lets it read the key
+    ssh(mon, NVML_HOST, f"chown root:prometheus {TLS_DIR}/node.key && chmod 640 {TLS_DIR}/node.key")
+    result = subprocess.run(limit, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900, cwd=REPO)
+    assert result.returncode == 0, result.stdout
+    run_pyinfra(inventory, "deploys/monitoring.py")
+
+    def https_up():
+        targets = api(mon, 9090, "/api/v1/targets")["data"]["activeTargets"]
+        return {t["labels"]["job"]: (t["scrapeUrl"].split(":")[0], t["health"]) for t in targets
+                if t["labels"].get("host") == NVML_HOST}
+
+    wait_for("the nvml node's exporters scraped over HTTPS", lambda: https_up() == {
+        "gpu": ("https", "up"), "node": ("https", "up")})
+    ca = tmp_path / "ca.crt"
+    ca.write_bytes(files["ca.crt"])
+    trusting = ssl.create_default_context(cafile=str(ca))
+    for port in (9100, 9400):
+        request = urllib.request.Request(f"https://{node}:{port}/metrics",
+                                         headers={"Authorization": authorization("exporters")})
+        with urllib.request.urlopen(request, timeout=10, context=trusting) as response:
+            assert response.status == 200
+    # from another simulated host: plain HTTP is not served, HTTPS still asks for the credential
+    script = (f"for port in 9100 9400; do curl -s -o /dev/null -w '%{{http_code}} ' http://{node}:$port/metrics; "
+              f"curl -s -k -o /dev/null -w '%{{http_code}} ' https://{node}:$port/metrics; done")
+    codes = ssh(mon, DCGM_HOST, script, check=False).stdout.split()
+    assert [c for c in codes[1::2]] == ["401", "401"] and "200" not in codes, codes

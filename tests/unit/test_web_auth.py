@@ -250,3 +250,71 @@ def test_a_monitoring_listen_address_not_on_the_host_is_refused():
         "mon: gpufleet_monitoring_prometheus_listen='203.0.113.9:9090': not an address of this host"]
     assert "(10.0.0.9), 0.0.0.0" in str(errors[0])
     assert check_monitoring_host("mon", settings, {}, []) == []  # addresses unknown: not checked
+
+
+# ------------------------------------------------------------------------------------------------ TLS settings
+
+
+TLS = {"cert_file": "/etc/ssl/gpu.crt", "key_file": "/etc/ssl/private/gpu.key"}
+
+
+def test_tls_settings_are_validated_naming_the_key():
+    config = load_node_config("n1", {"gpufleet_exporters_node_tls_server_config": {**TLS, "min_version": "TLS13"}})
+    assert dict(config.exporters.node_tls) == {**TLS, "min_version": "TLS13"} and config.exporters.gpu_tls == ()
+    for bad, reason in (({"cert_file": "/etc/ssl/gpu.crt"}, "key_file missing or not an absolute path"),
+                        ({**TLS, "client_auth_type": "RequireAndVerifyClientCert"},
+                         "unknown or unsupported key(s) client_auth_type"),
+                        ({**TLS, "cert_file": "gpu.crt"}, "cert_file missing or not an absolute path"),
+                        ({**TLS, "max_version": "TLS11"}, "max_version is not one of TLS12, TLS13")):
+        with pytest.raises(Exception) as raised:
+            load_node_config("n1", {"gpufleet_exporters_gpu_tls_server_config": bad})
+        message = str(raised.value)
+        assert "n1: gpufleet_exporters_gpu_tls_server_config={" in message and f": {reason}; allowed: " in message
+    _, _, errors = load_monitoring_settings("mon", {"gpufleet_monitoring_tls_ca_file": "ca.crt"})
+    assert [str(e).split("; allowed")[0] for e in errors] == [
+        "mon: gpufleet_monitoring_tls_ca_file='ca.crt': not an absolute path"]
+
+
+def test_an_exporter_with_a_certificate_is_scraped_over_https_against_the_ca():
+    from gpufleet.monitoring.config import TargetSettings
+    from gpufleet.monitoring.render import Target, scrape_targets
+
+    config = load_node_config("n1", {"ssh_hostname": "10.0.0.5", "gpufleet_exporters_node_tls_server_config": TLS})
+    groups = scrape_targets([Target("n1", "10.0.0.5", (), config, TargetSettings())])
+    assert groups["node"][0]["labels"]["__scheme__"] == "https" and "__scheme__" not in groups["gpu"][0]["labels"]
+    settings = MonitoringSettings(tls_ca_file="/etc/ssl/ca.crt", alertmanager_tls=TLS)
+    config = yaml.safe_load(render.prometheus_config(settings))
+    assert [job.get("tls_config") for job in config["scrape_configs"]] == [
+        None, {"ca_file": "/etc/ssl/ca.crt"}, {"ca_file": "/etc/ssl/ca.crt"}]
+    assert "scheme" not in config["scrape_configs"][0]  # Prometheus itself: HTTP
+    alerting = config["alerting"]["alertmanagers"][0]
+    assert (alerting["scheme"], alerting["tls_config"]) == ("https", {"ca_file": "/etc/ssl/ca.crt"})
+
+
+def test_tls_files_that_are_not_on_the_host_are_refused_before_any_change():
+    from gpufleet import preflight
+    from gpufleet.monitoring.config import check_monitoring_host
+
+    config = load_node_config("n1", {"gpufleet_exporters_gpu_tls_server_config": TLS})
+    files = preflight.exporter_tls_files(config)
+    assert files == [("gpufleet_exporters_gpu_tls_server_config", "cert_file", TLS["cert_file"]),
+                     ("gpufleet_exporters_gpu_tls_server_config", "key_file", TLS["key_file"])]
+    state = {TLS["cert_file"]: {"type": "file"}, TLS["key_file"]: None}
+    assert [e.message for e in preflight.tls_file_problems("n1", files, state)] == [
+        "n1: gpufleet_exporters_gpu_tls_server_config.key_file='/etc/ssl/private/gpu.key': no such file on the "
+        "host; allowed: a PEM file that exists on the host"]
+    settings = MonitoringSettings(grafana=False, prometheus_tls=TLS, tls_ca_file="/etc/ssl/ca.crt")
+    errors = check_monitoring_host("mon", settings, {}, [], {TLS["cert_file"]: {"type": "file"},
+                                                            TLS["key_file"]: {"type": "directory"}})
+    assert [str(e).split("; allowed")[0] for e in errors] == [
+        "mon: gpufleet_monitoring_prometheus_tls_server_config.key_file='/etc/ssl/private/gpu.key': not a regular "
+        "file",
+        "mon: gpufleet_monitoring_tls_ca_file='/etc/ssl/ca.crt': no such file on the host"]
+
+
+def test_gpufleets_exporter_gets_its_certificate_as_systemd_credentials():
+    unit = exporters.nvml_unit_text("10.0.0.5:9400", True, (("tls-cert.pem", TLS["cert_file"]),
+                                                            ("tls-key.pem", TLS["key_file"])))
+    assert "LoadCredential=web-config.yml:/etc/gpufleet/gpu-exporter-web-config.yml\n" in unit
+    assert f"LoadCredential=tls-cert.pem:{TLS['cert_file']}\nLoadCredential=tls-key.pem:{TLS['key_file']}\n" in unit
+    assert "--web-config-file ${CREDENTIALS_DIRECTORY}/web-config.yml\n" in unit
