@@ -918,6 +918,11 @@ def tls_server_config(value: Any) -> tuple[dict[str, str] | None, str | None]:
     return {k: value[k] for k in TLS_SERVER_KEYS if k in value}, None
 
 
+FLEET_TLS_DIR = "/etc/gpufleet/tls"  # the fleet CA's files on a host
+FLEET_TLS = {"cert_file": f"{FLEET_TLS_DIR}/cert.pem", "key_file": f"{FLEET_TLS_DIR}/key.pem"}
+FLEET_CA_FILE = f"{FLEET_TLS_DIR}/ca.pem"
+
+
 def tls_files(tls: Mapping[str, str] | None) -> list[tuple[str, str]]:
     """(key, path) of the files a ``tls_server_config`` names."""
     return [(key, tls[key]) for key in ("cert_file", "key_file") if tls and tls.get(key)]
@@ -940,8 +945,9 @@ class ExportersConfig:
     node: bool = True
     node_listen: str = f"0.0.0.0:{NODE_EXPORTER_PORT}"
     textfile_dir: str = DEFAULT_TEXTFILE_DIR
-    node_tls: tuple[tuple[str, str], ...] = ()  # tls_server_config items: () plain HTTP
+    node_tls: tuple[tuple[str, str], ...] = ()  # tls_server_config items: () plain HTTP (or the fleet CA's)
     gpu_tls: tuple[tuple[str, str], ...] = ()
+    tls_fleet_ca: bool = False  # exporters without a tls_server_config of their own: HTTPS with the fleet CA's
     gpu_count: int | None = None  # GPUs the host should have (monitoring's GpuMissing); None: the most seen
     collect_interval_ms: int = DEFAULT_COLLECT_INTERVAL_MS  # dcgm-exporter's -c (milliseconds)
 
@@ -1036,6 +1042,9 @@ EXPORTER_SETTINGS: tuple[tuple[str, Any, Any, str], ...] = (
      "node_exporter_tls_server_config); unset: HTTP"),
     ("gpufleet_exporters_gpu_tls_server_config", _tls, None,
      "the GPU exporter serves HTTPS with these files on the host; unset: HTTP"),
+    ("gpufleet_exporters_tls_fleet_ca", _bool, False,
+     "HTTPS for the exporters without a *_tls_server_config of their own, with a certificate of gpufleet's fleet CA "
+     "(created on the control machine)"),
     ("gpufleet_exporters_textfile_dir", _textfile_dir, DEFAULT_TEXTFILE_DIR,
      "node_exporter's textfile collector directory; verify writes its results there too"),
     ("gpufleet_exporters_gpu_count", _gpu_count, None,
@@ -1061,6 +1070,7 @@ def _exporters_config(ctx: _Ctx, values: Mapping[str, Any], data: Mapping) -> Ex
         textfile_dir=values["gpufleet_exporters_textfile_dir"], gpu_count=values["gpufleet_exporters_gpu_count"],
         node_tls=values["gpufleet_exporters_node_tls_server_config"] or (),
         gpu_tls=values["gpufleet_exporters_gpu_tls_server_config"] or (),
+        tls_fleet_ca=values["gpufleet_exporters_tls_fleet_ca"],
         collect_interval_ms=collect)
     if config.node and config.gpu != "none" and config.port(config.gpu_listen) == config.port(config.node_listen):
         ctx.error("gpufleet_exporters_node_listen", config.node_listen,

@@ -130,6 +130,7 @@ _DOCS: dict[str, tuple[str, str, str, str, str | None]] = {
     "gpufleet_exporters_gpu_tls_server_config": ("{cert_file, key_file, min_version, max_version}", "exporters",
                                                  None, '{"cert_file": "/etc/ssl/gpu01.crt", '
                                                  '"key_file": "/etc/ssl/private/gpu01.key"}', None),
+    "gpufleet_exporters_tls_fleet_ca": ("bool", "exporters", None, "True", None),
     "gpufleet_exporters_textfile_dir": ("absolute directory path", "exporters, verify", None,
                                         '"/var/lib/node_exporter/textfile_collector"', None),
     "gpufleet_exporters_gpu_count": ("int 1..64", "exporters, monitoring", None, "8", None),
@@ -164,6 +165,9 @@ _DOCS: dict[str, tuple[str, str, str, str, str | None]] = {
     "gpufleet_monitoring_alertmanager_tls_server_config": (None, "monitoring", "Alertmanager serves HTTPS with "
                                                            "these files", '{"cert_file": "/etc/ssl/mon.crt", '
                                                            '"key_file": "/etc/ssl/private/mon.key"}', None),
+    "gpufleet_monitoring_tls_fleet_ca": (None, "monitoring", "HTTPS for Prometheus and Alertmanager without a "
+                                         "*_tls_server_config of their own, with a certificate of gpufleet's fleet CA",
+                                         "True", None),
     "gpufleet_monitoring_tls_ca_file": (None, "monitoring", "CA certificates (a file on the monitoring host) "
                                         "Prometheus checks the HTTPS listeners against", '"/etc/ssl/fleet-ca.crt"',
                                         "the system's CAs"),

@@ -11,6 +11,7 @@ packaged files left as shipped; gpufleet's settings are ``GF_*`` overrides in a 
 
 from __future__ import annotations
 
+import ipaddress
 import posixpath
 import shlex
 import shutil
@@ -25,8 +26,16 @@ from pyinfra.facts.deb import DebPackages
 from pyinfra.operations import server, systemd
 from pyinfra.operations.util import any_changed
 
-from gpufleet import interruption, web_auth
-from gpufleet.config import ConfigError, ConfigErrors, NodeConfig, catalog_model, validate_pyinfra_inventory
+from gpufleet import fleet_ca, interruption, web_auth
+from gpufleet.config import (
+    FLEET_CA_FILE,
+    FLEET_TLS,
+    ConfigError,
+    ConfigErrors,
+    NodeConfig,
+    catalog_model,
+    validate_pyinfra_inventory,
+)
 from gpufleet.control_files import UnsafePath
 from gpufleet.facts.files import ManagedState
 from gpufleet.facts.nvidia import GpuInventory
@@ -190,6 +199,7 @@ def prometheus_stage(settings: MonitoringSettings, targets) -> None:
     apt_lists.packages(name="Prometheus and Alertmanager (distribution packages)", packages=list(PROMETHEUS_PACKAGES),
                        no_recommends=True)
     secrets = passwords()
+    fleet_files(settings)
     # basic auth and TLS on both (exporter-toolkit's web configuration: read again on every request, but HTTP or
     # HTTPS is decided at start, so a change restarts), and the passwords Prometheus sends to the exporters, itself
     # and Alertmanager: never shown, 0640 root:prometheus from the start
@@ -271,7 +281,10 @@ def grafana_stage(settings: MonitoringSettings) -> None:
     # the datasource holds the prometheus account's password: 0640 root:grafana, never shown
     provisioning = [
         secret_file(name="Grafana datasource", path=GRAFANA_DATASOURCE, mode="640", group=GRAFANA_GROUP,
-                    content=render.grafana_datasource(prometheus_url, passwords()["prometheus"])),
+                    content=render.grafana_datasource(prometheus_url, passwords()["prometheus"],
+                                                      fleet_ca.ca()[0] if settings.tls_ca_file == FLEET_CA_FILE
+                                                      and settings.prometheus_tls.get("cert_file")
+                                                      == FLEET_TLS["cert_file"] else None)),
         _put("Grafana dashboard provider", render.grafana_dashboard_provider(),
              f"{GRAFANA_PROVISIONING}/dashboards/gpufleet.yml"),
         *(_put(f"Grafana dashboard {name}", render.dashboard(name), f"{render.GRAFANA_DASHBOARD_DIR}/{name}")
@@ -297,7 +310,49 @@ def monitoring() -> None:
     _configs, monitoring_hosts, targets = validated()
     if host.name not in monitoring_hosts:
         return
-    settings = monitoring_hosts[host.name]
+    settings = with_fleet_ca(monitoring_hosts[host.name], targets)
     prometheus_stage(settings, targets)
     if settings.grafana:
         grafana_stage(settings)
+
+
+def with_fleet_ca(settings: MonitoringSettings, targets) -> MonitoringSettings:
+    """The settings with the fleet CA's files where it is used: Prometheus and Alertmanager without a certificate of
+    their own (``gpufleet_monitoring_tls_fleet_ca``), and the CA Prometheus checks against where a target or they
+    use it (unless ``gpufleet_monitoring_tls_ca_file`` names another)."""
+    targets_use_it = any(t.config.exporters.tls_fleet_ca for t in targets)
+    if not (settings.tls_fleet_ca or targets_use_it):
+        return settings
+    own = dict(FLEET_TLS) if settings.tls_fleet_ca else {}
+    return replace(settings, prometheus_tls=settings.prometheus_tls or own,
+                   alertmanager_tls=settings.alertmanager_tls or own, tls_ca_file=settings.tls_ca_file or FLEET_CA_FILE)
+
+
+def fleet_files(settings: MonitoringSettings) -> str | None:
+    """The fleet CA's certificate on this host (and its own certificate and key where Prometheus or Alertmanager
+    use them); returns the CA certificate's text where Prometheus is checked against it (Grafana's datasource)."""
+    if settings.tls_ca_file != FLEET_CA_FILE:
+        return None
+    address = host.data.get("ssh_hostname") or host.name
+    try:
+        ca_cert, _ = fleet_ca.ca()
+        if FLEET_TLS["cert_file"] in (settings.prometheus_tls.get("cert_file"),
+                                      settings.alertmanager_tls.get("cert_file")):
+            ip = _is_ip(address)
+            cert, key = fleet_ca.host_certificate(host.name, [*([address] if ip else []), "127.0.0.1"],
+                                                  [*([] if ip else [address]), "localhost"])
+            _put("this host's fleet certificate", cert, FLEET_TLS["cert_file"])
+            secret_file(name="this host's fleet certificate key", path=FLEET_TLS["key_file"], content=key,
+                        mode="640", group=ALERTMANAGER_GROUP)
+    except UnsafePath as error:
+        raise InputError(f"{host.name}: the fleet CA: {error}") from None
+    _put("fleet CA certificate", ca_cert, FLEET_CA_FILE)
+    return ca_cert if FLEET_TLS["cert_file"] == settings.prometheus_tls.get("cert_file") else None
+
+
+def _is_ip(address: str) -> bool:
+    try:
+        ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    return True

@@ -99,6 +99,7 @@ KEYS: dict[str, str] = {
                                                         "digits (spaces allowed)",
     "gpufleet_monitoring_prometheus_tls_server_config": TLS_ALLOWED,
     "gpufleet_monitoring_alertmanager_tls_server_config": TLS_ALLOWED,
+    "gpufleet_monitoring_tls_fleet_ca": "true or false",
     "gpufleet_monitoring_tls_ca_file": "an absolute path of a PEM file on the monitoring host (letters, digits, "
                                        ". _ - /)",
     "gpufleet_monitoring_cluster": "a name: letters, digits, . _ - (the cluster label of the host's targets)",
@@ -130,6 +131,7 @@ class MonitoringSettings:
     prometheus_tls: Mapping[str, str] = field(default_factory=dict)  # tls_server_config; empty: HTTP
     alertmanager_tls: Mapping[str, str] = field(default_factory=dict)
     tls_ca_file: str | None = None  # what Prometheus checks HTTPS targets against (None: the system's CAs)
+    tls_fleet_ca: bool = False  # Prometheus/Alertmanager without their own tls_server_config: the fleet CA's
 
 
 @dataclass(frozen=True)
@@ -261,6 +263,12 @@ def load_monitoring_settings(host: str, data: Mapping[str, Any]) -> tuple[Monito
                 err.add(PREFIX + key, raw, reason)
             else:
                 values[field_name] = tls
+    raw = ours.get(PREFIX + "tls_fleet_ca")
+    if raw is not None:
+        if not isinstance(raw, bool):
+            err.add(PREFIX + "tls_fleet_ca", raw, "not a boolean")
+        else:
+            values["tls_fleet_ca"] = raw
     raw = ours.get(PREFIX + "tls_ca_file")
     if raw is not None:
         if not isinstance(raw, str) or not _PATH_RE.match(raw) or ".." in raw.split("/"):

@@ -63,10 +63,12 @@ def scrape_targets(targets: Sequence[Target]) -> dict[str, list[dict[str, Any]]]
         # an exporter with a certificate is scraped over HTTPS (Prometheus' __scheme__ target label)
         if exporters.gpu != "none":
             out["gpu"].append({"targets": [f"{t.address}:{exporters.port(exporters.gpu_listen)}"],
-                               "labels": {**labels, **({"__scheme__": "https"} if exporters.gpu_tls else {})}})
+                               "labels": {**labels, **({"__scheme__": "https"} if exporters.gpu_tls
+                                                       or exporters.tls_fleet_ca else {})}})
         if exporters.node:
             out["node"].append({"targets": [f"{t.address}:{exporters.port(exporters.node_listen)}"],
-                                "labels": {**labels, **({"__scheme__": "https"} if exporters.node_tls else {})}})
+                                "labels": {**labels, **({"__scheme__": "https"} if exporters.node_tls
+                                                        or exporters.tls_fleet_ca else {})}})
     return out
 
 
@@ -168,7 +170,7 @@ def _dump_yaml_as_json(data: Any) -> str:
             + json.dumps(data, indent=2, sort_keys=False) + "\n")
 
 
-def grafana_datasource(prometheus_url: str, password: str | None = None) -> str:
+def grafana_datasource(prometheus_url: str, password: str | None = None, ca_cert: str | None = None) -> str:
     """Grafana's provisioned Prometheus datasource; with ``password``, basic auth as gpufleet's ``prometheus``
     account (the file then holds a secret: written 0640 root:grafana)."""
     source: dict[str, Any] = {
@@ -176,6 +178,9 @@ def grafana_datasource(prometheus_url: str, password: str | None = None) -> str:
         "url": prometheus_url, "isDefault": True, "editable": False}
     if password is not None:
         source.update(basicAuth=True, basicAuthUser=USER, secureJsonData={"basicAuthPassword": password})
+    if ca_cert is not None:  # Prometheus' certificate is checked against this CA (the fleet CA's)
+        source["jsonData"] = {"tlsAuthWithCACert": True}
+        source.setdefault("secureJsonData", {})["tlsCACert"] = ca_cert
     return _dump_yaml_as_json({"apiVersion": 1, "datasources": [source]})
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 from conftest import BIN, REPO, bring_up, gpufleet, grand_total, save_deb_cache, ssh
 
-from gpufleet import web_auth
+from gpufleet import fleet_ca, web_auth
 from gpufleet.exporter.xid_err_msg import err_msg
 from gpufleet.facts.grafana import openpgp_fingerprints
 from gpufleet.monitoring import render
@@ -893,80 +893,76 @@ def test_credentials_stay_on_the_control_machine_and_in_private_files(mon):
             assert leaked == expected, (name, path)
 
 
-def _certificates(address: str) -> dict[str, bytes]:
-    """A CA and a server certificate for ``address`` (IP SAN), PEM: what a site's own PKI would hand out."""
-    import datetime
-    import ipaddress
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    now = datetime.datetime.now(datetime.timezone.utc)
-    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "gpufleet e2e CA")])
-    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
-          .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(days=1))
-          .not_valid_after(now + datetime.timedelta(days=2))
-          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True).sign(ca_key, hashes.SHA256()))
-    cert = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, address)]))
-            .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(days=1)).not_valid_after(now + datetime.timedelta(days=2))
-            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(address))]),
-                           critical=False).sign(ca_key, hashes.SHA256()))
-    pem = serialization.Encoding.PEM
-    return {"ca.crt": ca.public_bytes(pem), "node.crt": cert.public_bytes(pem),
-            "node.key": key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())}
-
-
 TLS_DIR = "/etc/ssl/gpufleet-e2e"
 
 
-# last of the module: it leaves the nvml node's exporters on HTTPS
-def test_exporters_serve_https_with_the_sites_certificates_and_prometheus_scrapes_them(mon, tmp_path):
+# last of the module: it leaves the listeners on HTTPS
+def test_https_with_the_sites_certificates_and_with_the_fleet_ca(mon, tmp_path):
+    """The nvml node's exporters with the site's certificate files (refused while they are missing), the dcgm node's
+    exporters, Prometheus and Alertmanager with the fleet CA's: Prometheus scrapes every target over HTTPS (up), sends
+    alerts to Alertmanager over HTTPS, plain HTTP is not served and HTTPS still asks for the credential."""
     node = mon.host(NVML_HOST).address
     tls = {"cert_file": f"{TLS_DIR}/node.crt", "key_file": f"{TLS_DIR}/node.key"}
-    monitoring = {**MONITORING_DATA, "gpufleet_monitoring_tls_ca_file": f"{TLS_DIR}/ca.crt"}
+    monitoring = {**MONITORING_DATA, "gpufleet_monitoring_tls_fleet_ca": True}
     nvml_tls = {"gpufleet_exporters_node_tls_server_config": tls, "gpufleet_exporters_gpu_tls_server_config": tls}
-    inventory = write_inventory(tmp_path / "tls_inventory.py", mon.inventory, monitoring, nvml_extra=nvml_tls)
-    limit = [str(BIN / "pyinfra"), "-y", "--limit", NVML_HOST, str(inventory), "deploys/gpu_node.py"]
+    inventory = write_inventory(tmp_path / "tls_inventory.py", mon.inventory, monitoring,
+                                dcgm_extra={"gpufleet_exporters_tls_fleet_ca": True}, nvml_extra=nvml_tls)
+    gpu_node = [str(BIN / "pyinfra"), "-y", str(inventory), "deploys/gpu_node.py"]
     # the files the settings name are not on the node yet: refused before any change
-    before = _files(mon, NVML_HOST, ("/etc/prometheus/node-exporter-web-config.yml",))
-    result = subprocess.run(limit, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900, cwd=REPO)
+    before = {h: _files(mon, h, ("/etc/prometheus/node-exporter-web-config.yml",)) for h in (NVML_HOST, DCGM_HOST)}
+    result = subprocess.run(gpu_node, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900,
+                            cwd=REPO)
     assert result.returncode != 0 and "no host was changed" in result.stdout, result.stdout
     assert (f"{NVML_HOST}: gpufleet_exporters_node_tls_server_config.cert_file='{TLS_DIR}/node.crt': no such file "
             "on the host") in result.stdout
-    assert _files(mon, NVML_HOST, ("/etc/prometheus/node-exporter-web-config.yml",)) == before
-    files = _certificates(node)
-    for name, wanted in ((NVML_HOST, ("ca.crt", "node.crt", "node.key")), (MON, ("ca.crt",))):
-        directory = mon.host(name).dir / "root" / TLS_DIR.lstrip("/")
-        directory.mkdir(parents=True, exist_ok=True)
-        for file in wanted:
-            (directory / file).write_bytes(files[file])
+    assert {h: _files(mon, h, ("/etc/prometheus/node-exporter-web-config.yml",)) for h in (NVML_HOST, DCGM_HOST)} \
+        == before
+    # the site's certificate for the nvml node (here issued by the same CA, so that one CA file checks all)
+    cert, key = fleet_ca.host_certificate("site-issued", [node], [])
+    directory = mon.host(NVML_HOST).dir / "root" / TLS_DIR.lstrip("/")
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "node.crt").write_text(cert)
+    (directory / "node.key").write_text(key)
     # node_exporter runs as Debian's prometheus user: the site lets it read the key
     ssh(mon, NVML_HOST, f"chown root:prometheus {TLS_DIR}/node.key && chmod 640 {TLS_DIR}/node.key")
-    result = subprocess.run(limit, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900, cwd=REPO)
+    result = subprocess.run(gpu_node, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900,
+                            cwd=REPO)
     assert result.returncode == 0, result.stdout
     run_pyinfra(inventory, "deploys/monitoring.py")
-
-    def https_up():
-        targets = api(mon, 9090, "/api/v1/targets")["data"]["activeTargets"]
-        return {t["labels"]["job"]: (t["scrapeUrl"].split(":")[0], t["health"]) for t in targets
-                if t["labels"].get("host") == NVML_HOST}
-
-    wait_for("the nvml node's exporters scraped over HTTPS", lambda: https_up() == {
-        "gpu": ("https", "up"), "node": ("https", "up")})
     ca = tmp_path / "ca.crt"
-    ca.write_bytes(files["ca.crt"])
+    ca.write_text(fleet_ca.ca()[0])
     trusting = ssl.create_default_context(cafile=str(ca))
-    for port in (9100, 9400):
-        request = urllib.request.Request(f"https://{node}:{port}/metrics",
-                                         headers={"Authorization": authorization("exporters")})
+
+    def get(port: int, path: str):
+        request = urllib.request.Request(f"https://{mon.host(MON).address}:{port}{path}",
+                                         headers={"Authorization": authorization(ACCOUNT_OF_PORT[port])})
         with urllib.request.urlopen(request, timeout=10, context=trusting) as response:
-            assert response.status == 200
+            return json.load(response)
+
+    def schemes():
+        try:
+            targets = get(9090, "/api/v1/targets")["data"]["activeTargets"]
+        except OSError:
+            return None
+        return {(t["labels"]["job"], t["labels"].get("host", "")): (t["scrapeUrl"].split(":")[0], t["health"])
+                for t in targets}
+
+    wait_for("every target scraped over HTTPS", lambda: schemes() == dict.fromkeys(EXPECTED_TARGETS, ("https", "up")))
+    assert [a["url"].split(":")[0] for a in get(9090, "/api/v1/alertmanagers")["data"]["activeAlertmanagers"]] == [
+        "https"]
+    for address in (node, mon.host(DCGM_HOST).address):
+        for port in (9100, 9400):
+            request = urllib.request.Request(f"https://{address}:{port}/metrics",
+                                             headers={"Authorization": authorization("exporters")})
+            with urllib.request.urlopen(request, timeout=10, context=trusting) as response:
+                assert response.status == 200
     # from another simulated host: plain HTTP is not served, HTTPS still asks for the credential
-    script = (f"for port in 9100 9400; do curl -s -o /dev/null -w '%{{http_code}} ' http://{node}:$port/metrics; "
-              f"curl -s -k -o /dev/null -w '%{{http_code}} ' https://{node}:$port/metrics; done")
-    codes = ssh(mon, DCGM_HOST, script, check=False).stdout.split()
-    assert [c for c in codes[1::2]] == ["401", "401"] and "200" not in codes, codes
+    urls = [f"{mon.host(h).address}:{p}{PATHS[p]}" for h, p, _ in LISTENERS]
+    script = "; ".join(f"curl -s -o /dev/null -w '%{{http_code}} ' http://{u}; "
+                       f"curl -s -k -o /dev/null -w '%{{http_code}} ' https://{u}" for u in urls)
+    codes = ssh(mon, NVML_HOST, script, check=False).stdout.split()
+    assert codes[1::2] == ["401"] * len(LISTENERS) and "200" not in codes, codes
+    # the fleet CA's key stays on the control machine
+    assert "PRIVATE KEY" in (web_auth.credentials_dir() / "fleet-ca" / "ca.key").read_text()
+    assert ssh(mon, MON, "stat -c '%a %U %G' /etc/gpufleet/tls/key.pem").stdout.split() == ["640", "root",
+                                                                                             "prometheus"]

@@ -46,6 +46,7 @@ NOT_IN_A_FILE = {
     "gpufleet_allow_reboot": "a boolean", "gpufleet_driver_secure_boot_signing": "a boolean",
     "gpufleet_exporters_node": "a boolean", "gpufleet_exporters_gpu_count": "a number",
     "gpufleet_monitoring_grafana": "a boolean",
+    "gpufleet_exporters_tls_fleet_ca": "a boolean", "gpufleet_monitoring_tls_fleet_ca": "a boolean",
     # the Grafana settings are the grafana step's (its own change covers their files)
     "gpufleet_monitoring_grafana_admin_password": "Grafana's (the grafana step's own tests)",
 }

@@ -25,6 +25,7 @@ LAYERS: dict[str, int] = {
     "gpufleet.masking": 0,
     "gpufleet.control_files": 0,
     "gpufleet.web_auth": 0,
+    "gpufleet.fleet_ca": 0,
     "gpufleet.interruption": 0,
     "gpufleet.pyinfra_args": 0,
     "gpufleet.probe": 0,
