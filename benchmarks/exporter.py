@@ -18,6 +18,7 @@ about NVIDIA's real dcgm-exporter.
 
 from __future__ import annotations
 
+import base64
 import os
 import statistics
 import subprocess
@@ -30,6 +31,7 @@ from pathlib import Path
 os.environ.setdefault("GPUFLEET_SIM_DIR", "/tmp/gpufleet-bench-exporter")
 os.environ.setdefault("GPUFLEET_SIM_NET", "10.77.7")
 
+from gpufleet import web_auth  # noqa: E402
 from gpufleet.sim import hosts  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -50,7 +52,9 @@ def cpu_seconds(host, unit: str) -> float:
 
 
 def measure(host, kind: str, scrapes: int) -> dict[str, float]:
-    url = f"http://{host.address}:9400/metrics"
+    # the exporters ask for basic auth (gpufleet.web_auth): the exporters account, as Prometheus scrapes
+    token = base64.b64encode(f"{web_auth.USER}:{web_auth.password('exporters')}".encode()).decode()
+    url = urllib.request.Request(f"http://{host.address}:9400/metrics", headers={"Authorization": f"Basic {token}"})
     deadline = time.monotonic() + 60
     while True:  # the exporter was (re)started by the deploy: wait until it answers
         try:

@@ -873,13 +873,81 @@ _DURATION_PART_RE = re.compile(r"(\d+)(ms|s|m|h)")
 _DURATION_MS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000}
 
 
+GPU_EXPORTER_PORT = 9400  # dcgm-exporter's default port
+NODE_EXPORTER_PORT = 9100  # node_exporter's default port
+_IPV4_RE = re.compile(r"^\d{1,3}(?:\.\d{1,3}){3}\Z")
+
+
+def management_address(data: Mapping) -> str:
+    """The address the inventory reaches the host at (``ssh_hostname``) when it is an IP address, in listen-address
+    form (``10.0.0.5``, ``[fd00::5]``); else ``0.0.0.0`` (a host name may resolve to several addresses, or to none
+    of the host's own). The monitoring plane's listeners bind there by default."""
+    address = data.get("ssh_hostname")
+    if isinstance(address, str):
+        if _IPV4_RE.match(address) and all(int(part) <= 255 for part in address.split(".")):
+            return address
+        if ":" in address and re.fullmatch(r"[0-9A-Fa-f:]+", address):
+            return f"[{address}]"
+    return "0.0.0.0"
+
+
+# TLS of a listener: the subset of exporter-toolkit's tls_server_config that every listener of the monitoring plane
+# (node_exporter, dcgm-exporter, Prometheus, Alertmanager, gpufleet's exporter) serves and Prometheus can scrape (no
+# client certificates yet); the prometheus-community roles' *_tls_server_config: paths of files on the host
+TLS_SERVER_KEYS = ("cert_file", "key_file", "min_version", "max_version")
+TLS_VERSIONS = ("TLS12", "TLS13")
+TLS_ALLOWED = ("{cert_file: PATH, key_file: PATH, [min_version: TLS12|TLS13], [max_version: TLS12|TLS13]}: PEM "
+               "files on the host (absolute paths of letters, digits, . _ - /)")
+_TLS_PATH_RE = re.compile(r"^/[A-Za-z0-9._/-]+\Z")
+
+
+def tls_server_config(value: Any) -> tuple[dict[str, str] | None, str | None]:
+    """(the validated ``tls_server_config`` mapping, None) or (None, why it is refused)."""
+    if not isinstance(value, Mapping):
+        return None, "not a mapping"
+    unknown = sorted(str(k) for k in value if k not in TLS_SERVER_KEYS)
+    if unknown:
+        return None, f"unknown or unsupported key(s) {', '.join(unknown)}"
+    for key in ("cert_file", "key_file"):
+        path = value.get(key)
+        if not isinstance(path, str) or not _TLS_PATH_RE.match(path) or ".." in path.split("/"):
+            return None, f"{key} missing or not an absolute path"
+    for key in ("min_version", "max_version"):
+        if key in value and value[key] not in TLS_VERSIONS:
+            return None, f"{key} is not one of {', '.join(TLS_VERSIONS)}"
+    return {k: value[k] for k in TLS_SERVER_KEYS if k in value}, None
+
+
+FLEET_TLS_DIR = "/etc/gpufleet/tls"  # the fleet CA's files on a host
+FLEET_TLS = {"cert_file": f"{FLEET_TLS_DIR}/cert.pem", "key_file": f"{FLEET_TLS_DIR}/key.pem"}
+FLEET_CA_FILE = f"{FLEET_TLS_DIR}/ca.pem"
+
+
+def tls_files(tls: Mapping[str, str] | None) -> list[tuple[str, str]]:
+    """(key, path) of the files a ``tls_server_config`` names."""
+    return [(key, tls[key]) for key in ("cert_file", "key_file") if tls and tls.get(key)]
+
+
+def listen_problem(listen: str, addresses: Iterable[str]) -> str | None:
+    """Why a service of a host with ``addresses`` (its ``hostname -I``) cannot listen on ``listen``, or None: the
+    address must be one of them, a wildcard (``0.0.0.0``, ``[::]``) or loopback. No addresses known: not checked."""
+    address = listen.rsplit(":", 1)[0].strip("[]")
+    addresses = set(addresses)
+    if not addresses or address in ("0.0.0.0", "::", "", "::1") or address.startswith("127.") or address in addresses:
+        return None
+    return "not an address of this host"
+
+
 @dataclass(frozen=True)
 class ExportersConfig:
     gpu: str = "auto"
-    gpu_listen: str = "0.0.0.0:9400"
+    gpu_listen: str = f"0.0.0.0:{GPU_EXPORTER_PORT}"
     node: bool = True
-    node_listen: str = "0.0.0.0:9100"
+    node_listen: str = f"0.0.0.0:{NODE_EXPORTER_PORT}"
     textfile_dir: str = DEFAULT_TEXTFILE_DIR
+    node_tls: tuple[tuple[str, str], ...] = ()  # tls_server_config items: () plain HTTP (or the fleet CA's)
+    gpu_tls: tuple[tuple[str, str], ...] = ()
+    tls_fleet_ca: bool = False  # exporters without a tls_server_config of their own: HTTPS with the fleet CA's
     gpu_count: int | None = None  # GPUs the host should have (monitoring's GpuMissing); None: the most seen
     collect_interval_ms: int = DEFAULT_COLLECT_INTERVAL_MS  # dcgm-exporter's -c (milliseconds)
 
@@ -898,6 +966,14 @@ def _listen(ctx: _Ctx, key: str, value: Any) -> Any:
         ctx.error(key, value, allowed, "not a listen address")
         return _INVALID
     return value if not value.startswith(":") else "0.0.0.0" + value
+
+
+def _tls(ctx: _Ctx, key: str, value: Any) -> Any:
+    tls, reason = tls_server_config(value)
+    if tls is None:
+        ctx.error(key, value, TLS_ALLOWED, reason)
+        return _INVALID
+    return tuple(sorted(tls.items()))
 
 
 def _textfile_dir(ctx: _Ctx, key: str, value: Any) -> Any:
@@ -954,9 +1030,21 @@ EXPORTER_SETTINGS: tuple[tuple[str, Any, Any, str], ...] = (
     ("gpufleet_exporters_gpu", _choice(GPU_EXPORTERS), "auto",
      "GPU exporter: dcgm (NVIDIA DCGM + dcgm-exporter from the NVIDIA repository), nvml (gpufleet's own), auto "
      "(dcgm on datacenter GPUs when the repository offers it, else nvml) or none"),
-    ("gpufleet_exporters_gpu_listen", _listen, "0.0.0.0:9400", "address:port the GPU exporter listens on"),
+    ("gpufleet_exporters_gpu_listen", _listen, None,
+     "address:port the GPU exporter listens on (basic auth always); unset: the host's ssh_hostname when it is an IP "
+     "address, else 0.0.0.0, port 9400"),
     ("gpufleet_exporters_node", _bool, True, "install node_exporter (the distribution's package)"),
-    ("gpufleet_exporters_node_listen", _listen, "0.0.0.0:9100", "address:port node_exporter listens on"),
+    ("gpufleet_exporters_node_listen", _listen, None,
+     "address:port node_exporter listens on (basic auth always); unset: the host's ssh_hostname when it is an IP "
+     "address, else 0.0.0.0, port 9100"),
+    ("gpufleet_exporters_node_tls_server_config", _tls, None,
+     "node_exporter serves HTTPS with these files on the host (the prometheus-community role's "
+     "node_exporter_tls_server_config); unset: HTTP"),
+    ("gpufleet_exporters_gpu_tls_server_config", _tls, None,
+     "the GPU exporter serves HTTPS with these files on the host; unset: HTTP"),
+    ("gpufleet_exporters_tls_fleet_ca", _bool, False,
+     "HTTPS for the exporters without a *_tls_server_config of their own, with a certificate of gpufleet's fleet CA "
+     "(created on the control machine)"),
     ("gpufleet_exporters_textfile_dir", _textfile_dir, DEFAULT_TEXTFILE_DIR,
      "node_exporter's textfile collector directory; verify writes its results there too"),
     ("gpufleet_exporters_gpu_count", _gpu_count, None,
@@ -973,10 +1061,16 @@ def _exporters_config(ctx: _Ctx, values: Mapping[str, Any], data: Mapping) -> Ex
         collect = _default_collect_interval(ctx, data)
     if collect is _INVALID or any(values[key] is _INVALID for key, *_ in EXPORTER_SETTINGS):
         return None
+    address = management_address(data)
     config = ExportersConfig(
-        gpu=values["gpufleet_exporters_gpu"], gpu_listen=values["gpufleet_exporters_gpu_listen"],
-        node=values["gpufleet_exporters_node"], node_listen=values["gpufleet_exporters_node_listen"],
+        gpu=values["gpufleet_exporters_gpu"],
+        gpu_listen=values["gpufleet_exporters_gpu_listen"] or f"{address}:{GPU_EXPORTER_PORT}",
+        node=values["gpufleet_exporters_node"],
+        node_listen=values["gpufleet_exporters_node_listen"] or f"{address}:{NODE_EXPORTER_PORT}",
         textfile_dir=values["gpufleet_exporters_textfile_dir"], gpu_count=values["gpufleet_exporters_gpu_count"],
+        node_tls=values["gpufleet_exporters_node_tls_server_config"] or (),
+        gpu_tls=values["gpufleet_exporters_gpu_tls_server_config"] or (),
+        tls_fleet_ca=values["gpufleet_exporters_tls_fleet_ca"],
         collect_interval_ms=collect)
     if config.node and config.gpu != "none" and config.port(config.gpu_listen) == config.port(config.node_listen):
         ctx.error("gpufleet_exporters_node_listen", config.node_listen,

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from gpufleet.config import NodeConfig
+from gpufleet.config import NodeConfig, listen_problem, tls_files
 from gpufleet.facts.nvidia import GpuInventory
 from gpufleet.facts.packages import NvidiaPackages
 from gpufleet.facts.pci import NvidiaPciDevices
@@ -172,6 +172,41 @@ def _check_driver(host: str, config: NodeConfig, facts: HostFacts, gpus: list[Gp
 # ----------------------------------------------------------------------------------------------- entry points
 
 
+def _check_listen_addresses(host: str, config: NodeConfig, facts: HostFacts, result: PreflightResult) -> None:
+    """The exporters' listen addresses are addresses of this host (else the exporter would not start)."""
+    addresses = (facts.os or {}).get("addresses") or []
+    exporters = config.exporters
+    for key, listen, wanted in (("gpufleet_exporters_node_listen", exporters.node_listen, exporters.node),
+                                ("gpufleet_exporters_gpu_listen", exporters.gpu_listen, exporters.gpu != "none")):
+        reason = listen_problem(listen, addresses) if wanted else None
+        if reason:
+            result.errors.append(PreflightError(
+                host, key, listen, "ADDRESS:PORT with an address of this host (" + ", ".join(addresses)
+                + "), 0.0.0.0, [::] or 127.0.0.1 (unset, it is ssh_hostname's: set it where ssh reaches the host "
+                "through another address, e.g. NAT)", reason))
+
+
+def exporter_tls_files(config: NodeConfig) -> list[tuple[str, str, str]]:
+    """(setting, key, path) of every certificate and key file the exporters' TLS settings name."""
+    exporters = config.exporters
+    if not config.stage_enabled("exporters"):
+        return []
+    out = []
+    for setting, tls, wanted in (("gpufleet_exporters_node_tls_server_config", exporters.node_tls, exporters.node),
+                                 ("gpufleet_exporters_gpu_tls_server_config", exporters.gpu_tls,
+                                  exporters.gpu != "none")):
+        if wanted:
+            out += [(setting, key, path) for key, path in tls_files(dict(tls))]
+    return out
+
+
+def tls_file_problems(host: str, files: list[tuple[str, str, str]], state: Mapping) -> list[PreflightError]:
+    """A TLS file a setting names that is not a regular file on the host (``state``: ManagedState's ``files``)."""
+    return [PreflightError(host, f"{setting}.{key}", path, "a PEM file that exists on the host",
+                           "no such file on the host" if state.get(path) is None else "not a regular file")
+            for setting, key, path in files if (state.get(path) or {}).get("type") != "file"]
+
+
 def run_preflight(host_name: str, config: NodeConfig, facts: HostFacts) -> PreflightResult:
     """All fact-dependent checks of one host: errors, plus notes on checks that could not run."""
     result = PreflightResult()
@@ -187,6 +222,8 @@ def run_preflight(host_name: str, config: NodeConfig, facts: HostFacts) -> Prefl
         result.notes.append(f"GPU at {lost} is lost (fallen off the bus); it is not checked")
     if config.stage_enabled("driver"):
         _check_driver(host_name, config, facts, gpus, result)
+    if config.stage_enabled("exporters"):
+        _check_listen_addresses(host_name, config, facts, result)
     problems = NodePlan.resolve(config, gpus).problems(lost=inventory.get("lost_gpus") or [])
     result.errors += problems.errors
     result.notes += problems.notes

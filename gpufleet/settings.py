@@ -57,6 +57,9 @@ class Setting:
         return f"`{json.dumps(value)}`"
 
 
+# the listeners' default address (gpufleet.config.management_address)
+_MGMT = "the host's management address (`ssh_hostname` when an IP address, else `0.0.0.0`), port "
+
 # name: (type, stage, doc, example, default_text)
 _DOCS: dict[str, tuple[str, str, str, str, str | None]] = {
     "gpufleet_config_version": ("int", "all", "the configuration schema this inventory is written for", "1", None),
@@ -118,9 +121,16 @@ _DOCS: dict[str, tuple[str, str, str, str, str | None]] = {
                             "layout is configured (auto)", '"nvml"', None),
     # exporters: the doc is config.EXPORTER_SETTINGS' own (None here)
     "gpufleet_exporters_gpu": ("`auto` \\| `dcgm` \\| `nvml` \\| `none`", "exporters", None, '"nvml"', None),
-    "gpufleet_exporters_gpu_listen": ("ADDRESS:PORT", "exporters", None, '"0.0.0.0:9400"', None),
+    "gpufleet_exporters_gpu_listen": ("ADDRESS:PORT", "exporters", None, '"10.0.0.5:9400"', _MGMT + "9400"),
     "gpufleet_exporters_node": ("bool", "exporters", None, "False", None),
-    "gpufleet_exporters_node_listen": ("ADDRESS:PORT", "exporters", None, '"127.0.0.1:9100"', None),
+    "gpufleet_exporters_node_listen": ("ADDRESS:PORT", "exporters", None, '"10.0.0.5:9100"', _MGMT + "9100"),
+    "gpufleet_exporters_node_tls_server_config": ("{cert_file, key_file, min_version, max_version}", "exporters",
+                                                  None, '{"cert_file": "/etc/ssl/gpu01.crt", '
+                                                  '"key_file": "/etc/ssl/private/gpu01.key"}', None),
+    "gpufleet_exporters_gpu_tls_server_config": ("{cert_file, key_file, min_version, max_version}", "exporters",
+                                                 None, '{"cert_file": "/etc/ssl/gpu01.crt", '
+                                                 '"key_file": "/etc/ssl/private/gpu01.key"}', None),
+    "gpufleet_exporters_tls_fleet_ca": ("bool", "exporters", None, "True", None),
     "gpufleet_exporters_textfile_dir": ("absolute directory path", "exporters, verify", None,
                                         '"/var/lib/node_exporter/textfile_collector"', None),
     "gpufleet_exporters_gpu_count": ("int 1..64", "exporters, monitoring", None, "8", None),
@@ -144,10 +154,23 @@ _DOCS: dict[str, tuple[str, str, str, str, str | None]] = {
                                            '"8d"', None),
     "gpufleet_monitoring_retention": (None, "monitoring", "how long Prometheus keeps samples (checked against the "
                                       "longest range any rule reads)", '"90d"', None),
-    "gpufleet_monitoring_prometheus_listen": (None, "monitoring", "Prometheus' listen address", '"0.0.0.0:9090"',
-                                              None),
-    "gpufleet_monitoring_alertmanager_listen": (None, "monitoring", "Alertmanager's listen address",
-                                                '"0.0.0.0:9093"', None),
+    "gpufleet_monitoring_prometheus_listen": (None, "monitoring", "Prometheus' listen address (basic auth always)",
+                                              '"10.0.0.9:9090"', _MGMT + "9090"),
+    "gpufleet_monitoring_alertmanager_listen": (None, "monitoring", "Alertmanager's listen address (basic auth "
+                                                "always)", '"127.0.0.1:9093"', _MGMT + "9093"),
+    "gpufleet_monitoring_prometheus_tls_server_config": (None, "monitoring", "Prometheus serves HTTPS with these "
+                                                         "files (the role's prometheus_web_config.tls_server_config)",
+                                                         '{"cert_file": "/etc/ssl/mon.crt", '
+                                                         '"key_file": "/etc/ssl/private/mon.key"}', None),
+    "gpufleet_monitoring_alertmanager_tls_server_config": (None, "monitoring", "Alertmanager serves HTTPS with "
+                                                           "these files", '{"cert_file": "/etc/ssl/mon.crt", '
+                                                           '"key_file": "/etc/ssl/private/mon.key"}', None),
+    "gpufleet_monitoring_tls_fleet_ca": (None, "monitoring", "HTTPS for Prometheus and Alertmanager without a "
+                                         "*_tls_server_config of their own, with a certificate of gpufleet's fleet CA",
+                                         "True", None),
+    "gpufleet_monitoring_tls_ca_file": (None, "monitoring", "CA certificates (a file on the monitoring host) "
+                                        "Prometheus checks the HTTPS listeners against", '"/etc/ssl/fleet-ca.crt"',
+                                        "the system's CAs"),
     "gpufleet_monitoring_receivers": (None, "monitoring", "Alertmanager receivers",
                                       '[{"name": "ops", "type": "webhook", "url": "http://hooks.internal/gpu"}]',
                                       "`[]`"),
@@ -164,7 +187,8 @@ _DOCS: dict[str, tuple[str, str, str, str, str | None]] = {
                                                          "the Grafana repository key is trusted only with this "
                                                          "fingerprint", '"B53AE77BADB630A683046005963FA27710458545"',
                                                          "not checked"),
-    "gpufleet_monitoring_grafana_listen": (None, "monitoring", "Grafana's listen address", '"0.0.0.0:3000"', None),
+    "gpufleet_monitoring_grafana_listen": (None, "monitoring", "Grafana's listen address", '"0.0.0.0:3000"',
+                                           _MGMT + "3000"),
     "gpufleet_monitoring_cluster": (None, "monitoring", "the `cluster` label of this host's scrape targets",
                                     '"cluster-a"', None),
     "gpufleet_monitoring_gpu_model": (None, "monitoring", "the `gpu_model` label of this host's scrape targets",

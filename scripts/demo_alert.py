@@ -6,6 +6,7 @@ clear the fault, show it resolve. Every wait is bounded; exit 1 when one runs ou
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -13,11 +14,16 @@ import sys
 import time
 import urllib.request
 
+from gpufleet import web_auth
+
 ALERT = "GpuOverheating"
 
 
-def get(url: str):
-    with urllib.request.urlopen(url, timeout=5) as response:
+def get(url: str, account: str):
+    """GET with the account's basic auth (Prometheus and Alertmanager ask for it: gpufleet.web_auth)."""
+    token = base64.b64encode(f"{web_auth.USER}:{web_auth.password(account)}".encode()).decode()
+    request = urllib.request.Request(url, headers={"Authorization": f"Basic {token}"})
+    with urllib.request.urlopen(request, timeout=5) as response:
         return json.load(response)
 
 
@@ -36,14 +42,15 @@ def wait(what: str, predicate, timeout: float):
 
 def main(address: str, host: str, gpu: str) -> int:
     prometheus, alertmanager = f"http://{address}:9090", f"http://{address}:9093"
-    targets = wait("every scrape target up", lambda: (t := get(f"{prometheus}/api/v1/targets")["data"]["activeTargets"])
+    targets = wait("every scrape target up",
+                   lambda: (t := get(f"{prometheus}/api/v1/targets", "prometheus")["data"]["activeTargets"])
                    and all(x["health"] == "up" for x in t) and t, 120)
     print(f"Prometheus scrapes {len(targets)} targets, all up: "
           + ", ".join(sorted(f"{t['labels'].get('host', 'self')}/{t['labels']['job']}" for t in targets)))
     gpufleet = os.path.join(os.path.dirname(sys.executable), "gpufleet")
 
     def firing():
-        return [a for a in get(f"{alertmanager}/api/v2/alerts?active=true")
+        return [a for a in get(f"{alertmanager}/api/v2/alerts?active=true", "alertmanager")
                 if a["labels"].get("alertname") == ALERT and a["labels"].get("host") == host]
 
     subprocess.run([gpufleet, "sim", "fault", host, "overheat", "--gpu", gpu], check=True)

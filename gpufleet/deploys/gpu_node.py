@@ -15,12 +15,15 @@ read on a host are read ahead in one remote command per host.
 
 from __future__ import annotations
 
+import ipaddress
+
 from pyinfra import host, inventory, logger
 from pyinfra.api import deploy, operation
 from pyinfra.operations import python
 
-from gpufleet import connection, interruption, preflight
-from gpufleet.config import NodeConfig
+from gpufleet import connection, fleet_ca, interruption, preflight, web_auth
+from gpufleet.config import FLEET_CA_FILE, FLEET_TLS, NodeConfig
+from gpufleet.control_files import UnsafePath
 from gpufleet.facts import prefetch
 from gpufleet.facts.exporters import AptCandidate
 from gpufleet.facts.lock import HostLock
@@ -28,11 +31,11 @@ from gpufleet.facts.nvidia import GpuInventory
 from gpufleet.facts.packages import NvidiaPackages
 from gpufleet.facts.pci import NvidiaPciDevices
 from gpufleet.facts.system import OsInfo, SecureBoot
-from gpufleet.operations import clocks, driver, exporters, lock, mig, nccl, persistence, power, slurm
+from gpufleet.operations import apt_lists, clocks, driver, exporters, files, lock, mig, nccl, persistence, power, slurm
 from gpufleet.operations.errors import refuse
 from gpufleet.plan import GPU_STAGES, DriverPlan, ExportersPlan, NodePlan, gpus_from_facts
 
-from .inputs import checked_facts, node_config
+from .inputs import InputError, checked_facts, node_config
 
 # what preflight.gather_facts reads on every host: prefetched on all hosts when the first one is prepared
 PREFLIGHT_FACTS = (OsInfo, NvidiaPciDevices, SecureBoot, NvidiaPackages, GpuInventory)
@@ -138,9 +141,16 @@ def slurm_stage(config: NodeConfig, plan: NodePlan) -> None:
 def exporters_stage(config: NodeConfig, facts: preflight.HostFacts, driver_changes: bool = False) -> None:
     """node_exporter and the GPU exporter (stage ``exporters``), and the desired GPU settings for the alerts."""
     settings = config.exporters
+    # HTTPS with the fleet CA's certificate where the exporters have no certificate of their own
+    node_tls = dict(settings.node_tls) or (dict(FLEET_TLS) if settings.tls_fleet_ca else {})
+    gpu_tls = dict(settings.gpu_tls) or (dict(FLEET_TLS) if settings.tls_fleet_ca else {})
+    if settings.tls_fleet_ca and ((settings.node and not settings.node_tls)
+                                  or (settings.gpu != "none" and not settings.gpu_tls)):
+        fleet_certificate(settings.node)
+    # basic auth on both exporters: Prometheus scrapes as gpufleet with the control machine's generated password
     if settings.node:
         exporters.node_exporter(name="node_exporter", textfile_dir=settings.textfile_dir,
-                                listen=settings.node_listen)
+                                listen=settings.node_listen, web_config=exporter_web_config(host.name, node_tls))
     # NVIDIA's repository offers DCGM: when the driver stage configures it (this run or an earlier one), auto
     # decides the same on every run; otherwise it asks apt whether a configured repository has the exporter
     offered = settings.gpu == "auto" and (
@@ -152,10 +162,59 @@ def exporters_stage(config: NodeConfig, facts: preflight.HostFacts, driver_chang
         driver.nvidia_repository(name="NVIDIA repository (DCGM)", repo_url=config.driver.repo_url,
                                  keyring_url=config.driver.repo_keyring_url,
                                  keyring_fingerprint=config.driver.repo_key_fingerprint)
+    tls, credentials = gpu_tls, ()
+    if kind == "nvml" and tls:  # its dynamic user reads them as systemd credentials, named relative to its config
+        credentials = tuple((NVML_TLS_CREDENTIALS[key], tls[key]) for key in NVML_TLS_CREDENTIALS)
+        tls.update(NVML_TLS_CREDENTIALS)
     exporters.gpu_exporter(name="GPU exporter", kind=kind, listen=settings.gpu_listen, profiling=plan.profiling,
-                           profiling_package=plan.profiling_package, collect_interval_ms=plan.collect_interval_ms)
+                           profiling_package=plan.profiling_package, collect_interval_ms=plan.collect_interval_ms,
+                           web_config=exporter_web_config(host.name, tls), credentials=credentials)
     if settings.node and kind != "none":
         publish_desired_state(config, facts, driver_changes)
+
+
+NVML_TLS_CREDENTIALS = {"cert_file": "tls-cert.pem", "key_file": "tls-key.pem"}
+
+
+def fleet_certificate(node_exporter: bool) -> None:
+    """This host's certificate of the fleet CA (gpufleet.fleet_ca), its key and the CA's certificate in
+    /etc/gpufleet/tls: for the address Prometheus scrapes (``ssh_hostname``, else the inventory name) and loopback.
+    The key is 0640 root:prometheus where node_exporter (Debian's User=prometheus) reads it, else 0600."""
+    address = host.data.get("ssh_hostname") or host.name
+    ips, names = (([address], []) if _is_ip(address) else ([], [address]))
+    try:
+        cert, key = fleet_ca.host_certificate(host.name, [*ips, "127.0.0.1"], [*names, "localhost"])
+        ca_cert, _ = fleet_ca.ca()
+    except UnsafePath as error:
+        raise InputError(f"{host.name}: the fleet CA: {error}") from None
+    group, mode = "root", "600"
+    if node_exporter:  # its group must exist before the key is given to it
+        apt_lists.packages(name="node_exporter (its group reads the fleet certificate's key)",
+                           packages=[exporters.NODE_EXPORTER_PACKAGE])
+        group, mode = exporters.NODE_EXPORTER_GROUP, "640"
+    files.managed_file(name="fleet CA certificate", path=FLEET_CA_FILE, content=ca_cert)
+    files.managed_file(name="this host's fleet certificate", path=FLEET_TLS["cert_file"], content=cert)
+    files.secret_file(name="this host's fleet certificate key", path=FLEET_TLS["key_file"], content=key, mode=mode,
+                      group=group)
+
+
+def _is_ip(address: str) -> bool:
+    try:
+        ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    return True
+
+
+def exporter_web_config(host_name: str, tls: dict | None = None) -> str:
+    """An exporter's web configuration file: the ``exporters`` account's bcrypt hash (gpufleet.web_auth) and the
+    ``tls_server_config`` of its setting."""
+    try:
+        secret = web_auth.password("exporters")
+    except UnsafePath as error:
+        raise InputError(f"{host_name}: the monitoring credentials: {error}") from None
+    return web_auth.web_config({web_auth.USER: web_auth.bcrypt_hash(secret, f"{host_name}/{web_auth.USER}")},
+                               tls_server_config=tls)
 
 
 def desired_gpu_settings(config: NodeConfig, gpus: list) -> list[dict]:

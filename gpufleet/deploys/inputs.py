@@ -19,6 +19,7 @@ from pyinfra.api.exceptions import PyinfraError
 
 from gpufleet import preflight
 from gpufleet.config import ConfigErrors, NodeConfig, validate_inventory
+from gpufleet.facts.files import ManagedState
 from gpufleet.preflight_repository import check_driver_repository
 
 
@@ -52,6 +53,10 @@ def checked_facts(host, inventory, config: NodeConfig) -> tuple[preflight.HostFa
     results = _prepared.setdefault(inventory.state, {})
     results[host.name] = preflight.run_preflight(host.name, config, facts)
     results[host.name].errors.extend(check_driver_repository(host, config, facts))
+    tls = preflight.exporter_tls_files(config)
+    if tls:  # the certificates and keys the exporters' TLS settings name exist (one read, only where set)
+        state = host.get_fact(ManagedState, paths=tuple(sorted({path for *_, path in tls})))
+        results[host.name].errors.extend(preflight.tls_file_problems(host.name, tls, state.get("files") or {}))
     for warning in results[host.name].warnings:
         logger.warning(warning)
     activated = {h.name for h in inventory.iter_activated_hosts()}

@@ -11,6 +11,7 @@ packaged files left as shipped; gpufleet's settings are ``GF_*`` overrides in a 
 
 from __future__ import annotations
 
+import ipaddress
 import posixpath
 import shlex
 import shutil
@@ -25,12 +26,29 @@ from pyinfra.facts.deb import DebPackages
 from pyinfra.operations import server, systemd
 from pyinfra.operations.util import any_changed
 
-from gpufleet import interruption
-from gpufleet.config import ConfigError, ConfigErrors, NodeConfig, catalog_model, validate_pyinfra_inventory
+from gpufleet import fleet_ca, interruption, web_auth
+from gpufleet.config import (
+    FLEET_CA_FILE,
+    FLEET_TLS,
+    ConfigError,
+    ConfigErrors,
+    NodeConfig,
+    catalog_model,
+    validate_pyinfra_inventory,
+)
+from gpufleet.control_files import UnsafePath
+from gpufleet.facts.files import ManagedState
 from gpufleet.facts.nvidia import GpuInventory
+from gpufleet.facts.system import OsInfo
 from gpufleet.masking import mask_urls
 from gpufleet.monitoring import render, rules
-from gpufleet.monitoring.config import MonitoringSettings, check_monitoring_host, load_monitoring_settings, seconds
+from gpufleet.monitoring.config import (
+    MonitoringSettings,
+    check_monitoring_host,
+    load_monitoring_settings,
+    seconds,
+    tls_files_of,
+)
 from gpufleet.operations import apt_lists, grafana
 from gpufleet.operations.files import managed_file, secret_file
 
@@ -47,6 +65,8 @@ GRAFANA_PROVISIONING = "/etc/grafana/provisioning"  # PROVISIONING_CFG_DIR of th
 GRAFANA_SOURCE = "/etc/apt/sources.list.d/grafana.list"
 GRAFANA_KEY_FILE = "gpg-full.key"  # Grafana publishes its key at https://apt.grafana.com/gpg-full.key
 GRAFANA_DROPIN = "/etc/systemd/system/grafana-server.service.d/gpufleet.conf"
+GRAFANA_DATASOURCE = f"{GRAFANA_PROVISIONING}/datasources/gpufleet.yml"
+GRAFANA_GROUP = "grafana"  # the packaged grafana-server's group
 
 _validated: dict[int, tuple[dict[str, NodeConfig], dict[str, MonitoringSettings], list[render.Target]]] = {}
 
@@ -130,7 +150,9 @@ def validated():
             continue
         target_settings[h.name] = target
         if _in_monitoring(h):
-            errors += check_monitoring_host(h.name, settings, data)
+            tls = sorted({path for _, path in tls_files_of(settings)})  # read only where TLS is set
+            files = (h.get_fact(ManagedState, paths=tuple(tls)).get("files") or {}) if tls else None
+            errors += check_monitoring_host(h.name, settings, data, h.get_fact(OsInfo).get("addresses") or [], files)
             monitoring[h.name] = settings
     if not errors and not monitoring:
         raise InputError(f"no host in the inventory's '{MONITORING_GROUP}' group: nothing to deploy "
@@ -160,18 +182,44 @@ def _put(name: str, text: str, dest: str, mode: str = "644"):
     return managed_file(name=name, path=dest, content=text, mode=mode)  # files.put's upload name is predictable
 
 
+def passwords() -> dict[str, str]:
+    """{account: password} of the monitoring plane (gpufleet.web_auth), generated on first use."""
+    try:
+        return {account: web_auth.password(account) for account in web_auth.ACCOUNTS}
+    except UnsafePath as error:
+        raise InputError(f"the monitoring credentials: {error}") from None
+
+
+def _web_config(secret: str, tls: dict) -> str:
+    return web_auth.web_config({web_auth.USER: web_auth.bcrypt_hash(secret, f"{host.name}/{web_auth.USER}")},
+                               tls_server_config=dict(tls))
+
+
 def prometheus_stage(settings: MonitoringSettings, targets) -> None:
     apt_lists.packages(name="Prometheus and Alertmanager (distribution packages)", packages=list(PROMETHEUS_PACKAGES),
                        no_recommends=True)
+    secrets = passwords()
+    fleet_files(settings)
+    # basic auth and TLS on both (exporter-toolkit's web configuration: read again on every request, but HTTP or
+    # HTTPS is decided at start, so a change restarts), and the passwords Prometheus sends to the exporters, itself
+    # and Alertmanager: never shown, 0640 root:prometheus from the start
+    web = [secret_file(name=path, path=path, content=_web_config(secrets[account], tls), mode="640",
+                       group=ALERTMANAGER_GROUP)
+           for path, account, tls in ((render.PROMETHEUS_WEB_CONFIG, "prometheus", settings.prometheus_tls),
+                                      (render.ALERTMANAGER_WEB_CONFIG, "alertmanager", settings.alertmanager_tls))]
+    for account, path in render.PASSWORD_FILES.items():
+        secret_file(name=path, path=path, content=secrets[account] + "\n", mode="640", group=ALERTMANAGER_GROUP)
     prom_args = (f"--web.listen-address={settings.prometheus_listen} "
+                 f"--web.config.file={render.PROMETHEUS_WEB_CONFIG} "
                  f"--storage.tsdb.retention.time={settings.retention}")
-    am_args = f"--web.listen-address={settings.alertmanager_listen} --cluster.listen-address="
+    am_args = (f"--web.listen-address={settings.alertmanager_listen} "
+               f"--web.config.file={render.ALERTMANAGER_WEB_CONFIG} --cluster.listen-address=")
     defaults = [
         _put(PROMETHEUS_DEFAULTS, f"# Managed by gpufleet\nARGS={shlex.quote(prom_args)}\n", PROMETHEUS_DEFAULTS),
         _put(ALERTMANAGER_DEFAULTS, f"# Managed by gpufleet\nARGS={shlex.quote(am_args)}\n", ALERTMANAGER_DEFAULTS),
     ]
-    alertmanager = f"localhost:{settings.alertmanager_listen.rsplit(':', 1)[1]}"
-    prom_files = [_put(PROMETHEUS_CONFIG, render.prometheus_config(settings, alertmanager), PROMETHEUS_CONFIG)]
+    # a changed password file is read at the next scrape or notification (no reload needed)
+    prom_files = [_put(PROMETHEUS_CONFIG, render.prometheus_config(settings), PROMETHEUS_CONFIG)]
     for job, groups in render.scrape_targets(targets).items():
         path = f"{render.FILE_SD_DIR}/gpufleet-{job}.json"
         prom_files.append(_put(path, render.file_sd_text(groups), path))
@@ -184,14 +232,15 @@ def prometheus_stage(settings: MonitoringSettings, targets) -> None:
                             content=render.alertmanager_config(settings), mode="640", group=ALERTMANAGER_GROUP)]
     check = f"promtool check config {PROMETHEUS_CONFIG}"
     server.shell(name="promtool check config, then restart Prometheus (its arguments changed)",
-                 commands=[f"{check} && systemctl restart prometheus"], _if=any_changed(defaults[0]))
+                 commands=[f"{check} && systemctl restart prometheus"], _if=any_changed(defaults[0], web[0]))
     server.shell(name="promtool check config, then reload Prometheus",
                  commands=[f"{check} && systemctl reload prometheus"],
-                 _if=lambda: any(op.did_change() for op in prom_files) and not defaults[0].did_change())
+                 _if=lambda: (any(op.did_change() for op in prom_files) and not defaults[0].did_change()
+                              and not web[0].did_change()))
     am_check = f"amtool check-config {ALERTMANAGER_CONFIG}"
     server.shell(name="amtool check-config, then restart Alertmanager",
                  commands=[f"{am_check} && systemctl restart prometheus-alertmanager"],
-                 _if=lambda: defaults[1].did_change() or am_files[0].did_change())
+                 _if=lambda: defaults[1].did_change() or am_files[0].did_change() or web[1].did_change())
     for unit in ("prometheus", "prometheus-alertmanager"):
         systemd.service(name=f"{unit} enabled and running", service=unit, running=True, enabled=True)
 
@@ -227,10 +276,15 @@ def grafana_stage(settings: MonitoringSettings) -> None:
                      _if=lambda: installed and (key.did_change() or source.did_change()))
     apt_lists.packages(name="Grafana", packages=["grafana"], no_recommends=False)  # a checked update first
     grafana.packaged_defaults(name="Grafana's packaged /etc/default/grafana-server")
-    prometheus_url = f"http://localhost:{settings.prometheus_listen.rsplit(':', 1)[1]}"
+    scheme = "https" if settings.prometheus_tls else "http"
+    prometheus_url = f"{scheme}://{render.client_address(settings.prometheus_listen)}"
+    # the datasource holds the prometheus account's password: 0640 root:grafana, never shown
     provisioning = [
-        _put("Grafana datasource", render.grafana_datasource(prometheus_url),
-             f"{GRAFANA_PROVISIONING}/datasources/gpufleet.yml"),
+        secret_file(name="Grafana datasource", path=GRAFANA_DATASOURCE, mode="640", group=GRAFANA_GROUP,
+                    content=render.grafana_datasource(prometheus_url, passwords()["prometheus"],
+                                                      fleet_ca.ca()[0] if settings.tls_ca_file == FLEET_CA_FILE
+                                                      and settings.prometheus_tls.get("cert_file")
+                                                      == FLEET_TLS["cert_file"] else None)),
         _put("Grafana dashboard provider", render.grafana_dashboard_provider(),
              f"{GRAFANA_PROVISIONING}/dashboards/gpufleet.yml"),
         *(_put(f"Grafana dashboard {name}", render.dashboard(name), f"{render.GRAFANA_DASHBOARD_DIR}/{name}")
@@ -256,7 +310,49 @@ def monitoring() -> None:
     _configs, monitoring_hosts, targets = validated()
     if host.name not in monitoring_hosts:
         return
-    settings = monitoring_hosts[host.name]
+    settings = with_fleet_ca(monitoring_hosts[host.name], targets)
     prometheus_stage(settings, targets)
     if settings.grafana:
         grafana_stage(settings)
+
+
+def with_fleet_ca(settings: MonitoringSettings, targets) -> MonitoringSettings:
+    """The settings with the fleet CA's files where it is used: Prometheus and Alertmanager without a certificate of
+    their own (``gpufleet_monitoring_tls_fleet_ca``), and the CA Prometheus checks against where a target or they
+    use it (unless ``gpufleet_monitoring_tls_ca_file`` names another)."""
+    targets_use_it = any(t.config.exporters.tls_fleet_ca for t in targets)
+    if not (settings.tls_fleet_ca or targets_use_it):
+        return settings
+    own = dict(FLEET_TLS) if settings.tls_fleet_ca else {}
+    return replace(settings, prometheus_tls=settings.prometheus_tls or own,
+                   alertmanager_tls=settings.alertmanager_tls or own, tls_ca_file=settings.tls_ca_file or FLEET_CA_FILE)
+
+
+def fleet_files(settings: MonitoringSettings) -> str | None:
+    """The fleet CA's certificate on this host (and its own certificate and key where Prometheus or Alertmanager
+    use them); returns the CA certificate's text where Prometheus is checked against it (Grafana's datasource)."""
+    if settings.tls_ca_file != FLEET_CA_FILE:
+        return None
+    address = host.data.get("ssh_hostname") or host.name
+    try:
+        ca_cert, _ = fleet_ca.ca()
+        if FLEET_TLS["cert_file"] in (settings.prometheus_tls.get("cert_file"),
+                                      settings.alertmanager_tls.get("cert_file")):
+            ip = _is_ip(address)
+            cert, key = fleet_ca.host_certificate(host.name, [*([address] if ip else []), "127.0.0.1"],
+                                                  [*([] if ip else [address]), "localhost"])
+            _put("this host's fleet certificate", cert, FLEET_TLS["cert_file"])
+            secret_file(name="this host's fleet certificate key", path=FLEET_TLS["key_file"], content=key,
+                        mode="640", group=ALERTMANAGER_GROUP)
+    except UnsafePath as error:
+        raise InputError(f"{host.name}: the fleet CA: {error}") from None
+    _put("fleet CA certificate", ca_cert, FLEET_CA_FILE)
+    return ca_cert if FLEET_TLS["cert_file"] == settings.prometheus_tls.get("cert_file") else None
+
+
+def _is_ip(address: str) -> bool:
+    try:
+        ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    return True

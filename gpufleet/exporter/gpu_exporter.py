@@ -54,10 +54,12 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.process_collector import ProcessCollector
 
 try:  # in the bundle every module is top level
+    import web
     from mig_compare import applied as mig_applied
     from mig_compare import mode_of, norm_bus
     from xid_err_msg import err_msg
 except ImportError:  # pragma: no cover - imported from the gpufleet package (docs, tools)
+    from gpufleet.exporter import web
     from gpufleet.exporter.xid_err_msg import err_msg
     from gpufleet.node.mig_compare import applied as mig_applied
     from gpufleet.node.mig_compare import mode_of, norm_bus
@@ -516,12 +518,17 @@ def process_registry() -> CollectorRegistry:
     return registry
 
 
-def serve(address: str, port: int, collector: GpuCollector) -> ThreadingHTTPServer:
-    """``/metrics`` on ADDRESS:PORT (text format 0.0.4, as dcgm-exporter serves it), in a background thread."""
+def serve(address: str, port: int, collector: GpuCollector,
+          web_config: web.WebConfig | None = None) -> ThreadingHTTPServer:
+    """``/metrics`` on ADDRESS:PORT (text format 0.0.4, as dcgm-exporter serves it), in a background thread; basic
+    auth and TLS as ``web_config`` (exporter-toolkit's web configuration file, :mod:`web`) says."""
     process = process_registry()
+    web_config = web_config or web.WebConfig(None)
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 - http.server's name
+            if not web.guard(self, web_config):
+                return
             if self.path.split("?")[0] != "/metrics":
                 self.send_error(404)
                 return
@@ -529,6 +536,7 @@ def serve(address: str, port: int, collector: GpuCollector) -> ThreadingHTTPServ
             self.send_response(200)
             self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
             self.send_header("Content-Length", str(len(body)))
+            web.add_headers(self, web_config)
             self.end_headers()
             self.wfile.write(body)
 
@@ -538,6 +546,7 @@ def serve(address: str, port: int, collector: GpuCollector) -> ThreadingHTTPServ
     family = socket.AF_INET6 if ":" in address else socket.AF_INET
     server_class = type("Server", (ThreadingHTTPServer,), {"address_family": family, "daemon_threads": True})
     server = server_class((address, port), Handler)
+    web.wrap_tls(server, web_config)
     threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
     return server
 
@@ -546,10 +555,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gpufleet-gpu-exporter", description=__doc__.splitlines()[0])
     parser.add_argument("--listen", type=parse_listen, default=("0.0.0.0", 9400), help="ADDRESS:PORT")
     parser.add_argument("--settings-dir", default=SETTINGS_DIR)
+    parser.add_argument("--web-config-file", default="",
+                        help="exporter-toolkit web configuration (basic auth, TLS), as dcgm-exporter's flag")
     args = parser.parse_args(argv)
+    try:
+        web_config = web.WebConfig(args.web_config_file or None)
+    except web.WebConfigError as error:
+        print(f"gpufleet-gpu-exporter: {error}", file=sys.stderr, flush=True)
+        return 2
     xids = XidWatcher().start()
     address, port = args.listen
-    serve(address, port, GpuCollector(args.settings_dir, xids=xids))
+    try:
+        serve(address, port, GpuCollector(args.settings_dir, xids=xids), web_config)
+    except web.WebConfigError as error:
+        print(f"gpufleet-gpu-exporter: {error}", file=sys.stderr, flush=True)
+        return 2
     print(f"gpufleet-gpu-exporter: listening on {address}:{port}", flush=True)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

@@ -43,25 +43,28 @@ def os_family(os_id: str | None, id_like: list[str]) -> str | None:
 
 class OsInfo(FactBase):
     """
-    OS release, running kernel and machine architecture, one command.
+    OS release, running kernel, machine architecture and the host's addresses, one command.
 
     .. code:: python
 
         {"id": "ubuntu", "version_id": "22.04", "version_codename": "jammy", "id_like": ["debian"],
          "pretty_name": "Ubuntu 22.04.5 LTS", "family": "debian",   # debian | rhel | None
-         "kernel": "5.15.0-185-generic", "arch": "x86_64", "error": None}
+         "kernel": "5.15.0-185-generic", "arch": "x86_64", "error": None,
+         "addresses": ["10.0.0.5", "fd00::5"]}   # hostname -I (no loopback, no link-local); [] where unknown
     """
 
     @staticmethod
     def default():
         return {"id": None, "version_id": None, "version_codename": None, "id_like": [], "pretty_name": None,
-                "family": None, "kernel": None, "arch": None, "error": None}
+                "family": None, "kernel": None, "arch": None, "error": None, "addresses": []}
 
     def command(self) -> str:
         return join(
             section("os-release", "cat /etc/os-release 2>/dev/null || cat /usr/lib/os-release"),
             section("kernel", "uname -r"),
             section("arch", "uname -m"),
+            # the addresses a listener may bind to (the monitoring plane's listen settings are checked against them)
+            section("addresses", "hostname -I"),
         )
 
     def process(self, output):
@@ -85,6 +88,9 @@ class OsInfo(FactBase):
             sec = sections.get(name)
             if sec is not None and sec.ok:
                 result[name] = first_line(sec.lines) or None
+        sec = sections.get("addresses")
+        if sec is not None and sec.ok:
+            result["addresses"] = sorted({word for line in sec.lines for word in line.split()})
         return result
 
 

@@ -10,8 +10,8 @@ gpufleet_monitoring_evaluation_interval  a Prometheus duration, 1s..1h          
 gpufleet_monitoring_alert_for            {alert name: duration}: overrides an alert's ``for``       ``{}``
 gpufleet_monitoring_verify_max_age       a duration: VerifyStale fires past it                      ``"8d"``
 gpufleet_monitoring_retention            a duration >= the longest range any rule reads (30d)       ``"35d"``
-gpufleet_monitoring_prometheus_listen    ADDRESS:PORT                                               ``"0.0.0.0:9090"``
-gpufleet_monitoring_alertmanager_listen  ADDRESS:PORT                                               ``"0.0.0.0:9093"``
+gpufleet_monitoring_prometheus_listen    ADDRESS:PORT                                               MGMT ``:9090``
+gpufleet_monitoring_alertmanager_listen  ADDRESS:PORT                                               MGMT ``:9093``
 gpufleet_monitoring_receivers            [{name, type: webhook|email|slack, ...}] (first: default)  ``[]`` (none)
 gpufleet_monitoring_routes               [{receiver, matchers: {label: value}}]                     ``[]``
 gpufleet_monitoring_group_wait           Alertmanager group_wait duration                           ``"30s"``
@@ -19,8 +19,15 @@ gpufleet_monitoring_grafana              true / false                           
 gpufleet_monitoring_grafana_admin_password  a password (>= 12 characters, not a default one)        (required)
 gpufleet_monitoring_grafana_repo_url     the Grafana apt repository                                 apt.grafana.com
 gpufleet_monitoring_grafana_repo_key_fingerprint  the repository key's fingerprint (40 hex), checked    (not checked)
-gpufleet_monitoring_grafana_listen       ADDRESS:PORT                                               ``"0.0.0.0:3000"``
+gpufleet_monitoring_grafana_listen       ADDRESS:PORT                                               MGMT ``:3000``
+gpufleet_monitoring_prometheus_tls_server_config  {cert_file, key_file, ...}: HTTPS (files on the host)  (HTTP)
+gpufleet_monitoring_alertmanager_tls_server_config  {cert_file, key_file, ...}: HTTPS                    (HTTP)
+gpufleet_monitoring_tls_ca_file          CA file on the monitoring host for HTTPS targets           system CAs
 ======================================== ========================================================== ==============
+
+MGMT: the host's management address, ``ssh_hostname`` when it is an IP address, else ``0.0.0.0``
+(:func:`gpufleet.config.management_address`). Prometheus and Alertmanager always ask for basic auth (the
+``prometheus`` and ``alertmanager`` accounts of :mod:`gpufleet.web_auth`).
 
 Target keys (every GPU node): ``gpufleet_monitoring_cluster`` (the ``cluster`` label, default ``"default"``) and
 ``gpufleet_monitoring_gpu_model`` (the ``gpu_model`` label: a catalog key or GPU name; default: the catalog key of
@@ -33,11 +40,21 @@ needs ``api_url`` (``channel`` optional).
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpufleet.config import ConfigError, catalog_model, did_you_mean, register_namespace
+from gpufleet.config import (
+    TLS_ALLOWED,
+    ConfigError,
+    catalog_model,
+    did_you_mean,
+    listen_problem,
+    management_address,
+    register_namespace,
+    tls_files,
+    tls_server_config,
+)
 from gpufleet.masking import secret_url
 
 from .rules import DURATION_RE, alert_names, alert_rules, duration, longest_lookback, recording_rules, seconds
@@ -55,6 +72,7 @@ _LISTEN_RE = re.compile(r"^(?:\d{1,3}(?:\.\d{1,3}){3}|\[[0-9A-Fa-f:]+\])?:(\d{1,
 # a path of RFC 3986 characters that mean nothing to a shell, YAML, INI or apt source line (no quotes, $, `, {}, \)
 _URL_RE = re.compile(r"^https?://[A-Za-z0-9.\-]+(?::\d{1,5})?(?:/[A-Za-z0-9\-._~:/?#@!&()*+,;=%]*)?\Z")
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}\Z")
+_PATH_RE = re.compile(r"^/[A-Za-z0-9._/-]+\Z")
 _LABEL_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 _APT_WORD_RE = re.compile(r"^[A-Za-z0-9._/-]+\Z")  # an apt source line's suite and components
 _SMARTHOST_RE = re.compile(r"^(?:[A-Za-z0-9.-]+|\[[0-9A-Fa-f:]+\]):\d{1,5}\Z")
@@ -79,9 +97,18 @@ KEYS: dict[str, str] = {
     "gpufleet_monitoring_grafana_listen": "ADDRESS:PORT, e.g. \"0.0.0.0:3000\"",
     "gpufleet_monitoring_grafana_repo_key_fingerprint": "the OpenPGP fingerprint of the repository key: 40 hex "
                                                         "digits (spaces allowed)",
+    "gpufleet_monitoring_prometheus_tls_server_config": TLS_ALLOWED,
+    "gpufleet_monitoring_alertmanager_tls_server_config": TLS_ALLOWED,
+    "gpufleet_monitoring_tls_fleet_ca": "true or false",
+    "gpufleet_monitoring_tls_ca_file": "an absolute path of a PEM file on the monitoring host (letters, digits, "
+                                       ". _ - /)",
     "gpufleet_monitoring_cluster": "a name: letters, digits, . _ - (the cluster label of the host's targets)",
     "gpufleet_monitoring_gpu_model": "a catalog key or GPU name (the gpu_model label of the host's targets)",
 }
+
+
+# each listener's default port; its default address is the host's management address
+LISTEN_PORTS = {"prometheus_listen": 9090, "alertmanager_listen": 9093, "grafana_listen": 3000}
 
 
 @dataclass(frozen=True)
@@ -101,6 +128,10 @@ class MonitoringSettings:
     grafana_repo_url: str = DEFAULT_GRAFANA_REPO
     grafana_listen: str = "0.0.0.0:3000"
     grafana_repo_key_fingerprint: str | None = None
+    prometheus_tls: Mapping[str, str] = field(default_factory=dict)  # tls_server_config; empty: HTTP
+    alertmanager_tls: Mapping[str, str] = field(default_factory=dict)
+    tls_ca_file: str | None = None  # what Prometheus checks HTTPS targets against (None: the system's CAs)
+    tls_fleet_ca: bool = False  # Prometheus/Alertmanager without their own tls_server_config: the fleet CA's
 
 
 @dataclass(frozen=True)
@@ -220,10 +251,30 @@ def load_monitoring_settings(host: str, data: Mapping[str, Any]) -> tuple[Monito
         raw = ours.get(PREFIX + key)
         if raw is not None:
             values[key] = _duration(err, PREFIX + key, raw)
-    for key in ("prometheus_listen", "alertmanager_listen", "grafana_listen"):
+    for key, port in LISTEN_PORTS.items():
+        raw = ours.get(PREFIX + key)
+        values[key] = _listen(err, PREFIX + key, raw) if raw is not None else f"{management_address(data)}:{port}"
+    for key, field_name in (("prometheus_tls_server_config", "prometheus_tls"),
+                            ("alertmanager_tls_server_config", "alertmanager_tls")):
         raw = ours.get(PREFIX + key)
         if raw is not None:
-            values[key] = _listen(err, PREFIX + key, raw)
+            tls, reason = tls_server_config(raw)
+            if tls is None:
+                err.add(PREFIX + key, raw, reason)
+            else:
+                values[field_name] = tls
+    raw = ours.get(PREFIX + "tls_fleet_ca")
+    if raw is not None:
+        if not isinstance(raw, bool):
+            err.add(PREFIX + "tls_fleet_ca", raw, "not a boolean")
+        else:
+            values["tls_fleet_ca"] = raw
+    raw = ours.get(PREFIX + "tls_ca_file")
+    if raw is not None:
+        if not isinstance(raw, str) or not _PATH_RE.match(raw) or ".." in raw.split("/"):
+            err.add(PREFIX + "tls_ca_file", raw, "not an absolute path")
+        else:
+            values["tls_ca_file"] = raw
     raw = ours.get(PREFIX + "alert_for")
     if raw is not None:
         if not isinstance(raw, Mapping):
@@ -319,9 +370,33 @@ def load_monitoring_settings(host: str, data: Mapping[str, Any]) -> tuple[Monito
     return MonitoringSettings(**values), TargetSettings(**target), []
 
 
-def check_monitoring_host(host: str, settings: MonitoringSettings, data: Mapping[str, Any]) -> list[ConfigError]:
-    """What only matters on a monitoring host: Grafana's password, port clashes between its services."""
+def tls_files_of(settings: MonitoringSettings) -> list[tuple[str, str]]:
+    """(setting, path) of every file the monitoring host's TLS settings name."""
+    out = [(f"{PREFIX}{name}_tls_server_config.{key}", path)
+           for name, tls in (("prometheus", settings.prometheus_tls), ("alertmanager", settings.alertmanager_tls))
+           for key, path in tls_files(tls)]
+    return out + ([(PREFIX + "tls_ca_file", settings.tls_ca_file)] if settings.tls_ca_file else [])
+
+
+def check_monitoring_host(host: str, settings: MonitoringSettings, data: Mapping[str, Any],
+                          addresses: Iterable[str] = (), files: Mapping[str, Any] | None = None) -> list[ConfigError]:
+    """What only matters on a monitoring host: Grafana's password, port clashes between its services, listen
+    addresses that are the host's (``addresses``: its ``hostname -I``; empty: not checked), the TLS files its
+    settings name exist (``files``: ManagedState's ``files`` of :func:`tls_files_of`; None: not checked)."""
     err = _Errors(host)
+    for key, path in tls_files_of(settings) if files is not None else []:
+        if (files.get(path) or {}).get("type") != "file":
+            err.add(key, path, "no such file on the host" if files.get(path) is None else "not a regular file",
+                    "a PEM file that exists on the monitoring host")
+    addresses = sorted(addresses)
+    for key in LISTEN_PORTS:
+        if key == "grafana_listen" and not settings.grafana:
+            continue
+        reason = listen_problem(getattr(settings, key), addresses)
+        if reason:
+            err.add(PREFIX + key, getattr(settings, key), reason,
+                    f"ADDRESS:PORT with an address of this host ({', '.join(addresses)}), 0.0.0.0, [::] or 127.0.0.1 "
+                    "(unset, it is ssh_hostname's: set it where ssh reaches the host through another address)")
     if settings.grafana and settings.grafana_admin_password is None:
         err.add(PREFIX + "grafana_admin_password", None,
                 "Grafana is enabled but has no admin password (gpufleet never deploys Grafana's default admin/admin)",

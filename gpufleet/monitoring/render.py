@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from gpufleet.config import NodeConfig
+from gpufleet.web_auth import USER
 
 from .config import MonitoringSettings, TargetSettings, seconds
 
@@ -23,6 +24,11 @@ PROMETHEUS_DIR = "/etc/prometheus"
 FILE_SD_DIR = f"{PROMETHEUS_DIR}/file_sd"
 RULES_DIR = f"{PROMETHEUS_DIR}/rules"
 JOBS = ("gpu", "node")
+# the passwords Prometheus sends (basic_auth password_file), 0640 root:prometheus: per account of gpufleet.web_auth
+PASSWORD_FILES = {account: f"{PROMETHEUS_DIR}/gpufleet-{account}.password"
+                  for account in ("exporters", "prometheus", "alertmanager")}
+PROMETHEUS_WEB_CONFIG = f"{PROMETHEUS_DIR}/prometheus-web-config.yml"
+ALERTMANAGER_WEB_CONFIG = f"{PROMETHEUS_DIR}/alertmanager-web-config.yml"
 DASHBOARDS = ("gpu-fleet-health.json", "training.json")
 GRAFANA_DASHBOARD_DIR = "/var/lib/grafana/dashboards/gpufleet"
 # the alert that means the whole host is down (none of its exporters answers): the only one that inhibits others
@@ -54,11 +60,15 @@ def scrape_targets(targets: Sequence[Target]) -> dict[str, list[dict[str, Any]]]
             continue
         labels = {"host": t.host, "group": ",".join(g for g in t.groups if g != "all"),
                   "gpu_model": t.target.gpu_model, "cluster": t.target.cluster}
+        # an exporter with a certificate is scraped over HTTPS (Prometheus' __scheme__ target label)
         if exporters.gpu != "none":
-            out["gpu"].append({"targets": [f"{t.address}:{exporters.port(exporters.gpu_listen)}"], "labels": labels})
+            out["gpu"].append({"targets": [f"{t.address}:{exporters.port(exporters.gpu_listen)}"],
+                               "labels": {**labels, **({"__scheme__": "https"} if exporters.gpu_tls
+                                                       or exporters.tls_fleet_ca else {})}})
         if exporters.node:
             out["node"].append({"targets": [f"{t.address}:{exporters.port(exporters.node_listen)}"],
-                                "labels": labels})
+                                "labels": {**labels, **({"__scheme__": "https"} if exporters.node_tls
+                                                        or exporters.tls_fleet_ca else {})}})
     return out
 
 
@@ -70,18 +80,40 @@ def expected_gpus(targets: Sequence[Target]) -> dict[str, int]:
     return {t.host: t.config.exporters.gpu_count for t in targets if t.config.exporters.gpu_count}
 
 
-def prometheus_config(settings: MonitoringSettings, alertmanager: str) -> str:
+def client_address(listen: str) -> str:
+    """Where a client on the same host reaches a service listening on ``listen`` (``0.0.0.0``/``[::]``: localhost)."""
+    address, port = listen.rsplit(":", 1)
+    return f"localhost:{port}" if address in ("0.0.0.0", "[::]", "") else listen
+
+
+def basic_auth(account: str) -> dict[str, str]:
+    """Prometheus' ``basic_auth`` with the password read from its file (never inline in prometheus.yml)."""
+    return {"username": USER, "password_file": PASSWORD_FILES[account]}
+
+
+def prometheus_config(settings: MonitoringSettings, alertmanager: str | None = None) -> str:
+    """prometheus.yml: scrapes every exporter and itself, sends alerts to Alertmanager, each with its account's
+    basic auth. ``alertmanager``: HOST:PORT (default: where this host's Alertmanager listens)."""
     # scrape timeout: at most 10 s, never longer than the interval (Prometheus refuses that)
     timeout = settings.scrape_interval if seconds(settings.scrape_interval) <= 10 else "10s"
+    alertmanager = alertmanager or client_address(settings.alertmanager_listen)
+    # HTTPS: the certificates are checked against tls_ca_file (else the system's CAs)
+    tls = {"tls_config": {"ca_file": settings.tls_ca_file}} if settings.tls_ca_file else {}
+
+    def https(on: Mapping) -> dict:
+        return {"scheme": "https", **tls} if on else {}
+
     config = {
         "global": {"scrape_interval": settings.scrape_interval, "scrape_timeout": timeout,
                    "evaluation_interval": settings.evaluation_interval},
         "rule_files": [f"{RULES_DIR}/*.rules.yml"],
-        "alerting": {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]},
+        "alerting": {"alertmanagers": [{"basic_auth": basic_auth("alertmanager"), **https(settings.alertmanager_tls),
+                                        "static_configs": [{"targets": [alertmanager]}]}]},
         "scrape_configs": [
-            {"job_name": "prometheus",
-             "static_configs": [{"targets": [f"localhost:{settings.prometheus_listen.rsplit(':', 1)[1]}"]}]},
-            *({"job_name": job, "file_sd_configs": [{"files": [f"{FILE_SD_DIR}/gpufleet-{job}.json"]}]}
+            {"job_name": "prometheus", "basic_auth": basic_auth("prometheus"), **https(settings.prometheus_tls),
+             "static_configs": [{"targets": [client_address(settings.prometheus_listen)]}]},
+            *({"job_name": job, "basic_auth": basic_auth("exporters"), **tls,
+               "file_sd_configs": [{"files": [f"{FILE_SD_DIR}/gpufleet-{job}.json"]}]}
               for job in JOBS),
         ],
     }
@@ -138,10 +170,18 @@ def _dump_yaml_as_json(data: Any) -> str:
             + json.dumps(data, indent=2, sort_keys=False) + "\n")
 
 
-def grafana_datasource(prometheus_url: str) -> str:
-    return _dump_yaml_as_json({"apiVersion": 1, "datasources": [{
+def grafana_datasource(prometheus_url: str, password: str | None = None, ca_cert: str | None = None) -> str:
+    """Grafana's provisioned Prometheus datasource; with ``password``, basic auth as gpufleet's ``prometheus``
+    account (the file then holds a secret: written 0640 root:grafana)."""
+    source: dict[str, Any] = {
         "name": "gpufleet-prometheus", "uid": "gpufleet-prometheus", "type": "prometheus", "access": "proxy",
-        "url": prometheus_url, "isDefault": True, "editable": False}]})
+        "url": prometheus_url, "isDefault": True, "editable": False}
+    if password is not None:
+        source.update(basicAuth=True, basicAuthUser=USER, secureJsonData={"basicAuthPassword": password})
+    if ca_cert is not None:  # Prometheus' certificate is checked against this CA (the fleet CA's)
+        source["jsonData"] = {"tlsAuthWithCACert": True}
+        source.setdefault("secureJsonData", {})["tlsCACert"] = ca_cert
+    return _dump_yaml_as_json({"apiVersion": 1, "datasources": [source]})
 
 
 def grafana_dashboard_provider() -> str:

@@ -29,6 +29,14 @@ from .units import UNIT_DIR, is_running, systemctl
 NODE_EXPORTER_PACKAGE = "prometheus-node-exporter"  # Debian / Ubuntu
 NODE_EXPORTER_UNIT = "prometheus-node-exporter.service"
 NODE_EXPORTER_DEFAULTS = "/etc/default/prometheus-node-exporter"
+# exporter-toolkit's web configuration (basic auth users' bcrypt hashes, TLS) of each exporter: never world-readable.
+# node_exporter runs as Debian's User=prometheus (0640 root:prometheus); dcgm-exporter as NVIDIA's unit's User=root;
+# gpufleet's exporter as a DynamicUser, which gets its copy through systemd's LoadCredential= (0600 root:root here).
+NODE_EXPORTER_WEB_CONFIG = "/etc/prometheus/node-exporter-web-config.yml"
+NODE_EXPORTER_GROUP = "prometheus"
+NVML_WEB_CONFIG = "/etc/gpufleet/gpu-exporter-web-config.yml"
+NVML_WEB_CREDENTIAL = "web-config.yml"
+DCGM_WEB_CONFIG = "/etc/dcgm-exporter/web-config.yml"
 
 NVML_UNIT = "gpufleet-exporter.service"
 NVML_UNIT_PATH = posixpath.join(UNIT_DIR, NVML_UNIT)
@@ -57,7 +65,8 @@ DCGM_DROP_IN = f"/etc/systemd/system/{DCGM_EXPORTER_UNIT}.d/gpufleet.conf"
 OLD_DCGM_DROP_IN = "/etc/systemd/system/dcgm-exporter.service.d/gpufleet.conf"
 # the textfile directory is a setting: its default is read together with the other files
 read_together(NODE_EXPORTER_UNIT, NVML_UNIT, DCGM_UNIT, DCGM_EXPORTER_UNIT,
-              files=(NODE_EXPORTER_DEFAULTS, NVML_BUNDLE, NVML_SETTINGS, NVML_UNIT_PATH, DCGM_COUNTERS, DCGM_DROP_IN,
+              files=(NODE_EXPORTER_DEFAULTS, NODE_EXPORTER_WEB_CONFIG, NVML_WEB_CONFIG, DCGM_WEB_CONFIG, NVML_BUNDLE,
+                     NVML_SETTINGS, NVML_UNIT_PATH, DCGM_COUNTERS, DCGM_DROP_IN,
                      OLD_DCGM_DROP_IN, DEFAULT_TEXTFILE_DIR, posixpath.join(DEFAULT_TEXTFILE_DIR, DESIRED_TEXTFILE)))
 
 # The counters the alerts and dashboards need (dcgm-exporter's default file comments out ECC, Xid counts,
@@ -147,23 +156,29 @@ def desired_textfile(gpus: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def node_exporter_defaults(textfile_dir: str, listen: str) -> str:
+def node_exporter_defaults(textfile_dir: str, listen: str, web_config: bool = False) -> str:
     args = f"--collector.textfile.directory={textfile_dir} --web.listen-address={listen}"
+    if web_config:
+        args += f" --web.config.file={NODE_EXPORTER_WEB_CONFIG}"
     return ("# Managed by gpufleet (stage exporters): read by prometheus-node-exporter.service.\n"
             f"ARGS={shlex.quote(args)}\n")
 
 
-def nvml_unit_text(listen: str) -> str:
+def nvml_unit_text(listen: str, web_config: bool = False, credentials: tuple[tuple[str, str], ...] = ()) -> str:
+    """gpufleet's exporter's unit; ``credentials``: (name, path) of more files its dynamic user gets through
+    ``LoadCredential=`` (the TLS certificate and key its web configuration names relative to it)."""
     return render("systemd/gpufleet-exporter.service.j2", python=PYTHON, bundle=NVML_BUNDLE, listen=listen,
-                  settings_dir=SETTINGS_DIR)
+                  settings_dir=SETTINGS_DIR,
+                  web_config=(NVML_WEB_CREDENTIAL, NVML_WEB_CONFIG) if web_config else None,
+                  credentials=sorted(credentials))
 
 
-def dcgm_drop_in_text(listen: str, collect_interval_ms: int) -> str:
+def dcgm_drop_in_text(listen: str, collect_interval_ms: int, web_config: bool = False) -> str:
     """The drop-in of NVIDIA's unit: our counters file, listen address and collect interval, the one host engine
     (``nvidia-dcgm.service``, started first and required), and restarts after any failure (the packaged unit
     restarts on abort only: a start before the host engine listens would stay failed)."""
     argv = [DCGM_EXPORTER_BINARY, "-f", DCGM_COUNTERS, "-a", listen, "-c", str(collect_interval_ms),
-            "-r", DCGM_HOSTENGINE]
+            "-r", DCGM_HOSTENGINE, *(["--web-config-file", DCGM_WEB_CONFIG] if web_config else [])]
     return ("# Managed by gpufleet (stage exporters)\n"
             f"[Unit]\nRequires={DCGM_UNIT}\nAfter={DCGM_UNIT}\n\n"
             "[Service]\nExecStart=\n"
@@ -209,12 +224,15 @@ def _require_apt():
 
 
 @operation()
-def node_exporter(textfile_dir: str, listen: str = "0.0.0.0:9100"):
+def node_exporter(textfile_dir: str, listen: str = "0.0.0.0:9100", web_config: str = ""):
     """
     Install and run the distribution's node_exporter with a textfile collector directory.
 
     + textfile_dir: ``--collector.textfile.directory`` (verify writes ``gpufleet_verify.prom`` there)
     + listen: ``--web.listen-address``, ``ADDRESS:PORT``
+    + web_config: the text of its web configuration file (basic auth users' bcrypt hashes, TLS), written to
+      ``/etc/prometheus/node-exporter-web-config.yml`` (0640 root:prometheus, never shown) and passed as
+      ``--web.config.file``; empty: none
 
     Debian/Ubuntu: package ``prometheus-node-exporter``; its arguments go to
     ``/etc/default/prometheus-node-exporter`` (``ARGS=``, read by the packaged unit), which gpufleet manages
@@ -235,16 +253,23 @@ def node_exporter(textfile_dir: str, listen: str = "0.0.0.0:9100"):
     if not (yield from _require_apt()):
         return
     yield from apt_lists.packages._inner(packages=[NODE_EXPORTER_PACKAGE])
-    managed = get_state(paths=(NODE_EXPORTER_DEFAULTS, textfile_dir), units=(NODE_EXPORTER_UNIT,))
+    managed = get_state(paths=(NODE_EXPORTER_DEFAULTS, NODE_EXPORTER_WEB_CONFIG, textfile_dir),
+                        units=(NODE_EXPORTER_UNIT,))
     commands = []
     if managed["files"][textfile_dir] is None:
         commands.append(StringCommand("mkdir", "-p", shlex.quote(textfile_dir)))
+    # before the arguments that name it; exporter-toolkit reads it again on every request, but decides between
+    # HTTP and HTTPS once, at start: a change restarts node_exporter
+    web = list(put_file(managed["files"][NODE_EXPORTER_WEB_CONFIG], NODE_EXPORTER_WEB_CONFIG, web_config,
+                        mode="640", group=NODE_EXPORTER_GROUP, secret=True)) if web_config else []
+    commands += web
     defaults = list(put_file(managed["files"][NODE_EXPORTER_DEFAULTS], NODE_EXPORTER_DEFAULTS,
-                             node_exporter_defaults(textfile_dir, listen)))
+                             node_exporter_defaults(textfile_dir, listen, bool(web_config))))
     commands += defaults
-    commands += _converge_service(managed["units"][NODE_EXPORTER_UNIT], NODE_EXPORTER_UNIT, bool(defaults))
+    commands += _converge_service(managed["units"][NODE_EXPORTER_UNIT], NODE_EXPORTER_UNIT, bool(defaults or web))
     if not commands:
-        host.noop(f"node_exporter running on {listen}, textfile collector {textfile_dir}")
+        host.noop(f"node_exporter running on {listen}{' (web config)' if web_config else ''}, textfile collector "
+                  f"{textfile_dir}")
     yield from commands
 
 
@@ -288,7 +313,8 @@ def desired_state(textfile_dir: str, gpus: list[dict], lost: list[str] | tuple =
 
 @operation()
 def gpu_exporter(kind: str, listen: str = "0.0.0.0:9400", profiling: bool = False, profiling_package: bool = False,
-                 collect_interval_ms: int = 15_000):
+                 collect_interval_ms: int = 15_000, web_config: str = "",
+                 credentials: tuple[tuple[str, str], ...] = ()):
     """
     Run one GPU exporter on dcgm-exporter's port and names: NVIDIA's (``dcgm``) or gpufleet's (``nvml``).
 
@@ -298,6 +324,10 @@ def gpu_exporter(kind: str, listen: str = "0.0.0.0:9400", profiling: bool = Fals
     + profiling: ``dcgm``: export the ``DCGM_FI_PROF_*`` counters (datacenter GPUs only)
     + profiling_package: ``dcgm``: install ``datacenter-gpu-manager-4-proprietary`` (profiling on Ampere and earlier)
     + collect_interval_ms: ``dcgm``: how often dcgm-exporter collects (``-c``), the scrape interval
+    + web_config: the text of the exporter's web configuration file (exporter-toolkit's format: basic auth, TLS),
+      passed as ``--web-config-file`` (dcgm-exporter's flag; gpufleet's exporter reads the same format); never shown
+    + credentials: ``nvml``: (name, path) of the files its web configuration names relative to itself (TLS
+      certificate and key), handed to the exporter's dynamic user by ``LoadCredential=``
 
     ``nvml``: uploads ``/opt/gpufleet/exporter/gpufleet-gpu-exporter.pyz`` (the exporter with nvidia-ml-py and
     prometheus-client: no pip, no internet on the node) and the hardened unit
@@ -317,7 +347,8 @@ def gpu_exporter(kind: str, listen: str = "0.0.0.0:9400", profiling: bool = Fals
         exporters.gpu_exporter(name="GPU exporter", kind="nvml", listen="0.0.0.0:9400")
     """
     managed = get_state(paths=(NVML_BUNDLE, NVML_SETTINGS, NVML_UNIT_PATH, DCGM_COUNTERS, DCGM_DROP_IN,
-                               OLD_DCGM_DROP_IN), units=(NVML_UNIT, DCGM_UNIT, DCGM_EXPORTER_UNIT))
+                               OLD_DCGM_DROP_IN, NVML_WEB_CONFIG, DCGM_WEB_CONFIG),
+                        units=(NVML_UNIT, DCGM_UNIT, DCGM_EXPORTER_UNIT))
     files, units = managed["files"], managed["units"]
     commands = []
     commands += remove_file(files[NVML_SETTINGS], NVML_SETTINGS)  # the desired values moved to a textfile
@@ -329,7 +360,10 @@ def gpu_exporter(kind: str, listen: str = "0.0.0.0:9400", profiling: bool = Fals
         commands += _stop_and_disable(units[DCGM_EXPORTER_UNIT], DCGM_EXPORTER_UNIT)
     if kind == "nvml":
         changed = list(_put_bytes(files[NVML_BUNDLE], NVML_BUNDLE, bundle()))
-        changed += put_file(files[NVML_UNIT_PATH], NVML_UNIT_PATH, nvml_unit_text(listen))
+        if web_config:  # systemd copies it for the dynamic user at start (LoadCredential=): a change restarts
+            changed += put_file(files[NVML_WEB_CONFIG], NVML_WEB_CONFIG, web_config, mode="600", secret=True)
+        changed += put_file(files[NVML_UNIT_PATH], NVML_UNIT_PATH,
+                            nvml_unit_text(listen, bool(web_config), tuple(credentials)))
         commands += changed
         commands += _converge_service(units[NVML_UNIT], NVML_UNIT, bool(changed))
     elif kind == "dcgm":
@@ -338,7 +372,10 @@ def gpu_exporter(kind: str, listen: str = "0.0.0.0:9400", profiling: bool = Fals
         yield from apt_lists.packages._inner(
             packages=[*DCGM_PACKAGES, *([DCGM_PROFILING_PACKAGE] if profiling_package else [])])
         changed = list(put_file(files[DCGM_COUNTERS], DCGM_COUNTERS, counters_csv(profiling)))
-        changed += put_file(files[DCGM_DROP_IN], DCGM_DROP_IN, dcgm_drop_in_text(listen, collect_interval_ms))
+        changed += put_file(files[DCGM_DROP_IN], DCGM_DROP_IN,
+                            dcgm_drop_in_text(listen, collect_interval_ms, bool(web_config)))
+        if web_config:  # read on every request, but HTTP or HTTPS is decided at start (exporter-toolkit): restarts
+            changed += put_file(files[DCGM_WEB_CONFIG], DCGM_WEB_CONFIG, web_config, mode="600", secret=True)
         commands += changed
         commands += _converge_service(units[DCGM_UNIT], DCGM_UNIT, False)
         commands += _converge_service(units[DCGM_EXPORTER_UNIT], DCGM_EXPORTER_UNIT, bool(changed))

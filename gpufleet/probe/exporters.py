@@ -3,11 +3,17 @@
 ``collect_exporters()`` -> {"gpu": {...}, "node": {...}}, each ``{"url", "status": ok | error, "error",
 "gpus": {metric: sorted gpu label values}}`` for the core metrics (dcgm-exporter's names, which gpufleet's NVML
 exporter uses too). The checks decide what is expected (gpufleet/verify/exporter_checks.py).
+
+The exporters ask for basic auth (gpufleet's web configuration files): verify gives each endpoint's URL, user and
+password on the probe's stdin (``--exporters-stdin``: never in a command line), :func:`read_endpoints`.
 """
 
 from __future__ import annotations
 
+import base64
+import json
 import re
+import ssl
 import urllib.request
 from typing import Any
 
@@ -29,12 +35,36 @@ def gpu_series(text: str) -> dict[str, list[str]]:
     return {name: sorted(values, key=lambda v: (len(v), v)) for name, values in found.items()}
 
 
-def collect_exporters(endpoints: dict[str, str] | None = None, timeout: float = 5.0) -> dict[str, Any]:
+def read_endpoints(stream) -> dict[str, dict[str, str]]:
+    """``{name: {"url", "user", "password"}}`` from one JSON line of ``stream`` (verify writes it)."""
+    data = json.loads(stream.readline() or "{}")
+    if not isinstance(data, dict):
+        raise ValueError("the exporters' endpoints: not a JSON object")
+    return {str(k): dict(v) if isinstance(v, dict) else {"url": str(v)} for k, v in data.items()}
+
+
+def _request(endpoint: dict[str, str] | str) -> urllib.request.Request:
+    if isinstance(endpoint, str):
+        return urllib.request.Request(endpoint)
+    request = urllib.request.Request(endpoint["url"])
+    if endpoint.get("user") is not None:
+        token = base64.b64encode(f"{endpoint['user']}:{endpoint.get('password', '')}".encode()).decode()
+        request.add_header("Authorization", f"Basic {token}")
+    return request
+
+
+def collect_exporters(endpoints: dict | None = None, timeout: float = 5.0) -> dict[str, Any]:
+    """Scrape each endpoint once (``{name: URL}`` or ``{name: {"url", "user", "password"}}``). An https endpoint's
+    certificate is not checked here: the probe asks whether the exporter answers, Prometheus checks its TLS."""
     out = {}
-    for name, url in (endpoints or ENDPOINTS).items():
-        entry: dict[str, Any] = {"url": url, "status": "ok", "error": None, "gpus": {}}
+    insecure = ssl.create_default_context()
+    insecure.check_hostname = False
+    insecure.verify_mode = ssl.CERT_NONE
+    for name, endpoint in (endpoints or ENDPOINTS).items():
+        request = _request(endpoint)
+        entry: dict[str, Any] = {"url": request.full_url, "status": "ok", "error": None, "gpus": {}}
         try:
-            with urllib.request.urlopen(url, timeout=timeout) as response:
+            with urllib.request.urlopen(request, timeout=timeout, context=insecure) as response:
                 text = response.read().decode("utf-8", "replace")
             entry["gpus"] = gpu_series(text) if name == "gpu" else {}
         except Exception as exc:  # noqa: BLE001 - any failure to scrape is the finding

@@ -218,7 +218,8 @@ def collect_kernel_log(journalctl: str | None = None, dmesg: str | None = None, 
 
 def collect(nvml: Any = None, *, services: list[str] | tuple[str, ...] = DEFAULT_SERVICES,
             nccl_conf: str = NCCL_CONF_PATH, kernel_log: bool | str = True, hostname: str | None = None,
-            bench: str = "none", bench_runner: Callable[..., dict[str, Any]] | None = None) -> dict[str, Any]:
+            bench: str = "none", bench_runner: Callable[..., dict[str, Any]] | None = None,
+            exporters: dict | None = None) -> dict[str, Any]:
     """Build the probe document. ``kernel_log``: True (journalctl/dmesg), False (skip) or a file path.
 
     ``bench``: none | quick | full. With a profile other than ``none``, bench.py runs after the probe and its
@@ -237,7 +238,8 @@ def collect(nvml: Any = None, *, services: list[str] | tuple[str, ...] = DEFAULT
     doc.update(collect_nvml(nvml))
     doc["services"] = collect_services(services)
     doc["nccl_conf"] = collect_nccl_conf(nccl_conf)
-    doc["exporters"] = _load_exporters().collect_exporters()
+    # the exporters ask for credentials: scraped only with the endpoints verify passes (None: not scraped)
+    doc["exporters"] = _load_exporters().collect_exporters(exporters) if exporters else None
     if kernel_log is False:
         doc["kernel_log"] = {"status": "skipped", "source": None, "error": None, "xid_lines": []}
     else:
@@ -279,7 +281,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hostname", default=None, help="host name to report (default: this host's)")
     parser.add_argument("--output", "-o", default="-", help="write the JSON here instead of stdout")
     parser.add_argument("--indent", type=int, default=None)
+    parser.add_argument("--exporters-stdin", action="store_true",
+                        help="scrape the exporters whose URL, user and password stdin's first line holds (JSON)")
     args = parser.parse_args(argv)
+    exporters = _load_exporters().read_endpoints(sys.stdin) if args.exporters_stdin else None
     kernel_log: bool | str = True
     if args.kernel_log == "none":
         kernel_log = False
@@ -287,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
         kernel_log = args.kernel_log
     services = tuple(s for s in args.services.split(",") if s)
     doc = collect(services=services, nccl_conf=args.nccl_conf, kernel_log=kernel_log, hostname=args.hostname,
-                  bench=args.bench)
+                  bench=args.bench, exporters=exporters)
     text = json.dumps(doc, indent=args.indent, sort_keys=False)
     if args.output == "-":
         sys.stdout.write(text + "\n")

@@ -37,6 +37,7 @@ FABRICMANAGER_UNSUFFIXED_FROM = 580
 KEYRING_NAME = "gpufleet-sim-keyring.gpg"
 GRAFANA_KEY_NAME = "gpg-full.key"
 SIMGPU_DIR = Path(__file__).with_name("gpu")
+EXPORTER_WEB = Path(__file__).parent.parent / "exporter" / "web.py"
 LIB_DIR = "usr/lib/x86_64-linux-gnu"
 
 
@@ -321,6 +322,8 @@ def _driver_tree(work: Path, package: str, version: str, revision: str, flavour:
     (lib / "simgpu").mkdir(parents=True)
     for source in SIMGPU_DIR.glob("*.py"):
         shutil.copy(source, lib / "simgpu" / source.name)
+    # the dcgm-exporter stand-in serves --web-config-file with the code gpufleet's own exporter uses
+    shutil.copy(EXPORTER_WEB, lib / "simgpu" / "web.py")
     (lib / "driver-version").write_text(version + "\n")
     (lib / "cuda-version").write_text(BRANCHES[version.split(".")[0]][1] + "\n")
     (lib / "kernel-flavour").write_text(flavour + "\n")
@@ -401,7 +404,7 @@ def packages() -> list[tuple[str, str, str, str]]:
 def _source_key() -> str:
     digest = hashlib.sha256()
     for path in sorted([*SIMGPU_DIR.glob("*.py"), *SIMGPU_DIR.glob("*.c"), *GRAFANA_DIR.iterdir(),
-                        Path(dcgm_files.__file__), Path(__file__)]):
+                        Path(dcgm_files.__file__), Path(__file__), EXPORTER_WEB]):
         digest.update(path.name.encode() + path.read_bytes())
     digest.update(repr(packages()).encode())
     return digest.hexdigest()[:12]

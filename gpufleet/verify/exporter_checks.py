@@ -2,7 +2,8 @@
 
 Expected (from the same NodeConfig the deploy converges, stage ``exporters``): ``{"gpu": bool, "node": bool}``,
 whether the GPU exporter and node_exporter must run. Observed: the probe's ``exporters`` section (the node
-scraped its own exporters on their default ports, see gpufleet/probe/exporters.py).
+scraped its own exporters at their listen addresses with the ``exporters`` account's credentials, which verify
+gives it on stdin: :func:`exporter_endpoints`, gpufleet/probe/exporters.py).
 """
 
 from __future__ import annotations
@@ -10,11 +11,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from gpufleet import web_auth
 from gpufleet.config import NodeConfig
 
 from .model import FAIL, PASS, SKIP
 
-DEFAULT_PORTS = {"gpu": 9400, "node": 9100}
+_ANY_ADDRESS = {"0.0.0.0": "127.0.0.1", "[::]": "[::1]", "": "127.0.0.1"}
 # exported for every GPU, MIG mode included (utilisation is not: NVML has none for a MIG-enabled GPU)
 REQUIRED_METRICS = ("DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE")
 
@@ -24,11 +26,22 @@ def expected_exporters(config: NodeConfig) -> dict[str, bool] | None:
     if not config.stage_enabled("exporters"):
         return None
     settings = config.exporters
-    return {"gpu": settings.gpu != "none", "node": settings.node,
-            "probed": {"gpu": settings.port(settings.gpu_listen) == DEFAULT_PORTS["gpu"]
-                       and settings.gpu_listen.rsplit(":", 1)[0] in ("0.0.0.0", "127.0.0.1", "[::]"),
-                       "node": settings.port(settings.node_listen) == DEFAULT_PORTS["node"]
-                       and settings.node_listen.rsplit(":", 1)[0] in ("0.0.0.0", "127.0.0.1", "[::]")}}
+    return {"gpu": settings.gpu != "none", "node": settings.node}
+
+
+def exporter_endpoints(config: NodeConfig) -> dict[str, dict[str, str]] | None:
+    """What the probe scrapes on the node (``{name: {"url", "user", "password"}}``): each exporter at its listen
+    address (``0.0.0.0`` read as 127.0.0.1) as the ``exporters`` account (gpufleet.web_auth, generated on first
+    use); None when the stage is off."""
+    if not config.stage_enabled("exporters"):
+        return None
+    secret = web_auth.password("exporters")
+    out = {}
+    for name, listen in (("gpu", config.exporters.gpu_listen), ("node", config.exporters.node_listen)):
+        address, port = listen.rsplit(":", 1)
+        out[name] = {"url": f"http://{_ANY_ADDRESS.get(address, address)}:{port}/metrics", "user": web_auth.USER,
+                     "password": secret}
+    return out
 
 
 def check_exporters(add, probe: Mapping[str, Any], expected: Mapping[str, Any] | None) -> None:
@@ -46,11 +59,8 @@ def check_exporters(add, probe: Mapping[str, Any], expected: Mapping[str, Any] |
             continue
         check = f"config.exporter.{name}"
         if observed is None:
-            add(check, SKIP, "the probe did not scrape the exporters (older probe)", "")
-            continue
-        if not expected["probed"][name]:
-            add(check, SKIP, f"{name} exporter listens on a non-default address; the probe scrapes only "
-                f"127.0.0.1:{DEFAULT_PORTS[name]}", "")
+            add(check, SKIP, "the probe did not scrape the exporters (it was not given their addresses and "
+                "credentials: the Slurm engine, or an older probe)", "")
             continue
         entry = observed.get(name) or {}
         if entry.get("status") != "ok":

@@ -20,6 +20,7 @@ from . import FAIL, UNREACHABLE
 from .bundle import probe_bundle
 from .checks import build_fleet_result, evaluate_host, probe_failed_host, unreachable_host
 from .expected import expected_state
+from .exporter_checks import exporter_endpoints
 from .model import FleetResult
 from .remote import ProbeFailed, connector_kwargs, run_probe, write_node_textfile
 from .run import HostRun, VerifyRun, fleet_meta, summary_text
@@ -69,7 +70,8 @@ class DeployVerify:
         settings = self.settings[host.name]
         try:
             probe, pci, _ = run_probe(host, self.bundle, python=settings.python, bench=self.bench,
-                                      kwargs=connector_kwargs(host), check_bundle=False)
+                                      kwargs=connector_kwargs(host), check_bundle=False,
+                                      exporters=exporter_endpoints(self.configs[host.name]))
             run.result = evaluate_host(host.name, probe, expected_state(self.configs[host.name], probe, pci=pci))
         except ProbeFailed as exc:
             run.result = probe_failed_host(host.name, str(exc))

@@ -5,6 +5,7 @@ Prometheus textfile, written atomically."""
 from __future__ import annotations
 
 import io
+import json
 import re
 import shlex
 from collections.abc import Iterable, Mapping
@@ -25,20 +26,21 @@ TEXTFILE_NAME = "gpufleet_verify.prom"
 # Seconds one probe run may take on a node (the benchmarks dominate; quick is <= 60 s per node on a real GPU).
 PROBE_TIMEOUT_S = {"none": 120, "quick": 900, "full": 3600}
 
-def probe_command(python: str, bench: str, remote_dir: str = PROBE_REMOTE_DIR) -> str:
+def probe_command(python: str, bench: str, remote_dir: str = PROBE_REMOTE_DIR, exporters: bool = False) -> str:
     if bench not in BENCH_PROFILES:
         raise ValueError(f"bench profile {bench!r}; allowed: {', '.join(BENCH_PROFILES)}")
-    return f"cd {shlex.quote(remote_dir)} && {shlex.quote(python)} probe.py --bench {bench}"
+    return (f"cd {shlex.quote(remote_dir)} && {shlex.quote(python)} probe.py --bench {bench}"
+            + (" --exporters-stdin" if exporters else ""))
 
 
 def probe_script(bundle: ProbeBundle, *, python: str = "python3", bench: str = "none",
-                 remote_dir: str = PROBE_REMOTE_DIR, check_bundle: bool = True) -> str:
+                 remote_dir: str = PROBE_REMOTE_DIR, check_bundle: bool = True, exporters: bool = False) -> str:
     """The one command verify runs on a node: the PCI section (the ``NvidiaPciDevices`` fact's command), then —
     when the installed probe matches ``bundle`` file by file (``sha256sum -c``) — the probe in section ``probe``;
     otherwise the probe directory is created and the installed files' checksums are printed in section ``sums``
     (the caller uploads what differs and runs :func:`probe_command`). Sections: gpufleet.facts.sections."""
     q = shlex.quote
-    run = section("probe", probe_command(python, bench, remote_dir))
+    run = section("probe", probe_command(python, bench, remote_dir, exporters))
     parts = [NvidiaPciDevices().command()]
     if not check_bundle:
         return "; ".join([*parts, run])
@@ -106,10 +108,13 @@ def connector_kwargs(host: Any) -> dict[str, Any]:
     return {k: v for k, v in arguments.items() if k in CONNECTOR_ARGUMENT_KEYS}
 
 
-def _run(host: Any, command: str, kwargs: Mapping[str, Any], timeout: float | None) -> tuple[bool, list[str], str]:
+def _run(host: Any, command: str, kwargs: Mapping[str, Any], timeout: float | None,
+         stdin: str | None = None) -> tuple[bool, list[str], str]:
     """(ok, stdout lines, stderr text)."""
     args = dict(kwargs)
     args["_timeout"] = timeout
+    if stdin is not None:
+        args["_stdin"] = stdin
     ok, output = host.run_shell_command(StringCommand(command), **args)
     return ok, list(output.stdout_lines), "\n".join(output.stderr_lines)
 
@@ -126,21 +131,26 @@ def install_probe(host: Any, files: Iterable[BundleFile], kwargs: Mapping[str, A
 
 
 def run_probe(host: Any, bundle: ProbeBundle, *, python: str, bench: str, kwargs: Mapping[str, Any],
-              check_bundle: bool = True, remote_dir: str = PROBE_REMOTE_DIR
+              check_bundle: bool = True, remote_dir: str = PROBE_REMOTE_DIR, exporters: Mapping | None = None
               ) -> tuple[dict[str, Any], dict[str, Any] | None, list[str]]:
-    """Run the probe on a connected host (installing or updating it first where needed).
+    """Run the probe on a connected host (installing or updating it first where needed). ``exporters``: the
+    endpoints the probe scrapes (``{name: {"url", "user", "password"}}``), sent on its stdin (a password never
+    stands in a command line).
 
     Returns (probe document, NvidiaPciDevices fact or None, names of the files uploaded); raises ProbeFailed."""
     timeout = PROBE_TIMEOUT_S[bench]
-    script = probe_script(bundle, python=python, bench=bench, remote_dir=remote_dir, check_bundle=check_bundle)
-    ok, lines, stderr = _run(host, script, kwargs, timeout)
+    stdin = json.dumps(dict(exporters)) + "\n" if exporters else None
+    script = probe_script(bundle, python=python, bench=bench, remote_dir=remote_dir, check_bundle=check_bundle,
+                          exporters=bool(exporters))
+    ok, lines, stderr = _run(host, script, kwargs, timeout, stdin)
     out = parse_script_output(lines)
     uploaded: list[str] = []
     if out.probe_lines is None and check_bundle:
         if "sums" not in parse_sections(lines):
             raise ProbeFailed(f"the node's shell did not run verify's command: {(stderr or ' '.join(lines))[-300:]}")
         uploaded = install_probe(host, bundle.changed(out.remote_sums), kwargs, remote_dir)
-        ok, lines, stderr = _run(host, section("probe", probe_command(python, bench, remote_dir)), kwargs, timeout)
+        ok, lines, stderr = _run(host, section("probe", probe_command(python, bench, remote_dir, bool(exporters))),
+                                 kwargs, timeout, stdin)
         second = parse_script_output(lines)
         out.probe_lines, out.probe_rc = second.probe_lines, second.probe_rc
     if out.probe_lines is not None and stderr.strip():

@@ -53,6 +53,7 @@ from . import EXIT_COULD_NOT_RUN, FAIL, UNREACHABLE, WARN
 from .bundle import PROBE_REMOTE_DIR, BundleFile, ProbeBundle, VerifyError, nvml_module_path, probe_bundle
 from .checks import build_fleet_result, evaluate_host, probe_failed_host, unreachable_host
 from .expected import expected_state
+from .exporter_checks import exporter_endpoints
 from .model import FleetResult, HostResult, exit_code
 from .remote import (
     PROBE_TIMEOUT_S,
@@ -175,7 +176,8 @@ def verify_host(host: Any, config: NodeConfig, settings: VerifySettings, bundle:
     run.connected = True
     try:
         kwargs = connector_kwargs(host)
-        probe, pci, run.uploaded = run_probe(host, bundle, python=settings.python, bench=bench, kwargs=kwargs)
+        probe, pci, run.uploaded = run_probe(host, bundle, python=settings.python, bench=bench, kwargs=kwargs,
+                                             exporters=exporter_endpoints(config))
         run.result = evaluate_host(host.name, probe, expected_state(config, probe, pci=pci))
     except ProbeFailed as exc:
         run.result = probe_failed_host(host.name, str(exc))

@@ -20,6 +20,8 @@ if _WORKER.startswith("gw"):
     _net = os.environ["GPUFLEET_SIM_NET"].split(".")
     os.environ["GPUFLEET_SIM_DIR"] += f"-{_WORKER}"
     os.environ["GPUFLEET_SIM_NET"] = ".".join([*_net[:2], str((int(_net[2]) + 100 + int(_WORKER[2:])) % 256)])
+# the monitoring plane's generated passwords (gpufleet.web_auth): the test fleets', not the user's ~/.config
+os.environ.setdefault("GPUFLEET_CREDENTIALS_DIR", os.environ["GPUFLEET_SIM_DIR"] + "-credentials")
 
 from gpufleet.sim import hosts, image  # noqa: E402
 from gpufleet.sim.repo import packages as sim_packages  # noqa: E402

@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import signal
+import ssl
 import subprocess
 import time
 import urllib.error
@@ -25,6 +26,7 @@ from pathlib import Path
 import pytest
 from conftest import BIN, REPO, bring_up, gpufleet, grand_total, save_deb_cache, ssh
 
+from gpufleet import fleet_ca, web_auth
 from gpufleet.exporter.xid_err_msg import err_msg
 from gpufleet.facts.grafana import openpgp_fingerprints
 from gpufleet.monitoring import render
@@ -61,15 +63,16 @@ monitoring = [({mon!r}, {{**_hosts[{mon!r}], **{monitoring}}})]
 gpu_nodes = [({dcgm!r}, {{**_hosts[{dcgm!r}], "gpufleet_exporters_gpu": "dcgm", "gpufleet_monitoring_cluster": "lab",
                           "gpufleet_monitoring_gpu_model": "h100-sxm", "gpufleet_power_limit": {power},
                           "gpufleet_monitoring_scrape_interval": {scrape!r}, **{dcgm_extra}}}),
-             ({nvml!r}, {{**_hosts[{nvml!r}], "gpufleet_monitoring_cluster": "lab"}})]
+             ({nvml!r}, {{**_hosts[{nvml!r}], "gpufleet_monitoring_cluster": "lab", **{nvml_extra}}})]
 '''
 
 
-def write_inventory(path: Path, sim_inventory: Path, monitoring: dict | None = None, dcgm_extra: dict | None = None):
+def write_inventory(path: Path, sim_inventory: Path, monitoring: dict | None = None, dcgm_extra: dict | None = None,
+                    nvml_extra: dict | None = None):
     path.write_text(INVENTORY.format(sim=str(sim_inventory), mon=MON, dcgm=DCGM_HOST, nvml=NVML_HOST, power=POWER_W,
                                      scrape=SCRAPE,
                                      monitoring=repr(monitoring if monitoring is not None else MONITORING_DATA),
-                                     dcgm_extra=repr(dcgm_extra or {})))
+                                     dcgm_extra=repr(dcgm_extra or {}), nvml_extra=repr(nvml_extra or {})))
     return path
 
 
@@ -99,10 +102,21 @@ def mon(tmp_path_factory):
 # ------------------------------------------------------------------------------------------------ helpers
 
 
+ACCOUNT_OF_PORT = {9090: "prometheus", 9093: "alertmanager", 9100: "exporters", 9400: "exporters"}
+
+
+def authorization(account: str, password: str | None = None) -> str:
+    token = base64.b64encode(f"{web_auth.USER}:{password or web_auth.password(account)}".encode()).decode()
+    return f"Basic {token}"
+
+
 def api(fleet, port: int, path: str, **params) -> dict | list:
+    """GET on the monitoring host's Prometheus (9090) or Alertmanager (9093) with its account's credentials."""
     address = fleet.host(MON).address
     query = f"?{urllib.parse.urlencode(params)}" if params else ""
-    with urllib.request.urlopen(f"http://{address}:{port}{path}{query}", timeout=10) as response:
+    request = urllib.request.Request(f"http://{address}:{port}{path}{query}",
+                                     headers={"Authorization": authorization(ACCOUNT_OF_PORT[port])})
+    with urllib.request.urlopen(request, timeout=10) as response:
         return json.load(response)
 
 
@@ -477,7 +491,7 @@ def test_grafana_answers_for_every_dashboard_and_the_datasource(mon):
     status, datasources = grafana(mon, "/api/datasources")
     assert status == 200
     assert [(d["type"], d["url"], d["isDefault"]) for d in datasources] == [
-        ("prometheus", "http://localhost:9090", True)]
+        ("prometheus", f"http://{mon.host(MON).address}:9090", True)]
     assert grafana(mon, "/api/search", None)[0] == 401
     assert grafana(mon, "/api/search", "admin")[0] == 401
     root = mon.host(MON).dir / "root"
@@ -695,6 +709,7 @@ def _files(fleet, host: str, paths: tuple[str, ...]) -> dict[str, str]:
 
 
 WATCHED = ("/etc/prometheus/prometheus.yml", "/etc/prometheus/alertmanager.yml",
+           "/etc/prometheus/prometheus-web-config.yml", "/etc/prometheus/gpufleet-exporters.password",
            "/var/lib/prometheus/node-exporter/gpufleet_desired.prom",
            "/etc/prometheus/rules/gpufleet-alerts.rules.yml", "/etc/prometheus/file_sd/gpufleet-gpu.json")
 
@@ -744,8 +759,10 @@ def test_ctrl_c_to_the_monitoring_deploy_exits_130_naming_the_host(mon):
            "gpufleet_monitoring_prometheus_listen"),
     (None, {"gpufleet_exporters_node_listen": "0.0.0.0:9400"},
      f"{DCGM_HOST}: gpufleet_exporters_node_listen='0.0.0.0:9400': port clash"),
+    ({**MONITORING_DATA, "gpufleet_monitoring_alertmanager_listen": "192.0.2.1:9093"},
+     None, f"{MON}: gpufleet_monitoring_alertmanager_listen='192.0.2.1:9093': not an address of this host"),
 ], ids=["unknown-receiver-type", "no-grafana-password", "bad-interval", "port-clash-monitoring",
-        "port-clash-exporters"])
+        "port-clash-exporters", "listen-address-not-on-the-host"])
 def test_bad_input_is_refused_before_any_change(mon, tmp_path, monitoring, dcgm_extra, expected):
     before = {h: _files(mon, h, WATCHED + ("/etc/default/prometheus-node-exporter",)) for h in (MON, DCGM_HOST)}
     inventory = write_inventory(tmp_path / "bad_inventory.py", mon.inventory, monitoring, dcgm_extra)
@@ -784,3 +801,168 @@ def test_receiver_secrets_never_show_and_the_file_is_0640_root_prometheus(mon, t
     result = run_pyinfra(bad, "deploys/monitoring.py", check=False)
     assert result.returncode != 0 and "receivers[0].url='http://127.0.0.1:9999/***': not a URL" in result.stdout
     assert SECRETS[1] not in result.stdout
+
+
+# ------------------------------------------------------------------------------------------------ the monitoring
+# plane asks for credentials (issue 21): every listener on the host's management address, basic auth on each
+
+
+# (host, port, account) of every listener of the monitoring plane on the fleet
+LISTENERS = ((DCGM_HOST, 9100, "exporters"), (DCGM_HOST, 9400, "exporters"), (NVML_HOST, 9100, "exporters"),
+             (NVML_HOST, 9400, "exporters"), (MON, 9090, "prometheus"), (MON, 9093, "alertmanager"))
+PATHS = {9100: "/metrics", 9400: "/metrics", 9090: "/api/v1/targets", 9093: "/api/v2/alerts"}
+SILENCE = {"matchers": [{"name": "alertname", "value": ".+", "isRegex": True}], "startsAt": "2020-01-01T00:00:00Z",
+           "endsAt": "2099-01-01T00:00:00Z", "createdBy": "e2e", "comment": "issue 21: silence everything"}
+
+
+def _status(url: str, authorization_header: str | None = None, data: bytes | None = None,
+            method: str = "GET") -> int:
+    request = urllib.request.Request(url, data=data, method=method,
+                                     headers={"Content-Type": "application/json"} if data else {})
+    if authorization_header:
+        request.add_header("Authorization", authorization_header)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status
+    except urllib.error.HTTPError as error:
+        return error.code
+
+
+def test_every_listener_binds_the_management_address_and_refuses_requests_without_credentials(mon):
+    wait_all_up(mon)  # Prometheus scrapes every target with the credentials: up == 1 on each
+    assert promql(mon, 'count(up == 1)')[0]["value"][1] == str(len(EXPECTED_TARGETS))
+    for name in (DCGM_HOST, NVML_HOST, MON):
+        ports = {port for host, port, _ in LISTENERS if host == name}
+        listening = ssh(mon, name, "ss -Hltn").stdout.split("\n")
+        bound = {int(line.split()[3].rsplit(":", 1)[1]): line.split()[3].rsplit(":", 1)[0] for line in listening
+                 if line.strip() and int(line.split()[3].rsplit(":", 1)[1]) in ports}
+        assert bound == dict.fromkeys(ports, mon.host(name).address), (name, listening)
+    # from another simulated host of the fleet (a GPU node a user's job runs on): 401 without or with a wrong password
+    urls = " ".join(f"http://{mon.host(h).address}:{p}{PATHS[p]}" for h, p, _ in LISTENERS)
+    script = (f"for url in {urls}; do curl -s -o /dev/null -w '%{{http_code}} ' $url; "
+              "curl -s -o /dev/null -u gpufleet:wrong -w '%{http_code} ' $url; done")
+    assert ssh(mon, NVML_HOST, script).stdout.split() == ["401"] * (2 * len(LISTENERS))
+    # with the account's password (the control machine's): answered
+    for host, port, account in LISTENERS:
+        url = f"http://{mon.host(host).address}:{port}{PATHS[port]}"
+        assert _status(url, authorization(account)) == 200, url
+        assert _status(url, authorization("exporters" if account != "exporters" else "prometheus")) == 401, url
+
+
+def test_a_silence_needs_alertmanagers_credential(mon):
+    url = f"http://{mon.host(MON).address}:9093/api/v2/silences"
+    body = json.dumps(SILENCE).encode()
+    assert _status(url, data=body, method="POST") == 401
+    assert _status(url, authorization("prometheus"), data=body, method="POST") == 401
+    assert [s for s in api(mon, 9093, "/api/v2/silences") if s["status"]["state"] == "active"] == []
+    request = urllib.request.Request(url, data=body, method="POST", headers={
+        "Content-Type": "application/json", "Authorization": authorization("alertmanager")})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        silence = json.load(response)["silenceID"]
+    try:
+        assert [s["id"] for s in api(mon, 9093, "/api/v2/silences") if s["status"]["state"] == "active"] == [silence]
+    finally:  # expired again: the other tests' alerts must reach their receiver
+        assert _status(f"http://{mon.host(MON).address}:9093/api/v2/silence/{silence}",
+                       authorization("alertmanager"), method="DELETE") == 200
+
+
+def test_credentials_stay_on_the_control_machine_and_in_private_files(mon):
+    secrets = {account: web_auth.password(account) for account in web_auth.ACCOUNTS}
+    assert oct(web_auth.credentials_dir().stat().st_mode & 0o777) == "0o700"
+    for run in (mon.first_gpu_node, mon.first_monitoring):
+        assert not [a for a, s in secrets.items() if s in run.stdout]
+    modes = {
+        DCGM_HOST: {"/etc/prometheus/node-exporter-web-config.yml": "640 root prometheus",
+                    "/etc/dcgm-exporter/web-config.yml": "600 root root"},
+        NVML_HOST: {"/etc/prometheus/node-exporter-web-config.yml": "640 root prometheus",
+                    "/etc/gpufleet/gpu-exporter-web-config.yml": "600 root root"},
+        MON: {**dict.fromkeys(["/etc/prometheus/prometheus-web-config.yml",
+                               "/etc/prometheus/alertmanager-web-config.yml",
+                               *render.PASSWORD_FILES.values()], "640 root prometheus"),
+              "/etc/grafana/provisioning/datasources/gpufleet.yml": "640 root grafana"},
+    }
+    for name, files in modes.items():
+        out = ssh(mon, name, "stat -c '%n %a %U %G' " + " ".join(files)).stdout.splitlines()
+        assert {line.split(" ", 1)[0]: line.split(" ", 1)[1] for line in out} == files, name
+        root = mon.host(name).dir / "root"
+        for path in files:
+            text = (root / path.lstrip("/")).read_text()
+            leaked = [a for a, s in secrets.items() if s in text]
+            expected = {"/etc/grafana/provisioning/datasources/gpufleet.yml": ["prometheus"],
+                        **{p: [a] for a, p in render.PASSWORD_FILES.items()}}.get(path, [])
+            assert leaked == expected, (name, path)
+
+
+TLS_DIR = "/etc/ssl/gpufleet-e2e"
+
+
+# last of the module: it leaves the listeners on HTTPS
+def test_https_with_the_sites_certificates_and_with_the_fleet_ca(mon, tmp_path):
+    """The nvml node's exporters with the site's certificate files (refused while they are missing), the dcgm node's
+    exporters, Prometheus and Alertmanager with the fleet CA's: Prometheus scrapes every target over HTTPS (up), sends
+    alerts to Alertmanager over HTTPS, plain HTTP is not served and HTTPS still asks for the credential."""
+    node = mon.host(NVML_HOST).address
+    tls = {"cert_file": f"{TLS_DIR}/node.crt", "key_file": f"{TLS_DIR}/node.key"}
+    monitoring = {**MONITORING_DATA, "gpufleet_monitoring_tls_fleet_ca": True}
+    nvml_tls = {"gpufleet_exporters_node_tls_server_config": tls, "gpufleet_exporters_gpu_tls_server_config": tls}
+    inventory = write_inventory(tmp_path / "tls_inventory.py", mon.inventory, monitoring,
+                                dcgm_extra={"gpufleet_exporters_tls_fleet_ca": True}, nvml_extra=nvml_tls)
+    gpu_node = [str(BIN / "pyinfra"), "-y", str(inventory), "deploys/gpu_node.py"]
+    # the files the settings name are not on the node yet: refused before any change
+    before = {h: _files(mon, h, ("/etc/prometheus/node-exporter-web-config.yml",)) for h in (NVML_HOST, DCGM_HOST)}
+    result = subprocess.run(gpu_node, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900,
+                            cwd=REPO)
+    assert result.returncode != 0 and "no host was changed" in result.stdout, result.stdout
+    assert (f"{NVML_HOST}: gpufleet_exporters_node_tls_server_config.cert_file='{TLS_DIR}/node.crt': no such file "
+            "on the host") in result.stdout
+    assert {h: _files(mon, h, ("/etc/prometheus/node-exporter-web-config.yml",)) for h in (NVML_HOST, DCGM_HOST)} \
+        == before
+    # the site's certificate for the nvml node (here issued by the same CA, so that one CA file checks all)
+    cert, key = fleet_ca.host_certificate("site-issued", [node], [])
+    directory = mon.host(NVML_HOST).dir / "root" / TLS_DIR.lstrip("/")
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "node.crt").write_text(cert)
+    (directory / "node.key").write_text(key)
+    # node_exporter runs as Debian's prometheus user: the site lets it read the key
+    ssh(mon, NVML_HOST, f"chown root:prometheus {TLS_DIR}/node.key && chmod 640 {TLS_DIR}/node.key")
+    result = subprocess.run(gpu_node, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900,
+                            cwd=REPO)
+    assert result.returncode == 0, result.stdout
+    run_pyinfra(inventory, "deploys/monitoring.py")
+    ca = tmp_path / "ca.crt"
+    ca.write_text(fleet_ca.ca()[0])
+    trusting = ssl.create_default_context(cafile=str(ca))
+
+    def get(port: int, path: str):
+        request = urllib.request.Request(f"https://{mon.host(MON).address}:{port}{path}",
+                                         headers={"Authorization": authorization(ACCOUNT_OF_PORT[port])})
+        with urllib.request.urlopen(request, timeout=10, context=trusting) as response:
+            return json.load(response)
+
+    def schemes():
+        try:
+            targets = get(9090, "/api/v1/targets")["data"]["activeTargets"]
+        except OSError:
+            return None
+        return {(t["labels"]["job"], t["labels"].get("host", "")): (t["scrapeUrl"].split(":")[0], t["health"])
+                for t in targets}
+
+    wait_for("every target scraped over HTTPS", lambda: schemes() == dict.fromkeys(EXPECTED_TARGETS, ("https", "up")))
+    assert [a["url"].split(":")[0] for a in get(9090, "/api/v1/alertmanagers")["data"]["activeAlertmanagers"]] == [
+        "https"]
+    for address in (node, mon.host(DCGM_HOST).address):
+        for port in (9100, 9400):
+            request = urllib.request.Request(f"https://{address}:{port}/metrics",
+                                             headers={"Authorization": authorization("exporters")})
+            with urllib.request.urlopen(request, timeout=10, context=trusting) as response:
+                assert response.status == 200
+    # from another simulated host: plain HTTP is not served, HTTPS still asks for the credential
+    urls = [f"{mon.host(h).address}:{p}{PATHS[p]}" for h, p, _ in LISTENERS]
+    script = "; ".join(f"curl -s -o /dev/null -w '%{{http_code}} ' http://{u}; "
+                       f"curl -s -k -o /dev/null -w '%{{http_code}} ' https://{u}" for u in urls)
+    codes = ssh(mon, NVML_HOST, script, check=False).stdout.split()
+    assert codes[1::2] == ["401"] * len(LISTENERS) and "200" not in codes, codes
+    # the fleet CA's key stays on the control machine
+    assert "PRIVATE KEY" in (web_auth.credentials_dir() / "fleet-ca" / "ca.key").read_text()
+    assert ssh(mon, MON, "stat -c '%a %U %G' /etc/gpufleet/tls/key.pem").stdout.split() == ["640", "root",
+                                                                                             "prometheus"]

@@ -6,16 +6,19 @@ gets its Prometheus textfile; `pyinfra INVENTORY verify/gpu_node.py` writes the 
 
 from __future__ import annotations
 
+import base64
 import json
-import shlex
+import re
 import subprocess
 import time
+import urllib.request
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 from conftest import BIN, REPO, bring_up, gpufleet, save_deb_cache, ssh
 
+from gpufleet import web_auth
 from gpufleet.sim import hosts
 
 INVENTORY = "inventories/sim.py"
@@ -130,10 +133,15 @@ FAULTS = {
 }
 
 
-# the GPUs of DCGM_FI_DEV_GPU_TEMP on the node's GPU exporter (run by the node's python3)
-EXPORTED_GPUS = ("import re, urllib.request\n"
-                 "text = urllib.request.urlopen('http://127.0.0.1:9400/metrics', timeout=5).read().decode()\n"
-                 "print(len(set(re.findall(r'^DCGM_FI_DEV_GPU_TEMP[{][^}]*\\bgpu=\"(\\d+)\"', text, re.M))))\n")
+def exported_gpus(fleet, name: str) -> int:
+    """The GPUs of DCGM_FI_DEV_GPU_TEMP on the node's GPU exporter, scraped as Prometheus does (its listen address,
+    the exporters account's basic auth)."""
+    token = base64.b64encode(f"{web_auth.USER}:{web_auth.password('exporters')}".encode()).decode()
+    request = urllib.request.Request(f"http://{fleet.host(name).address}:9400/metrics",
+                                     headers={"Authorization": f"Basic {token}"})
+    with urllib.request.urlopen(request, timeout=5) as response:
+        text = response.read().decode()
+    return len(set(re.findall(r'^DCGM_FI_DEV_GPU_TEMP[{][^}]*\bgpu="(\d+)"', text, re.M)))
 
 
 def wait_until_the_gpu_exporter_exports_every_gpu(fleet, name: str, timeout_s: float = 60) -> None:
@@ -141,7 +149,7 @@ def wait_until_the_gpu_exporter_exports_every_gpu(fleet, name: str, timeout_s: f
     missing from it until the next collection, which the next test's verify would rightly report."""
     gpus = int(ssh(fleet, name, "nvidia-smi -L | grep -c '^GPU'").stdout.strip())
     deadline = time.monotonic() + timeout_s
-    while (seen := int(ssh(fleet, name, f"python3 -c {shlex.quote(EXPORTED_GPUS)}").stdout.strip())) != gpus:
+    while (seen := exported_gpus(fleet, name)) != gpus:
         assert time.monotonic() < deadline, f"{name}: the GPU exporter exports {seen} of {gpus} GPUs ({timeout_s} s)"
         time.sleep(0.5)
 

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import base64
+import json
+
+from gpufleet import web_auth
 from gpufleet.config import load_node_config
 from gpufleet.probe.exporters import gpu_series
-from gpufleet.verify.exporter_checks import check_exporters, expected_exporters
+from gpufleet.verify.exporter_checks import check_exporters, expected_exporters, exporter_endpoints
 
 TEXT = """# HELP DCGM_FI_DEV_GPU_TEMP GPU temperature (in C).
 # TYPE DCGM_FI_DEV_GPU_TEMP gauge
@@ -57,7 +61,56 @@ def test_stage_off_or_exporter_none_is_not_checked():
     both = {"status": "ok", "error": None, "gpus": {"DCGM_FI_DEV_GPU_TEMP": ["0", "1"]}}
     assert run(probe_doc(both), {"gpufleet_stages": ["driver"]}) == []
     assert [c for c, *_ in run(probe_doc(both), {"gpufleet_exporters_gpu": "none"})] == ["config.exporter.node"]
-    assert run(probe_doc(both), {"gpufleet_exporters_gpu_listen": "10.0.0.1:9400"})[0][1] == "skip"
+    # a probe not given the endpoints (Slurm engine) scraped nothing: skipped, saying why
+    found = run({"gpus": [], "exporters": None})
+    assert [(c, v) for c, v, _ in found] == [("config.exporter.gpu", "skip"), ("config.exporter.node", "skip")]
+    assert "credentials" in found[0][2]
+
+
+def test_the_probe_scrapes_each_exporter_at_its_listen_address_with_the_exporters_account(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPUFLEET_CREDENTIALS_DIR", str(tmp_path / "credentials"))
+    config = load_node_config("n1", {"ssh_hostname": "10.0.0.7", "gpufleet_exporters_node_listen": "0.0.0.0:9101"})
+    endpoints = exporter_endpoints(config)
+    secret = web_auth.password("exporters")
+    assert endpoints == {
+        "gpu": {"url": "http://10.0.0.7:9400/metrics", "user": "gpufleet", "password": secret},
+        "node": {"url": "http://127.0.0.1:9101/metrics", "user": "gpufleet", "password": secret}}
+    assert exporter_endpoints(load_node_config("n1", {"gpufleet_stages": ["driver"]})) is None
+
+
+def test_the_probe_sends_basic_auth_and_reads_its_endpoints_from_stdin(tmp_path):
+    import http.server
+    import io
+    import threading
+
+    from gpufleet.probe import exporters as probe_exporters
+
+    seen = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            seen.append(self.headers.get("Authorization"))
+            body = TEXT.encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/metrics"
+        line = json.dumps({"gpu": {"url": url, "user": "gpufleet", "password": "pw:1"}}) + "\n"
+        endpoints = probe_exporters.read_endpoints(io.StringIO(line))
+        found = probe_exporters.collect_exporters(endpoints)
+    finally:
+        server.shutdown()
+    assert seen == ["Basic " + base64.b64encode(b"gpufleet:pw:1").decode()]
+    assert found["gpu"]["status"] == "ok" and found["gpu"]["url"] == url  # the password is not in the document
+    assert "pw:1" not in json.dumps(found)
 
 
 def test_a_lost_gpu_still_in_the_exporters_last_collection_is_neither_required_nor_wrong():

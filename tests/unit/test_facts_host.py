@@ -189,7 +189,13 @@ def test_os_ubuntu():
     fact = os_fact(fixture("os_release_ubuntu_2204.txt"))
     assert fact == {"id": "ubuntu", "version_id": "22.04", "version_codename": "jammy", "id_like": ["debian"],
                     "pretty_name": "Ubuntu 22.04.5 LTS", "family": "debian", "kernel": "5.15.0-185-generic",
-                    "arch": "x86_64", "error": None}
+                    "arch": "x86_64", "error": None, "addresses": []}
+
+
+def test_os_addresses_are_hostname_i():
+    fact = OsInfo().process(wrap("os-release", fixture("os_release_ubuntu_2204.txt"))
+                            + wrap("addresses", "10.0.0.5 192.168.1.4 fd00::5 \n"))
+    assert fact["addresses"] == ["10.0.0.5", "192.168.1.4", "fd00::5"]
 
 
 def test_os_rocky():

@@ -7,6 +7,7 @@ profiles; values are judged against the simulator's state file.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -16,11 +17,13 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
 
+from gpufleet import web_auth
 from gpufleet.exporter import bundle, bundle_files, write_bundle
 from gpufleet.sim.gpu import state as simstate
 from gpufleet.sim.gpu.build_nvml import build
@@ -251,6 +254,44 @@ def test_serves_http_on_the_listen_address(env):
         assert proc.wait(timeout=20) == 0
 
 
+def test_asks_for_basic_auth_with_a_web_config_file(env, tmp_path):
+    """--web-config-file (dcgm-exporter's flag): the bundle serves exporter-toolkit's basic auth with the node's
+    own python3 (bcrypt module or libcrypt)."""
+    root, pyz = env
+    write_state(root, "h100-sxm-8")
+    config = tmp_path / "web-config.yml"
+    config.write_text(web_auth.web_config({"gpufleet": web_auth.bcrypt_hash("s3cret-pw", "n1/gpufleet")}))
+    proc, url = _serve(root, pyz, "--web-config-file", str(config))
+
+    def status(password: str | None) -> int:
+        request = urllib.request.Request(url)
+        if password is not None:
+            token = base64.b64encode(f"gpufleet:{password}".encode()).decode()
+            request.add_header("Authorization", f"Basic {token}")
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return response.status
+        except urllib.error.HTTPError as error:
+            assert error.headers["WWW-Authenticate"] == "Basic"
+            return error.code
+
+    try:
+        assert "listening on 127.0.0.1:" in proc.stdout.readline()
+        assert (status(None), status("wrong"), status("s3cret-pw")) == (401, 401, 200)
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=20) == 0
+
+
+def test_a_bad_web_config_file_stops_the_exporter_naming_the_key(env, tmp_path):
+    root, pyz = env
+    config = tmp_path / "web-config.yml"
+    config.write_text('{"basic_auth_users": {}, "tls_server_config": {"cipher_suites": ["x"]}}\n')
+    proc, _ = _serve(root, pyz, "--web-config-file", str(config))
+    assert proc.wait(timeout=20) == 2
+    assert "tls_server_config.cipher_suites" in proc.stdout.read()
+
+
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__]))
 
@@ -280,12 +321,12 @@ def test_driver_not_loaded_serves_nvml_down_instead_of_exiting(env):
     assert "DCGM_FI_DEV_GPU_TEMP" not in metrics
 
 
-def _serve(root: Path, pyz: Path):
+def _serve(root: Path, pyz: Path, *extra: str):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen(["/usr/bin/python3", str(pyz), "--listen", f"127.0.0.1:{port}",
-                             "--settings-dir", str(root / "none")], env=node_env(root),
+                             "--settings-dir", str(root / "none"), *extra], env=node_env(root),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     return proc, f"http://127.0.0.1:{port}/metrics"
 

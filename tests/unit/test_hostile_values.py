@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpufleet import settings
+from gpufleet import settings, web_auth
 from gpufleet.config import ConfigErrors, load_node_config
 from gpufleet.monitoring import config as monitoring_config
 from gpufleet.monitoring import render
@@ -46,6 +46,7 @@ NOT_IN_A_FILE = {
     "gpufleet_allow_reboot": "a boolean", "gpufleet_driver_secure_boot_signing": "a boolean",
     "gpufleet_exporters_node": "a boolean", "gpufleet_exporters_gpu_count": "a number",
     "gpufleet_monitoring_grafana": "a boolean",
+    "gpufleet_exporters_tls_fleet_ca": "a boolean", "gpufleet_monitoring_tls_fleet_ca": "a boolean",
     # the Grafana settings are the grafana step's (its own change covers their files)
     "gpufleet_monitoring_grafana_admin_password": "Grafana's (the grafana step's own tests)",
 }
@@ -198,7 +199,27 @@ MONITORING_POSITIONS = [
     (M + "alert_for", lambda v: {M + "alert_for": {"GpuOverheating": v}}, None),
     (M + "alert_for", lambda v: {M + "alert_for": {v: "5m"}}, None),
     (M + "gpu_model", lambda v: {M + "gpu_model": v}, None),
+    *((M + f"{name}_tls_server_config", lambda v, name=name, key=key: {
+        M + f"{name}_tls_server_config": {**TLS, key: TLS[key] + v}},
+       lambda s, name=name, key=key: _web_tls(getattr(s, f"{name}_tls"))[key].removeprefix(TLS[key]))
+      for name in ("prometheus", "alertmanager") for key in ("cert_file", "key_file")),
+    *((M + f"{name}_tls_server_config", lambda v, name=name: {M + f"{name}_tls_server_config": {**TLS, v: "x"}},
+       None) for name in ("prometheus", "alertmanager")),
+    *((M + f"{name}_tls_server_config", lambda v, name=name: {M + f"{name}_tls_server_config": {
+        **TLS, "min_version": v}}, lambda s, name=name: _web_tls(getattr(s, f"{name}_tls"))["min_version"])
+      for name in ("prometheus", "alertmanager")),
+    (M + "tls_ca_file", lambda v: {M + "tls_ca_file": "/etc/ssl/ca" + v},
+     lambda s: yaml.safe_load(render.prometheus_config(s))["scrape_configs"][1]["tls_config"]["ca_file"]
+     .removeprefix("/etc/ssl/ca")),
 ]
+TLS = {"cert_file": "/etc/ssl/a.crt", "key_file": "/etc/ssl/a.key"}
+
+
+def _web_tls(tls) -> dict:
+    """The tls_server_config as the web configuration file on the host holds it, parsed back."""
+    return yaml.safe_load(web_auth.web_config({}, tls_server_config=dict(tls)))["tls_server_config"]
+
+
 # the target labels (file_sd JSON): checked on the rendered scrape targets
 TARGET_POSITIONS = [(M + "cluster", lambda v: {M + "cluster": v}, "cluster")]
 
@@ -227,6 +248,12 @@ NODE_POSITIONS = [
                   "gpufleet_exporters_textfile_dir", "gpufleet_driver_repo_key_fingerprint",
                   "gpufleet_exporters_collect_interval")),
     ("gpufleet_stages", lambda v: {"gpufleet_stages": ["driver", v]}, None),
+    *((f"gpufleet_exporters_{name}_tls_server_config", lambda v, name=name, key=key: {
+        f"gpufleet_exporters_{name}_tls_server_config": {**TLS, key: TLS[key] + v}},
+       lambda c, name=name, key=key: _web_tls(getattr(c.exporters, f"{name}_tls"))[key].removeprefix(TLS[key]))
+      for name in ("node", "gpu") for key in ("cert_file", "key_file")),
+    *((f"gpufleet_exporters_{name}_tls_server_config", lambda v, name=name: {
+        f"gpufleet_exporters_{name}_tls_server_config": {**TLS, v: "TLS12"}}, None) for name in ("node", "gpu")),
     ("gpufleet_power_limit_by_model", lambda v: {"gpufleet_power_limit_by_model": {v: 300}}, None),
     ("gpufleet_power_limit_by_model", lambda v: {"gpufleet_power_limit_by_model": {"h100-sxm": v}}, None),
     ("gpufleet_power_limit_by_uuid", lambda v: {"gpufleet_power_limit_by_uuid": {v: 300}}, None),

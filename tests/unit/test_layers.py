@@ -24,6 +24,8 @@ LAYERS: dict[str, int] = {
     "gpufleet.catalog": 0,
     "gpufleet.masking": 0,
     "gpufleet.control_files": 0,
+    "gpufleet.web_auth": 0,
+    "gpufleet.fleet_ca": 0,
     "gpufleet.interruption": 0,
     "gpufleet.pyinfra_args": 0,
     "gpufleet.probe": 0,

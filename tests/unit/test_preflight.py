@@ -365,3 +365,20 @@ def test_gather_facts_reads_each_fact_once():
     facts = gather_facts(host)
     assert sorted(host.asked) == ["GpuInventory", "NvidiaPackages", "NvidiaPciDevices", "OsInfo", "SecureBoot"]
     assert facts.gpu_inventory["status"] == "absent"
+
+
+def test_an_exporter_listen_address_not_on_the_host_is_refused():
+    facts = HostFacts(os={**os_fact(), "addresses": ["10.0.0.5", "fd00::5"]},
+                      secure_boot=sb_fact("SecureBoot disabled"), gpu_inventory=h100_inventory())
+    config = load_node_config("n1", {"ssh_hostname": "203.0.113.7", "gpufleet_stages": ["exporters"],
+                                     "gpufleet_exporters_gpu_listen": "10.0.0.6:9400"})
+    errors = preflight("n1", config, facts)
+    assert [e.message.split("; allowed")[0] for e in errors] == [
+        "n1: gpufleet_exporters_node_listen='203.0.113.7:9100': not an address of this host",
+        "n1: gpufleet_exporters_gpu_listen='10.0.0.6:9400': not an address of this host"]
+    assert "(10.0.0.5, fd00::5), 0.0.0.0" in errors[0].allowed
+    for ok in ({"ssh_hostname": "10.0.0.5"}, {"gpufleet_exporters_node_listen": "127.0.0.1:9100",
+                                              "gpufleet_exporters_gpu_listen": "[fd00::5]:9400"}):
+        assert preflight("n1", load_node_config("n1", {"gpufleet_stages": ["exporters"], **ok}), facts) == []
+    # addresses unknown (an old fact, hostname -I missing): not checked
+    assert preflight("n1", config, HostFacts(os=os_fact(), gpu_inventory=h100_inventory())) == []

@@ -323,7 +323,7 @@ def test_collect_document_shape(tmp_path):
 
 _STDLIB_OK = {"__future__", "argparse", "ctypes", "json", "math", "os", "platform", "re", "shutil", "socket",
               "statistics", "subprocess", "sys", "tempfile", "threading", "time", "typing", "collections",
-              "collections.abc", "urllib.request"}
+              "collections.abc", "urllib.request", "base64", "ssl"}
 _OPTIONAL = {"pynvml", "torch", "cupy", "probe", "probe_nvml", "bench", "exporters"}
 
 

@@ -35,6 +35,11 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from . import daemon, state
+
+try:  # on a simulated host: gpufleet/exporter/web.py copied beside this file (sim/repo.py)
+    from . import web
+except ImportError:  # from the gpufleet source tree (unit tests)
+    from gpufleet.exporter import web
 from .xid_err_msg import err_msg
 
 VERSION = "4.5.3"
@@ -490,6 +495,11 @@ def exporter_main(argv: list[str]) -> int:
         _log("ERROR", str(error))
         return 1
     hostname = _hostname(options, given, remote)
+    try:  # exporter-toolkit's web configuration (dcgm-exporter's --web-config-file): basic auth, TLS
+        web_config = web.WebConfig(options["web-config-file"] or None)
+    except web.WebConfigError as error:
+        _log("ERROR", "Failed to load the web configuration", error=str(error))
+        return 1
     interval = int(options["collect-interval"], 0) / 1000.0
     latest = {"text": "", "collections": 0}
     failed = threading.Event()
@@ -507,6 +517,8 @@ def exporter_main(argv: list[str]) -> int:
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 - http.server's name
+            if not web.guard(self, web_config):
+                return
             if self.path.split("?")[0] != "/metrics":
                 self.send_error(404)
                 return
@@ -514,6 +526,7 @@ def exporter_main(argv: list[str]) -> int:
             self.send_response(200)
             self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
             self.send_header("Content-Length", str(len(body)))
+            web.add_headers(self, web_config)
             self.end_headers()
             self.wfile.write(body)
 
@@ -522,6 +535,11 @@ def exporter_main(argv: list[str]) -> int:
 
     host, _, port = options["address"].rpartition(":")
     server = ThreadingHTTPServer((host.strip("[]") or "0.0.0.0", int(port)), Handler)
+    try:
+        web.wrap_tls(server, web_config)
+    except web.WebConfigError as error:
+        _log("ERROR", "Failed to load the web configuration", error=str(error))
+        return 1
     threading.Thread(target=collect, daemon=True).start()
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
     _log("INFO", "Starting webserver", address=options["address"])
