@@ -118,8 +118,13 @@ def test_a_signal_during_a_state_write_waits_for_it_and_leaves_no_temporary_file
         return real_replace(src, dst)
 
     monkeypatch.setattr(control_files.os, "replace", signalled_before_the_rename)
-    with pytest.raises(KeyboardInterrupt):
-        st.save(s, path)
+    # Python's own SIGINT handler, whatever an earlier test (a command run through click) installed
+    handler = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            st.save(s, path)
+    finally:
+        signal.signal(signal.SIGINT, handler)
     assert [p.name for p in tmp_path.iterdir()] == ["state.json"]
     assert st.load(path).to_dict() == s.to_dict()
 
