@@ -25,7 +25,7 @@ from pyinfra.facts.deb import DebPackages
 from pyinfra.operations import server, systemd
 from pyinfra.operations.util import any_changed
 
-from gpufleet import interruption
+from gpufleet import _pyinfra
 from gpufleet.config import ConfigError, ConfigErrors, NodeConfig, catalog_model, validate_pyinfra_inventory
 from gpufleet.facts.nvidia import GpuInventory
 from gpufleet.masking import mask_urls
@@ -252,7 +252,7 @@ def _installed(package: str) -> bool:
 
 @deploy("gpufleet: monitoring")
 def monitoring() -> None:
-    interruption.install(host.state)  # SIGINT/SIGTERM/SIGHUP: exit 130/143/129 naming the hosts mid-change
+    _pyinfra.install_signal_report(host.state)  # SIGINT/SIGTERM/SIGHUP: exit 130/143/129 naming the hosts mid-change
     _configs, monitoring_hosts, targets = validated()
     if host.name not in monitoring_hosts:
         return
