@@ -39,7 +39,6 @@ PLAIN_PATH: dict[str, tuple[str, ...] | None] = {  # module -> its plain-path te
     "test_pyinfra_native.py": None,
     "test_verify.py": None,
     "test_rollout.py": ("test_fault_on_the_canary_stops_with_no_other_host_changed",
-                        "test_failure_in_wave_2_with_max_failures_0_stops_there",
                         "test_without_drain_one_wave_converges_every_host_and_reports"),
 }
 FAST_PATH_SWITCHES = ("GPUFLEET_FACT_MEMO", "GPUFLEET_ROLLOUT_INPROCESS")
