@@ -136,6 +136,8 @@ def adopt(state) -> Hooks:
     for host in state.inventory:
         connector = getattr(host, "connector", None)
         if connector is not None and not hasattr(type(connector), "_gpufleet_base"):
+            # a patch: pyinfra chose and created the connector (Inventory/State.init) before any deploy code ran,
+            # and offers no way to choose the class of a plain host name's connector
             connector.__class__ = gpufleet_class(type(connector))
     return hooks(state)
 

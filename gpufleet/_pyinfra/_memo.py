@@ -6,7 +6,8 @@ commands per host (GpuInventory alone 5 times: preflight, then the driver, persi
 operations), one after another within a host. And pyinfra's SSH connector leaves Nagle's algorithm on: each
 command then waits ~40 ms for the server's delayed ACK, more than the command itself.
 
-What, installed by the gpufleet deploy only (:func:`install`, on the hosts of one pyinfra ``State``):
+What, installed by the gpufleet deploy only (:func:`install`, through :func:`gpufleet._pyinfra.prepare_deploy_run`,
+on the hosts of one pyinfra ``State``):
 
 * **TCP_NODELAY** on every SSH connection (also after a reconnect, e.g. a reboot).
 * **Memo.** A fact read's output is kept, per host and per exact command (with its sudo/env/... arguments),
@@ -40,15 +41,17 @@ What, installed by the gpufleet deploy only (:func:`install`, on the hosts of on
   output is stored as its own read would have been; one that failed, or that did not come back, is read again
   when the deploy asks for it. A converged host's no-op run then costs one round trip for all its reads.
 
-**pyinfra internals.** This is the one module of gpufleet that relies on pyinfra's internals: it shadows a
-``Host``'s I/O methods (``get_fact``, ``run_shell_command``, ``connect``, ``put_file``, ...), calls
-``pyinfra.api.facts.get_fact``, follows ``State.current_stage`` / ``should_check_for_changes()``, ``Host.in_op`` and
-``Host.current_op_hash``, reaches the SSH connector's paramiko transport for TCP_NODELAY, and trims three of
-pyinfra's own per-call costs (:func:`trim_pyinfra_overhead`: ``all_global_arguments`` once, call stacks without
-source context, global arguments looked up only among the host data's keys). :func:`supported` checks the installed
-pyinfra against the versions this was written and tested for (:data:`TESTED_PYINFRA`) and for each of those names;
-where it does not match (or ``GPUFLEET_FACT_MEMO=off``), :func:`install` installs nothing and every fact read is
-pyinfra's own, plain read: slower, same results.
+**pyinfra internals** (docs/design.md, "pyinfra internals: gpufleet/_pyinfra"). The memo sees every command,
+upload, download and (re)connect of the state's hosts through gpufleet's connector subclass
+(:mod:`gpufleet._pyinfra._connector`, which also sets TCP_NODELAY); what remains a patch, on this state's hosts only,
+is an instance attribute in front of ``Host.get_fact`` (the one point where pyinfra knows that a command is a fact
+read). It calls ``pyinfra.api.facts.get_fact``, follows ``State.current_stage`` / ``should_check_for_changes()``,
+``Host.in_op`` and ``Host.current_op_hash``, and trims three of pyinfra's own per-call costs
+(:func:`trim_pyinfra_overhead`: ``all_global_arguments`` once, call stacks without source context, global arguments
+looked up only among the host data's keys; each answers as pyinfra's own outside a run the memo is installed on).
+:func:`supported` applies the version guard (:func:`gpufleet._pyinfra.plain_path`: the pyinfra series CI ran) and
+checks for each of those names; where it says no (or ``GPUFLEET_FACT_MEMO=off``), :func:`install` installs nothing,
+says so in one line, and every fact read is pyinfra's own, plain read: slower, same results.
 """
 
 from __future__ import annotations

@@ -82,6 +82,8 @@ def install(state) -> bool:
             gevent.sleep(0.25)
 
     for signum in SIGNALS:
+        # a patch: pyinfra_cli.main's own SIGINT handler exits 0 ("Exiting upon user request!"); SIGTERM/SIGHUP
+        # have none. Only under the CLI, for this state's run (the process is that run)
         signal.signal(signum, lambda signum, _frame: handle(signum))
     _installed[state] = gevent.spawn(tick)
     return True

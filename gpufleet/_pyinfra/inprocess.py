@@ -59,7 +59,7 @@ had mid-change are named with :func:`gpufleet._pyinfra._signals.report` (:attr:`
 saves its state and exits 130. :func:`gpufleet._pyinfra._signals.install`, which exits the process at once under the
 pyinfra CLI, is told to leave these runs alone (:func:`gpufleet._pyinfra._signals.leave_to_caller`).
 
-**pyinfra internals.** This is the one module of the rollout that relies on them: the names :func:`supported`
+**pyinfra internals.** It relies on the names :func:`supported`
 checks, ``State.activate_host`` / ``fail_hosts`` / ``active_hosts`` for connecting as ``connect_all`` does, and the
 SSH connector's ``state`` / ``host`` / ``client`` attributes to adopt a connection. :func:`supported` checks the
 installed pyinfra against the versions CI ran (:func:`gpufleet._pyinfra.plain_path`) and that the standard library
