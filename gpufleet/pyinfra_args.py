@@ -83,7 +83,6 @@ class PyinfraArgs:
 
     def override_data(self) -> dict[str, Any]:
         """Host data for every host, as pyinfra's CLI builds it (``--data`` parsed, then the SSH options)."""
-
         data: dict[str, Any] = {}
         for item in self.data:
             key, value = item.split("=", 1)
