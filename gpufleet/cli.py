@@ -105,7 +105,8 @@ def rollout(inventory: str, deploy: str, pyinfra_args: PyinfraArgs, yes: bool, c
     Enter asked for before the first drain or change, as pyinfra does; without a terminal, -y is required.
 
     Exit code: 0 every host done, 1 stopped by failures or a host failed, 2 bad input or usage, or the plan not
-    confirmed (nothing drained or changed), 130 interrupted (continue with --resume).
+    confirmed (nothing drained or changed), 130/143/129 interrupted by SIGINT/SIGTERM/SIGHUP (continue with
+    --resume; at the confirmation prompt nothing was drained or changed).
     """
     if waves and batch:
         raise click.UsageError("--waves and --batch: give one of them")
@@ -141,13 +142,15 @@ def _interactive() -> bool:
 
 
 def _confirm(plan: str) -> bool:
-    """pyinfra's confirmation: the plan, then Enter to go on; any other answer, end of input or Ctrl-C: no."""
+    """pyinfra's confirmation: the plan, then Enter to go on; any other answer or end of input: no. A signal at the
+    prompt (Ctrl-C, SIGTERM, a closed terminal) is an interruption: it propagates, and the rollout exits 130, 143 or
+    129 with nothing drained or changed."""
     click.echo(plan)
     click.echo("\n    Detected changes displayed above, skip this step with -y", err=True)
     click.echo("    Press enter to roll out...", err=True, nl=False)
     try:
         answer = input()
-    except (EOFError, KeyboardInterrupt):
+    except EOFError:
         click.echo(err=True)
         return False
     if answer:

@@ -19,6 +19,7 @@ stage converges from whatever state a stopped run left, so the rerun repairs it.
 from __future__ import annotations
 
 import signal
+import threading
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _received: list[int] = []  # the signals gpufleet's own commands received (catch_signals), first first
@@ -50,14 +51,32 @@ def catch_signals() -> None:
     the command's bounded clean-up, e.g. asking Slurm which nodes it drained, is not cut short). Also where the
     caller started the command with SIGINT ignored, as a shell does for a background job of a script."""
     _received.clear()
+    main = _greenlet()  # the command's own flow
 
     def handle(signum: int, _frame) -> None:
         _received.append(signum)
         if len(_received) == 1:
+            if main is not None and threading.current_thread() is not threading.main_thread():
+                # A thread under gevent (a greenlet once patched), e.g. paramiko's transport negotiating keys: the
+                # exception would only be printed by threading, and kill that SSH connection (the host failed with
+                # "SSH error (No existing session)", exit 2). The command's own flow gets it, at its next wait.
+                from gevent import get_hub  # noqa: PLC0415 (only threads under gevent get here)
+
+                get_hub().loop.run_callback(main.throw, Interrupted(signum))
+                return
             raise Interrupted(signum)
 
     for signum in SIGNALS:
         signal.signal(signum, handle)
+
+
+def _greenlet():
+    """The greenlet running now, or None without greenlet (gevent's dependency)."""
+    try:
+        from greenlet import getcurrent  # noqa: PLC0415
+    except ImportError:
+        return None
+    return getcurrent()
 
 
 def received() -> int | None:

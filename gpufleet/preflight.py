@@ -25,16 +25,24 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from gpufleet.catalog import GpuModel
 from gpufleet.config import NodeConfig
 from gpufleet.facts.nvidia import GpuInventory
 from gpufleet.facts.packages import NvidiaPackages
 from gpufleet.facts.pci import NvidiaPciDevices
 from gpufleet.facts.system import OsInfo, SecureBoot
-from gpufleet.plan import Gpu, NodePlan, Problem, gpu_label, gpus_from_facts
+from gpufleet.plan import (
+    PRE_TURING_ARCHITECTURES,
+    DriverPlan,
+    Gpu,
+    NodePlan,
+    Problem,
+    driver_on_branch,
+    gpu_label,
+    gpus_from_facts,
+    required_kernel_flavour,
+)
+from gpufleet.plan import choose_kernel_flavour as choose_kernel_flavour  # the plan's decision, re-exported
 
-OPEN_ONLY_ARCHITECTURES = ("Blackwell",)
-PRE_TURING_ARCHITECTURES = ("Kepler", "Maxwell", "Pascal", "Volta")
 # OS (ID, VERSION_ID major) the driver stage supports
 SUPPORTED_OS = {
     "ubuntu": ("22.04", "24.04"),
@@ -108,40 +116,10 @@ def host_gpus(facts: HostFacts) -> list[Gpu]:
 # ------------------------------------------------------------------------------------------------ checks
 
 
-def required_kernel_flavour(models: Iterable[GpuModel | None]) -> str | None:
-    """``open`` when a GPU needs the open kernel modules (Blackwell, Grace), ``proprietary`` when one needs the
-    proprietary ones (pre-Turing), None when either works (or nothing is known)."""
-    need = None
-    for model in models:
-        if model is None:
-            continue
-        if model.architecture.startswith(OPEN_ONLY_ARCHITECTURES) or "Grace" in model.architecture \
-                or any(tag in model.name for tag in ("GH200", "GB200", "GB300")):
-            need = "open"
-        elif model.architecture in PRE_TURING_ARCHITECTURES and need is None:
-            need = "proprietary"
-    return need
-
-
-def choose_kernel_flavour(requested: str, models: Iterable[GpuModel | None]) -> str:
-    """The kernel module flavour to install: ``requested`` unless ``auto``; ``auto`` is ``open`` (NVIDIA's
-    recommendation for Turing and newer, required on Blackwell/Grace) unless a GPU is pre-Turing."""
-    if requested != "auto":
-        return requested
-    return "proprietary" if required_kernel_flavour(models) == "proprietary" else "open"
-
-
 def dkms_needed(config: NodeConfig, os_fact: Mapping) -> bool:
-    """Whether the driver's kernel modules are built on the host by DKMS (so unsigned under Secure Boot).
-
-    Ubuntu-style packages on Ubuntu come with Canonical-signed precompiled modules
-    (``linux-modules-nvidia-*``); NVIDIA's repository packages (Debian, RHEL, or ``packages_style: nvidia``)
-    build with DKMS.
-    """
-    style = config.driver.packages_style
-    if style is None:
-        style = "ubuntu" if os_fact.get("id") == "ubuntu" else "nvidia"
-    return not (style == "ubuntu" and os_fact.get("id") == "ubuntu")
+    """Whether the driver's kernel modules are built on the host by DKMS (so unsigned under Secure Boot): the
+    driver plan's decision (:class:`gpufleet.plan.DriverPlan`)."""
+    return DriverPlan.resolve(config, [], os_fact.get("id")).dkms
 
 
 def _check_driver(host: str, config: NodeConfig, facts: HostFacts, gpus: list[Gpu],
@@ -179,7 +157,7 @@ def _check_driver(host: str, config: NodeConfig, facts: HostFacts, gpus: list[Gp
     sb = (facts.secure_boot or {}).get("state", "unknown")
     inventory = facts.gpu_inventory or {}
     loaded = inventory.get("driver_version") or ""
-    driver_ok = inventory.get("status") == "ok" and loaded.split(".")[0] == config.driver.branch
+    driver_ok = inventory.get("status") == "ok" and driver_on_branch(loaded, config.driver.branch)
     if sb == "enabled" and dkms_needed(config, os_fact) and not config.driver.secure_boot_signing and not driver_ok:
         result.errors.append(PreflightError(
             host, "gpufleet_driver_secure_boot_signing", False,

@@ -19,6 +19,7 @@ from gpufleet.config import NodeConfig
 from gpufleet.facts.repository import AptRepositoryIndex
 from gpufleet.facts.system import Distribution
 from gpufleet.operations import _packaging as pkg
+from gpufleet.plan import DriverPlan
 
 
 def _version_key(version: str) -> tuple[int, ...]:
@@ -36,6 +37,13 @@ def _installed(facts: preflight.HostFacts, name: str) -> str | None:
     return entry.get("version") if entry.get("installed") else None
 
 
+def driver_plan(config: NodeConfig, facts: preflight.HostFacts, distro: dict) -> DriverPlan:
+    """What the driver stage installs on this host (the plan's decision: flavour by GPU, package naming by the OS
+    the ``Distribution`` fact names, as the driver operation reads it)."""
+    return DriverPlan.resolve(config, preflight.host_gpus(facts), (distro.get("release_meta") or {}).get("ID"),
+                              nvswitch=bool((facts.pci or {}).get("nvswitch_present")))
+
+
 def check_driver_repository(host, config: NodeConfig, facts: preflight.HostFacts) -> list[preflight.PreflightError]:
     """The repository errors of this host (``host``: the pyinfra host, whose facts are read when needed)."""
     if not config.stage_enabled("driver"):
@@ -43,13 +51,10 @@ def check_driver_repository(host, config: NodeConfig, facts: preflight.HostFacts
     distro = host.get_fact(Distribution)
     if pkg.family(distro) != pkg.APT:
         return []
-    branch = config.driver.branch
-    models = [gpu.model for gpu in preflight.host_gpus(facts)]
-    flavour = preflight.choose_kernel_flavour(config.driver.flavour, models)
-    style = config.driver.packages_style or pkg.default_style(distro)
-    driver = pkg.driver_package(branch, flavour, style)
-    fabricmanager = pkg.fabricmanager_package(branch, style)
-    nvswitch = bool((facts.pci or {}).get("nvswitch_present"))
+    plan = driver_plan(config, facts, distro)
+    branch, nvswitch = plan.branch, plan.nvswitch
+    driver = pkg.driver_package(branch, plan.flavour, plan.packages_style)
+    fabricmanager = pkg.fabricmanager_package(branch, plan.packages_style)
     driver_installed = _installed(facts, driver)
     fm_installed = _installed(facts, fabricmanager)
     if driver_installed and (not nvswitch or (

@@ -1,6 +1,8 @@
 """Converge a GPU node: the stages of ``deploys/gpu_node.py``, in order, each skippable by ``gpufleet_stages``.
 
-driver → persistence → power → mig → nccl → clocks → slurm (gres.conf) → exporters. The GPU stages need the GPUs'
+The node plan decides the order (:data:`gpufleet.plan.STAGE_ORDER`: driver → persistence → mig → power → nccl →
+clocks → slurm (gres.conf) → exporters) and what each stage is given; this module only calls the operations with
+the plan's decisions. The GPU stages need the GPUs'
 UUIDs and current state, which only the driver can tell: on a host whose driver is installed by this very run they
 are planned at execution time, right after the driver stage, from fresh facts (a nested pyinfra step); on every
 later run they are planned up front like any operation, so a converged node reports no change. Their inputs are the
@@ -28,26 +30,31 @@ from gpufleet.facts.pci import NvidiaPciDevices
 from gpufleet.facts.system import OsInfo, SecureBoot
 from gpufleet.operations import clocks, driver, exporters, lock, mig, nccl, persistence, power, slurm
 from gpufleet.operations.errors import refuse
-from gpufleet.plan import ExportersPlan, NodePlan, gpus_from_facts
+from gpufleet.plan import GPU_STAGES, DriverPlan, ExportersPlan, NodePlan, gpus_from_facts
 
 from .inputs import checked_facts, node_config
 
-GPU_STAGES = ("persistence", "power", "mig", "nccl", "clocks", "slurm")
 # what preflight.gather_facts reads on every host: prefetched on all hosts when the first one is prepared
 PREFLIGHT_FACTS = (OsInfo, NvidiaPciDevices, SecureBoot, NvidiaPackages, GpuInventory)
 
 
+def driver_plan(config: NodeConfig, facts: preflight.HostFacts) -> DriverPlan:
+    """The plan's driver: branch, flavour (by GPU), package naming (by OS), fabric manager (NVSwitches)."""
+    return DriverPlan.resolve(config, preflight.host_gpus(facts), (facts.os or {}).get("id"),
+                              nvswitch=bool((facts.pci or {}).get("nvswitch_present")))
+
+
 def driver_stage(config: NodeConfig, facts: preflight.HostFacts):
-    models = [gpu.model for gpu in preflight.host_gpus(facts)]
+    plan = driver_plan(config, facts)
     return driver.nvidia_driver(
-        name=f"NVIDIA driver {config.driver.branch}",
-        branch=config.driver.branch,
-        flavour=preflight.choose_kernel_flavour(config.driver.flavour, models),
+        name=f"NVIDIA driver {plan.branch}",
+        branch=plan.branch,
+        flavour=plan.flavour,
         repo_url=config.driver.repo_url,
         keyring_url=config.driver.repo_keyring_url,
         keyring_fingerprint=config.driver.repo_key_fingerprint,
-        nvswitch=bool((facts.pci or {}).get("nvswitch_present")),
-        packages_style=config.driver.packages_style,
+        nvswitch=plan.nvswitch,
+        packages_style=plan.packages_style,
         allow_reboot=config.allow_reboot,
     )
 
@@ -69,21 +76,51 @@ def gpu_stages(config: NodeConfig, inventory_fact: dict) -> None:
         if problems.errors:
             refused(name="GPU settings refused", message="; ".join(e.message for e in problems.errors))
             return
-    if config.stage_enabled("persistence"):
-        persistence.nvidia_persistenced(name="nvidia-persistenced with persistence mode")
     if not gpus:
         logger.warning(f"{host.name}: the NVIDIA driver does not answer ({inventory_fact.get('error')}); "
                        "GPU settings are skipped until it does (a reboot is probably pending)")
-    if gpus and plan.mig is not None and plan.mig.layout:
+    for stage in plan.stages:
+        if stage in GPU_STAGES:
+            _GPU_STAGE_OPERATIONS[stage](config, plan)
+
+
+# One function per GPU stage, standing here in the plan's order (STAGE_ORDER): pyinfra orders a deploy's operations
+# by the source lines they are called from, not by the order of the calls (tests/unit/test_stage_order.py).
+
+
+def _persistence(config: NodeConfig, plan: NodePlan) -> None:
+    assert plan.persistence is not None
+    persistence.nvidia_persistenced(name="nvidia-persistenced with persistence mode",
+                                    persistence_mode=plan.persistence.mode)
+
+
+def _mig(config: NodeConfig, plan: NodePlan) -> None:
+    if plan.gpus and plan.mig is not None and plan.mig.layout:
         mig.layout(name="MIG layout", layout=dict(plan.mig.layout), allow_reboot=config.allow_reboot)
-    if gpus and config.stage_enabled("power"):
+
+
+def _power(config: NodeConfig, plan: NodePlan) -> None:
+    if plan.gpus:
         power.limits(name="GPU power limits", limits=plan.power.limits if plan.power is not None else {})
-    if config.stage_enabled("nccl"):
-        nccl.nccl_conf(name="/etc/nccl.conf", settings=dict(config.nccl.settings))
-    if gpus and plan.clocks is not None:
+
+
+def _nccl(config: NodeConfig, plan: NodePlan) -> None:
+    assert plan.nccl is not None
+    nccl.nccl_conf(name="/etc/nccl.conf", settings=dict(plan.nccl.settings))
+
+
+def _clocks(config: NodeConfig, plan: NodePlan) -> None:
+    if plan.gpus and plan.clocks is not None:
         clocks.locked(name="GPU clocks", lock_mhz=plan.clocks.lock_mhz)
-    if gpus and config.stage_enabled("slurm"):
+
+
+def _slurm(config: NodeConfig, plan: NodePlan) -> None:
+    if plan.gpus:
         slurm_stage(config, plan)
+
+
+_GPU_STAGE_OPERATIONS = {"persistence": _persistence, "mig": _mig, "power": _power, "nccl": _nccl,
+                         "clocks": _clocks, "slurm": _slurm}
 
 
 def slurm_gres_args(config: NodeConfig, plan: NodePlan) -> dict:
@@ -98,32 +135,23 @@ def slurm_stage(config: NodeConfig, plan: NodePlan) -> None:
     slurm.gres_conf(name="Slurm gres.conf", **slurm_gres_args(config, plan))
 
 
-def choose_gpu_exporter(setting: str, models: list, dcgm_offered: bool) -> str:
-    """``auto``: DCGM on datacenter GPUs when the repository offers it, else gpufleet's NVML exporter."""
-    if setting != "auto":
-        return setting
-    datacenter = bool(models) and all(model is not None and model.datacenter for model in models)
-    return "dcgm" if datacenter and dcgm_offered else "nvml"
-
-
 def exporters_stage(config: NodeConfig, facts: preflight.HostFacts, driver_changes: bool = False) -> None:
     """node_exporter and the GPU exporter (stage ``exporters``), and the desired GPU settings for the alerts."""
     settings = config.exporters
     if settings.node:
         exporters.node_exporter(name="node_exporter", textfile_dir=settings.textfile_dir,
                                 listen=settings.node_listen)
-    models = [gpu.model for gpu in preflight.host_gpus(facts)]
     # NVIDIA's repository offers DCGM: when the driver stage configures it (this run or an earlier one), auto
     # decides the same on every run; otherwise it asks apt whether a configured repository has the exporter
     offered = settings.gpu == "auto" and (
         config.stage_enabled("driver")
         or host.get_fact(AptCandidate, package=exporters.DCGM_PACKAGES[-1]) is not None)
-    kind = choose_gpu_exporter(settings.gpu, models, offered)
+    plan = ExportersPlan.resolve(config, preflight.host_gpus(facts), dcgm_offered=offered)
+    kind = plan.kind
     if kind == "dcgm":
         driver.nvidia_repository(name="NVIDIA repository (DCGM)", repo_url=config.driver.repo_url,
                                  keyring_url=config.driver.repo_keyring_url,
                                  keyring_fingerprint=config.driver.repo_key_fingerprint)
-    plan = ExportersPlan.resolve(config, preflight.host_gpus(facts))
     exporters.gpu_exporter(name="GPU exporter", kind=kind, listen=settings.gpu_listen, profiling=plan.profiling,
                            profiling_package=plan.profiling_package, collect_interval_ms=plan.collect_interval_ms)
     if settings.node and kind != "none":
@@ -135,7 +163,7 @@ def desired_gpu_settings(config: NodeConfig, gpus: list) -> list[dict]:
     plan = NodePlan.resolve(config, gpus)
     limits = plan.power.limits if plan.power is not None else {}
     layout = plan.mig.layout if plan.mig is not None else {}
-    persistence = config.stage_enabled("persistence")
+    persistence = plan.persistence is not None and plan.persistence.mode
     return [{"index": g.index, "uuid": g.uuid, "pci_bus_id": g.pci_bus_id,
              "power_limit_w": limits.get(g.uuid), "persistence": persistence,
              "mig_enabled": (layout[g.index] is not None) if g.index in layout else None}

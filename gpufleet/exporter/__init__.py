@@ -16,6 +16,8 @@ from pathlib import Path
 
 EXPORTER_SOURCE = Path(__file__).with_name("gpu_exporter.py")
 XID_ERR_MSG_SOURCE = Path(__file__).with_name("xid_err_msg.py")  # the err_msg label of each Xid
+# "is this MIG layout applied": the comparison the MIG stage, its node-side applier and verify share
+MIG_COMPARE_SOURCE = Path(__file__).parent.parent / "node" / "mig_compare.py"
 BUNDLE_NAME = "gpufleet-gpu-exporter.pyz"
 _MAIN = b"import sys\nfrom gpu_exporter import main\nsys.exit(main())\n"
 _EPOCH = (1980, 1, 1, 0, 0, 0)
@@ -36,7 +38,7 @@ def _module_origin(name: str) -> Path:
 def bundle_files() -> list[tuple[str, bytes]]:
     """(archive name, content) of every file of the bundle, sorted by name."""
     files = [("__main__.py", _MAIN), ("gpu_exporter.py", EXPORTER_SOURCE.read_bytes()),
-             ("xid_err_msg.py", XID_ERR_MSG_SOURCE.read_bytes())]
+             ("xid_err_msg.py", XID_ERR_MSG_SOURCE.read_bytes()), ("mig_compare.py", MIG_COMPARE_SOURCE.read_bytes())]
     nvml = _module_origin("pynvml")
     files.append(("pynvml.py", nvml.read_bytes()))
     package = _module_origin("prometheus_client").parent

@@ -18,8 +18,9 @@ summed, as DCGM's fields 409/419/429/439). A metric the GPU does not support (NV
 that GPU, as dcgm-exporter does; a GPU NVML cannot reach (fallen off the bus) exports nothing but
 ``gpufleet_gpu_exporter_errors``.
 
-gpufleet extra (DCGM has no such field): ``gpufleet_gpu_mig_layout_match`` (0/1: MIG mode and GPU-instance profiles
-vs ``SETTINGS_DIR/mig-layout.json``, the MIG stage's file, GPUs by PCI bus id, only for GPUs in the layout). The
+gpufleet extra (DCGM has no such field): ``gpufleet_gpu_mig_layout_match`` (0/1: MIG mode now and pending, GPU-instance
+profiles and their compute instances vs ``SETTINGS_DIR/mig-layout.json``, the MIG stage's file, GPUs by PCI bus id,
+only for GPUs in the layout; judged by ``mig_compare.py``, the comparison the MIG stage and verify use). The
 desired power limit, persistence and MIG mode are not exported here: the exporters stage publishes them from the
 node plan as a node_exporter textfile, for both exporters.
 
@@ -53,9 +54,13 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.process_collector import ProcessCollector
 
 try:  # in the bundle every module is top level
+    from mig_compare import applied as mig_applied
+    from mig_compare import mode_of, norm_bus
     from xid_err_msg import err_msg
 except ImportError:  # pragma: no cover - imported from the gpufleet package (docs, tools)
     from gpufleet.exporter.xid_err_msg import err_msg
+    from gpufleet.node.mig_compare import applied as mig_applied
+    from gpufleet.node.mig_compare import mode_of, norm_bus
 
 SETTINGS_DIR = "/etc/gpufleet"
 LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "DCGM_FI_DRIVER_VERSION")
@@ -173,16 +178,10 @@ def read_json(path: str) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def norm_bus(bus_id: str) -> str:
-    """PCI bus id in NVML's form, upper case, 8-digit domain (``00000000:18:00.0``)."""
-    head = bus_id.strip().upper()
-    domain, sep, rest = head.partition(":")
-    return f"{domain:0>8}{sep}{rest}" if sep else head
-
-
-def gpu_instance_profiles(handle) -> Counter:
-    """GPU-instance profile ids present on a MIG-enabled GPU (the probe's walk: every profile, its instances)."""
-    found: Counter = Counter()
+def gpu_instances(handle) -> list:
+    """(profile id, whole) of each GPU instance of a MIG-enabled GPU (the probe's walk: every profile, its instances);
+    ``whole`` when it holds exactly one compute instance spanning it (the shared comparison's input)."""
+    found = []
     for profile in range(pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
         info = _nvml_optional(pynvml.nvmlDeviceGetGpuInstanceProfileInfo, handle, profile)
         if info is None or not info.instanceCount:
@@ -190,9 +189,25 @@ def gpu_instance_profiles(handle) -> Counter:
         array = (pynvml.c_nvmlGpuInstance_t * info.instanceCount)()
         count = ctypes.c_uint(info.instanceCount)
         pynvml.nvmlDeviceGetGpuInstances(handle, info.id, array, ctypes.byref(count))
-        if count.value:
-            found[info.id] += count.value
+        found += [(info.id, _compute_slices(array[k]) == [info.sliceCount]) for k in range(count.value)]
     return found
+
+
+def _compute_slices(gpu_instance) -> list:
+    """The compute-slice count of each compute instance of a GPU instance."""
+    slices = []
+    seen = set()
+    for profile in range(pynvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
+        info = _nvml_optional(pynvml.nvmlGpuInstanceGetComputeInstanceProfileInfo, gpu_instance, profile,
+                              pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+        if info is None or not info.instanceCount or info.id in seen:
+            continue
+        seen.add(info.id)
+        array = (pynvml.c_nvmlComputeInstance_t * info.instanceCount)()
+        count = ctypes.c_uint(info.instanceCount)
+        pynvml.nvmlGpuInstanceGetComputeInstances(gpu_instance, info.id, array, ctypes.byref(count))
+        slices += [info.sliceCount] * count.value
+    return slices
 
 
 class XidWatcher:
@@ -428,7 +443,7 @@ class GpuCollector:
         values["DCGM_FI_DEV_MIG_MODE"] = current_mig
         wanted = mig.get(norm_bus(bus))
         if wanted is not None:
-            values["gpufleet_gpu_mig_layout_match"] = self._mig_match(h, wanted, current_mig)
+            values["gpufleet_gpu_mig_layout_match"] = self._mig_match(h, wanted, mig_mode)
         for name, value in values.items():
             if value is not None:
                 samples.setdefault(name, []).append((labels, float(value)))
@@ -474,13 +489,12 @@ class GpuCollector:
         return values
 
     @staticmethod
-    def _mig_match(handle, wanted: dict, current_mig) -> int:
+    def _mig_match(handle, wanted: dict, mig_mode) -> int:
+        """1 when the GPU is as its entry of the layout file says (the shared comparison, ``mig_compare``)."""
+        current, pending = (None, None) if mig_mode is None else (mode_of(mig_mode[0]), mode_of(mig_mode[1]))
         enabled = bool(wanted.get("mig_enabled"))
-        if bool(current_mig) != enabled:
-            return 0
-        if not enabled:
-            return 1
-        return 1 if gpu_instance_profiles(handle) == Counter(wanted.get("create") or []) else 0
+        instances = gpu_instances(handle) if enabled and current else []
+        return int(mig_applied(enabled, wanted.get("create") or [], True, current, pending, instances))
 
 
 def parse_listen(text: str) -> tuple[str, int]:

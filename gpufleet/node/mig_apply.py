@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """gpufleet-mig-apply: switch GPUs' MIG mode safely and (re)create the MIG instances of a saved layout.
 
-Installed by gpufleet (``gpufleet/node/mig_apply.py``) as ``/usr/local/sbin/gpufleet-mig-apply``. Python 3.7+
-standard library only: it runs with the host's ``python3``. Safe to run by hand.
+Installed by gpufleet (``gpufleet/node/mig_apply.py``) as ``/usr/local/sbin/gpufleet-mig-apply``, with the MIG
+comparison it shares with gpufleet's MIG operation, exporter and verify (``gpufleet/node/mig_compare.py``) as
+``/usr/local/lib/gpufleet/mig_compare.py``. Python 3.7+ standard library only: it runs with the host's ``python3``.
+Safe to run by hand.
 
     gpufleet-mig-apply apply [LAYOUT]      at boot (gpufleet-mig.service); LAYOUT: /etc/gpufleet/mig-layout.json
     gpufleet-mig-apply mode [--holder UNIT]... INDEX=enabled|disabled...
@@ -24,7 +26,8 @@ are found by PCI bus id, as MIG layouts belong to GPU positions), switches the m
 (as ``mode`` does), and creates the GPU instances of ``create`` (profile IDs, in that order, each with its
 default compute instance: ``nvidia-smi mig -i N -cgi 9,14,19,19 -C``) on a MIG GPU that has none. A GPU whose
 instances already match (same profile IDs) is left as it is, a missing default compute instance is created;
-a GPU with other instances is left alone and reported. Exit status 1 when something in the layout could not
+a GPU with other instances (or a compute instance that does not span its GPU instance) is left alone and
+reported. Exit status 1 when something in the layout could not
 be applied (the unit then shows as failed), else 0.
 """
 
@@ -36,6 +39,12 @@ import re
 import subprocess
 import sys
 import time
+
+if __package__:  # imported from the gpufleet package (tests, tools)
+    from gpufleet.node.mig_compare import COMPUTE, instance_differences, mode_differences, mode_of, norm_bus
+else:  # the script: the shared comparison beside it (a checkout) or where gpufleet installs it on a node
+    sys.path.insert(1, os.environ.get("GPUFLEET_NODE_LIB", "/usr/local/lib/gpufleet"))
+    from mig_compare import COMPUTE, instance_differences, mode_differences, mode_of, norm_bus
 
 LAYOUT = "/etc/gpufleet/mig-layout.json"
 STATUS = os.environ.get("GPUFLEET_MIG_STATUS", "/run/gpufleet/mig-reboot-required")
@@ -71,13 +80,6 @@ def run(*argv: str) -> tuple[int, str]:
     except OSError as exc:
         return 127, f"{argv[0]}: {exc}"
     return proc.returncode, proc.stdout.strip()
-
-
-def norm_bus(bus_id: str) -> str:
-    """``0000:18:00.0`` / ``00000000:18:00.0`` -> ``00000000:18:00.0`` (upper case)."""
-    bus_id = bus_id.strip().upper()
-    domain, sep, rest = bus_id.partition(":")
-    return f"{domain.zfill(8)}:{rest}" if sep and rest.count(":") == 1 else bus_id
 
 
 def query_gpus() -> dict[int, dict]:
@@ -121,6 +123,11 @@ def list_instances(index: int) -> tuple[dict[int, tuple[int, str]], dict[int, li
         if m and int(m.group(1)) == index:
             cis.setdefault(int(m.group(2)), []).append(m.group(3))
     return gis, cis
+
+
+def _modes(gpu: dict) -> tuple:
+    """(current, pending) MIG mode of a GPU of :func:`query_gpus` as the comparison takes them."""
+    return mode_of(gpu["current"]), mode_of(gpu["pending"])
 
 
 def mode_word(enabled: bool) -> str:
@@ -196,14 +203,13 @@ def switch_modes(targets: dict[int, bool], holders: list[str]) -> tuple[dict[int
     todo: dict[int, bool] = {}
     for index, enable in sorted(targets.items()):
         gpu = gpus.get(index)
-        want = mode_word(enable)
+        found = mode_differences(enable, gpu is not None, *(_modes(gpu) if gpu else (None, None)))
+        if not found:
+            continue
         if gpu is None:
             reasons[index] = "nvidia-smi does not list this GPU"
-        elif gpu["current"] == want and gpu["pending"] == want:
-            continue
         elif gpu["current"] not in MODES:
-            if enable:
-                reasons[index] = f"no MIG support (MIG mode {gpu['current']})"
+            reasons[index] = f"no MIG support (MIG mode {gpu['current']})"
         else:
             todo[index] = enable
     if not todo:
@@ -266,7 +272,8 @@ def write_status(reasons: dict[int, str], gpus: dict[int, dict]) -> None:
 
 
 def ensure_instances(index: int, create: list[int]) -> bool:
-    """Create the GPU instances of ``create`` on a GPU without any; True when the GPU matches afterwards."""
+    """Create the GPU instances of ``create`` on a GPU without any, and a missing default compute instance; True
+    when the GPU matches the layout afterwards (the shared comparison, :mod:`mig_compare`)."""
     gis, cis = list_instances(index)
     if not gis:
         if not create:
@@ -278,10 +285,13 @@ def ensure_instances(index: int, create: list[int]) -> bool:
         else:
             log(f"GPU {index}: error: nvidia-smi mig -i {index} -cgi {ids} -C: exit {rc}: {' '.join(out.split())}")
         return rc == 0
-    if sorted(profile_id for profile_id, _name in gis.values()) != sorted(create):
+    # a GPU instance without compute instance is completed below; any other difference is left alone
+    found = instance_differences(create, [(pid, cis.get(gi, [name]) == [name]) for gi, (pid, name) in gis.items()])
+    if found:
         have = ", ".join(sorted(name for _pid, name in gis.values()))
-        log(f"GPU {index}: has other MIG instances than the layout ({have}): left alone; run gpufleet's MIG "
-            "stage to converge it")
+        what = ("compute instances that do not span their GPU instance" if found == [COMPUTE]
+                else "other MIG instances than the layout")
+        log(f"GPU {index}: has {what} ({have}): left alone; run gpufleet's MIG stage to converge it")
         return False
     ok = True
     for gi_id in sorted(gi for gi in gis if not cis.get(gi)):

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import re
 
+from gpufleet.plan import packages_style_for
+
 APT = "apt"
 DNF = "dnf"
 FLAVOURS = ("open", "proprietary")
@@ -123,9 +125,10 @@ def family(distro: dict) -> str | None:
 
 
 def default_style(distro: dict) -> str:
-    """Ubuntu hosts use Ubuntu's names (archive and NVIDIA's Ubuntu repositories); other apt hosts NVIDIA's."""
+    """The naming style of this distro when none is set: the driver plan's (:func:`gpufleet.plan.packages_style_for`:
+    Ubuntu's names on Ubuntu, NVIDIA's elsewhere)."""
     meta = distro.get("release_meta") or {}
-    return "ubuntu" if str(meta.get("ID", "")).lower() == "ubuntu" else "nvidia"
+    return packages_style_for(str(meta.get("ID", "")))
 
 
 def nvidia_repo_name(distro: dict) -> str | None:

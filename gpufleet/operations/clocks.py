@@ -11,16 +11,7 @@ from pyinfra import host, logger
 from pyinfra.api import OperationValueError, StringCommand, operation
 
 from gpufleet.facts.nvidia import GpuInventory
-from gpufleet.plan import (
-    CLOCKS_CONF,
-    CLOCKS_UNIT,
-    ClocksPlan,
-    Gpu,
-    clocks_conf_text,
-    gpu_label,
-    missing_gpu_warning,
-    parse_uuid_conf,
-)
+from gpufleet.plan import CLOCKS_CONF, CLOCKS_UNIT, Gpu, clocks_conf_text, clocks_plan_diff, parse_uuid_conf
 
 from .errors import refuse
 from .gpu_settings import gpu_settings_paths, install_gpu_settings, remove_gpu_settings
@@ -92,29 +83,23 @@ def locked(lock_mhz: tuple[int, int] | None):
     commands: list = []
 
     if lock is not None:
-        plan = ClocksPlan(lock)
-        for top, members in plan.above_max(map(Gpu.from_fact, present.values())).items():
-            yield from refuse(f"clocks.locked: {host.name}: {gpu_label(members)}: lock_mhz {lock[0]},{lock[1]} starts "
-                              f"above the GPU's max SM clock {top} MHz")
+        diff = clocks_plan_diff(host.name, lock, map(Gpu.from_fact, present.values()),
+                                inventory.get("lost_gpus") or [], applied, parse_uuid_conf(state["contents"][CONF]))
+        if diff.problem:
+            yield from refuse(f"clocks.locked: {diff.problem}")
             return
-        desired = plan.desired(present)
-        lost = inventory.get("lost_gpus") or []
-        # GPUs in the boot file that are lost now: kept there, locked at boot when they are back
-        kept = plan.desired(u for u in parse_uuid_conf(state["contents"][CONF]) if u not in present) if lost else {}
-        if kept:
-            logger.warning(missing_gpu_warning(host.name, sorted(kept), lost, "clock lock"))
-        commands += all_of([
-            StringCommand("nvidia-smi", "-i", shlex.quote(uuid), "-lgc", shlex.quote(desired[uuid]))
-            for uuid in plan.diff(map(Gpu.from_fact, present.values()), applied)
-        ])
+        if diff.warning:
+            logger.warning(diff.warning)
+        commands += all_of([StringCommand("nvidia-smi", "-i", shlex.quote(uuid), "-lgc", shlex.quote(value))
+                            for uuid, value in diff.lock.items()])
         if not present:
             # the file is keyed by UUID: without the GPUs' UUIDs there is nothing to write yet
             host.noop(f"no GPU reachable ({inventory['status']}): clocks are locked by the next run")
         else:
-            if applied != desired:
-                commands += put_file(state["files"][LOCKED], LOCKED, locked_text(desired))
+            if applied != diff.desired:
+                commands += put_file(state["files"][LOCKED], LOCKED, locked_text(diff.desired))
             # the host's GPUs by UUID (a GPU replaced later is locked by the next run)
-            commands += install_gpu_settings(state, UNIT, DESCRIPTION, "clocks", CONF, conf_text({**kept, **desired}),
+            commands += install_gpu_settings(state, UNIT, DESCRIPTION, "clocks", CONF, conf_text(diff.file_locks),
                                              start=True)
     else:
         commands += all_of([

@@ -16,20 +16,7 @@ from pyinfra.operations import server
 from gpufleet.facts.mig import MigState, instances_by_gpu
 from gpufleet.facts.nvidia import GpuInventory
 from gpufleet.facts.systemd import UNIT_RE
-from gpufleet.plan import (
-    MIG_APPLIER,
-    MIG_LAYOUT,
-    MIG_UNIT,
-    Gpu,
-    MigTarget,
-    kept_mig_entries,
-    mig_instances_ok,
-    mig_layout_doc,
-    mig_mode_ok,
-    mig_target,
-    missing_gpu_warning,
-    norm_bus,
-)
+from gpufleet.plan import MIG_APPLIER, MIG_COMPARE, MIG_LAYOUT, MIG_UNIT, Gpu, MigTarget, mig_diff, mig_layout_doc
 
 from .errors import fail, refuse
 from .exporters import DCGM_EXPORTER_UNIT, DCGM_UNIT, NVML_UNIT
@@ -58,7 +45,9 @@ DEFAULT_HOLDER_SERVICES = (
     "nvidia-fabricmanager.service",
     "nvidia-persistenced.service",
 )
-read_together(UNIT, *DEFAULT_HOLDER_SERVICES, files=(LAYOUT_PATH, APPLIER, LOCKED_APPLIER, UNIT_PATH),
+# The applier imports the shared "is this layout applied" comparison from beside itself or from here
+COMPARE_PATH = MIG_COMPARE
+read_together(UNIT, *DEFAULT_HOLDER_SERVICES, files=(LAYOUT_PATH, APPLIER, COMPARE_PATH, LOCKED_APPLIER, UNIT_PATH),
               contents=(LAYOUT_PATH, STATUS_PATH))
 # The boot unit runs once the driver's daemons are up, and before what reads MIG devices or GPU settings.
 UNIT_AFTER = ("systemd-modules-load.service", "nvidia-persistenced.service", "nvidia-fabricmanager.service")
@@ -111,23 +100,6 @@ def _check_units(units) -> tuple[str, ...]:
     return tuple(checked)
 
 
-def _targets(wanted: dict[int, dict[str, int] | None], gpus: dict[int, Gpu], lost: list[str]
-             ) -> tuple[list[MigTarget], str | None]:
-    """The plan of each GPU of the layout, or why this host cannot take it (a host-state problem)."""
-    targets = []
-    for index, want in sorted(wanted.items()):
-        gpu = gpus.get(index)
-        if gpu is None:
-            also = f"; nvidia-smi reports lost GPU(s) {', '.join(lost)}" if lost else ""
-            return [], (f"GPU {index} is not on {host.name} (its GPUs: {', '.join(str(i) for i in sorted(gpus))}"
-                        f"{also})")
-        target, problem = mig_target(gpu, want)
-        if problem:
-            return [], f"{host.name}: {problem}"
-        targets.append(target)
-    return targets, None
-
-
 def layout_text(targets: list[MigTarget], holders: Sequence[str], kept: Sequence[dict] = ()) -> str:
     """The layout file read at boot by ``gpufleet-mig-apply apply`` (JSON, stable key order)."""
     return json.dumps(mig_layout_doc(targets, holders, kept), indent=2, sort_keys=True) + "\n"
@@ -153,13 +125,15 @@ def mode_command(targets: list[MigTarget], holders: Sequence[str]) -> StringComm
     return StringCommand(*(shlex.quote(a) for a in args))
 
 
+def whole_instances(existing: dict[int, dict]) -> list[tuple[int, bool]]:
+    """(profile id, holds exactly one full compute instance) of each GPU instance of one GPU (``MigState``)."""
+    return [(gi["profile_id"], len(gi["compute_instances"]) == 1
+             and gi["compute_instances"][0]["profile"] == gi["profile"]) for gi in existing.values()]
+
+
 def instance_commands(plan: MigTarget, existing: dict[int, dict]) -> list[StringCommand]:
     """Commands that make the GPU's instances exactly ``plan.profiles`` (each with its full default compute
-    instance); none when they already are (:func:`gpufleet.plan.mig_instances_ok`)."""
-    have = [(gi["profile_id"], len(gi["compute_instances"]) == 1
-             and gi["compute_instances"][0]["profile"] == gi["profile"]) for gi in existing.values()]
-    if mig_instances_ok(plan.profile_ids, have):
-        return []
+    instance): destroy what is there, create the layout. Called for a GPU whose instances differ."""
     index = shlex.quote(str(plan.gpu.index))
     commands = []
     if existing:
@@ -219,7 +193,8 @@ def layout(
       counts, slices, placements: the same check as preflight's, ``gpufleet.plan.mig_fit``);
     + writes the layout to ``/etc/gpufleet/mig-layout.json``, keyed by **PCI bus id** (a layout belongs to
       a GPU position: a replaced GPU gets its predecessor's layout; indices can shift when a GPU is lost),
-      and installs ``/usr/local/sbin/gpufleet-mig-apply`` (Python 3 standard library) and the enabled
+      and installs ``/usr/local/sbin/gpufleet-mig-apply`` (Python 3 standard library; with the comparison it
+      shares with this operation, ``/usr/local/lib/gpufleet/mig_compare.py``) and the enabled
       ``Type=oneshot`` ``RemainAfterExit=yes`` unit ``gpufleet-mig.service`` (``After=``
       nvidia-persistenced and fabric manager, ``Before=`` ``gpufleet-power-limits.service``, DCGM and the
       exporters) that, at boot, recreates the instances a GPU lacks and sets a MIG mode that differs;
@@ -268,24 +243,23 @@ def layout(
             _warn(message)
         return
     gpus = _gpus(inventory)
-    plans, problem = _targets(wanted, gpus, inventory.get("lost_gpus") or [])
-    if problem:
-        yield from refuse(f"mig.layout: {problem}")
-        return
-    managed = get_state(paths=(LAYOUT_PATH, APPLIER, LOCKED_APPLIER, UNIT_PATH), read=(LAYOUT_PATH,),
-                        units=(UNIT, *holders))
-    changed = False
     lost = inventory.get("lost_gpus") or []
-    # a lost GPU's entry is never pruned: the boot unit applies it when the GPU is back
-    kept = [e for e in kept_mig_entries(managed["contents"][LAYOUT_PATH], lost)
-            if norm_bus(e.get("pci_bus_id")) not in {norm_bus(p.gpu.pci_bus_id) for p in plans}]
-    if kept:
-        _warn(missing_gpu_warning(host.name, [str(e.get("pci_bus_id")) for e in kept], lost, "MIG layout"))
+    managed = get_state(paths=(LAYOUT_PATH, APPLIER, COMPARE_PATH, LOCKED_APPLIER, UNIT_PATH), read=(LAYOUT_PATH,),
+                        units=(UNIT, *holders))
+    diff = mig_diff(host.name, wanted, gpus, lost, managed["contents"][LAYOUT_PATH])
+    if diff.problem:
+        yield from refuse(f"mig.layout: {diff.problem}")
+        return
+    plans = list(diff.targets)
+    changed = False
+    if diff.warning:
+        _warn(diff.warning)
 
     # 1. The layout, the node script and the boot unit, before any change to a GPU.
     files = managed["files"]
-    commands = list(put_file(files[LAYOUT_PATH], LAYOUT_PATH, layout_text(plans, holders, kept)))
+    commands = list(put_file(files[LAYOUT_PATH], LAYOUT_PATH, layout_text(plans, holders, diff.kept)))
     commands += put_file(files[APPLIER], APPLIER, node_script("mig_apply.py"), "755")
+    commands += put_file(files[COMPARE_PATH], COMPARE_PATH, node_script("mig_compare.py"))
     commands += put_file(files[LOCKED_APPLIER], LOCKED_APPLIER, locked_applier_text(), "755")
     unit_commands = list(put_file(files[UNIT_PATH], UNIT_PATH, unit_text()))
     commands += unit_commands
@@ -298,7 +272,7 @@ def layout(
 
     # 2. MIG mode, where it differs.
     reasons: dict[int, str] = {}
-    targets = [plan for plan in plans if not mig_mode_ok(plan.enabled, plan.gpu)]
+    targets = diff.mode_changes(gpus)
     if targets:
         changed = True
         running = [u for u in holders if is_running(managed["units"][u])]
@@ -306,14 +280,14 @@ def layout(
         # Evaluated when the command above has run: what the GPUs say now.
         gpus = _gpus(host.get_fact(GpuInventory))
         reasons = _parse_status(get_state(read=(STATUS_PATH,))["contents"][STATUS_PATH])
-    blocked = [plan for plan in plans if not mig_mode_ok(plan.enabled, gpus.get(plan.gpu.index))]
+    blocked = diff.mode_changes(gpus)
 
     # 3. A mode that only a reboot can change.
     if blocked and allow_reboot:
         _warn("rebooting to change the MIG mode of " + ", ".join(plan.gpu.label for plan in blocked))
         yield from server.reboot._inner()
         gpus = _gpus(host.get_fact(GpuInventory))
-        still = [plan for plan in blocked if not mig_mode_ok(plan.enabled, gpus.get(plan.gpu.index))]
+        still = [plan for plan in diff.mode_changes(gpus) if plan in blocked]
         if still:  # a host-state problem: this host fails, the others go on
             yield fail(f"mig.layout: {host.name}: MIG mode still wrong after a reboot on " + "; ".join(
                 f"{plan.gpu.label}: {_mode_text(gpus.get(plan.gpu.index), 'current')}, wanted "
@@ -337,7 +311,9 @@ def layout(
                        f"{mig_state.get('error')})")
             return
         existing = instances_by_gpu(mig_state)
-        commands = [c for plan in ready for c in instance_commands(plan, existing.get(plan.gpu.index, {}))]
+        observed = {index: whole_instances(gis) for index, gis in existing.items()}
+        commands = [c for plan in diff.instance_changes(ready, observed)
+                    for c in instance_commands(plan, existing.get(plan.gpu.index, {}))]
         if commands:
             changed = True
             yield from all_of(commands)

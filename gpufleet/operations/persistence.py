@@ -10,6 +10,7 @@ from pyinfra import host, state
 from pyinfra.api import operation
 
 from gpufleet.facts.nvidia import GpuInventory
+from gpufleet.plan import Gpu, PersistencePlan
 
 from .errors import fail
 from .managed_files import put_file, render
@@ -137,7 +138,7 @@ def nvidia_persistenced(persistence_mode: bool = True):
         commands.append(systemctl("add-wants", WANTS_TARGET, UNIT))
 
     gpus = inventory["gpus"]
-    disabled = [g["uuid"] for g in gpus if persistence_mode and g.get("persistence_mode") == "Disabled"]
+    disabled = PersistencePlan(persistence_mode).diff(map(Gpu.from_fact, gpus))
     if not gpus:
         # no GPU the daemon could open (driver installed, not loaded yet): it would fail to start; boot starts it
         host.noop(f"no GPU reachable ({inventory['status']}): nvidia-persistenced starts at the next boot")

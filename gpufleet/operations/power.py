@@ -11,18 +11,7 @@ from pyinfra import host, logger
 from pyinfra.api import OperationValueError, StringCommand, operation
 
 from gpufleet.facts.nvidia import GpuInventory
-from gpufleet.plan import (
-    POWER_CONF,
-    POWER_UNIT,
-    Gpu,
-    format_watts,
-    missing_gpu_warning,
-    parse_uuid_conf,
-    power_conf_text,
-    power_diff,
-    power_differs,
-    power_refusal,
-)
+from gpufleet.plan import POWER_CONF, POWER_UNIT, Gpu, format_watts, parse_uuid_conf, power_conf_text, power_plan_diff
 
 from .errors import refuse
 from .gpu_settings import gpu_settings_paths, install_gpu_settings, remove_gpu_settings
@@ -93,42 +82,21 @@ def limits(limits: dict[str, float]):
     inventory = host.get_fact(GpuInventory)
     managed = get_state(paths=gpu_settings_paths(UNIT, CONF), read=(CONF,), units=(UNIT,))
     gpus = [Gpu.from_fact(gpu) for gpu in inventory["gpus"] if gpu.get("uuid")]
-    by_uuid = {gpu.uuid: gpu for gpu in gpus}
-    lost = inventory.get("lost_gpus") or []
-    previous = parse_conf(managed["contents"][CONF])
-    apply: list[StringCommand] = []
-    kept: dict[str, float] = {}  # desired limits of GPUs missing now, kept for the boot unit
-
-    if by_uuid:
-        missing = sorted(uuid for uuid in wanted if uuid not in by_uuid)
-        if missing and not lost:
-            yield from refuse(f"power.limits: GPU {', '.join(missing)} is not on {host.name} (its GPUs: "
-                              f"{', '.join(sorted(by_uuid))})")
-            return
-        problem = power_refusal(host.name, wanted, gpus)
-        if problem:
-            yield from refuse(f"power.limits: {problem}")
-            return
-        if wanted and lost:
-            kept = {uuid: float(previous[uuid]) for uuid in previous
-                    if uuid not in by_uuid and uuid not in wanted and _watts(previous[uuid]) is not None}
-            absent = sorted({*missing, *kept})
-            if absent:
-                logger.warning(missing_gpu_warning(host.name, absent, lost, "power limit"))
-        apply += [_set_limit(uuid, watts) for uuid, watts in power_diff(wanted, gpus).items()]
-        # GPUs managed before and dropped from `limits`: back to their default
-        for uuid in sorted(set(previous) - set(wanted) - set(kept)):
-            gpu = by_uuid.get(uuid)
-            if gpu is not None and gpu.power_default_w is not None and gpu.power_limit_w is not None \
-                    and power_differs(gpu.power_limit_w, gpu.power_default_w):
-                apply.append(_set_limit(uuid, gpu.power_default_w))
-    elif wanted:
+    diff = power_plan_diff(host.name, wanted, gpus, inventory.get("lost_gpus") or [],
+                           parse_conf(managed["contents"][CONF]))
+    if diff.problem:
+        yield from refuse(f"power.limits: {diff.problem}")
+        return
+    if diff.warning:
+        logger.warning(diff.warning)
+    if not gpus and wanted:
         host.noop(f"no GPU reachable ({inventory['status']}): power limits apply at the next boot")
 
-    commands = all_of(apply)  # one round trip for all GPUs
+    # one round trip for all GPUs
+    commands = all_of([_set_limit(uuid, watts) for uuid, watts in {**diff.set, **diff.reset}.items()])
     if wanted:
-        commands += install_gpu_settings(managed, UNIT, DESCRIPTION, "power", CONF, conf_text({**kept, **wanted}),
-                                         start=bool(by_uuid))
+        commands += install_gpu_settings(managed, UNIT, DESCRIPTION, "power", CONF, conf_text(diff.file_limits),
+                                         start=bool(gpus))
     else:
         commands += remove_gpu_settings(managed, UNIT, CONF)
 
@@ -140,13 +108,6 @@ def limits(limits: dict[str, float]):
 
 # Deprecated name (before 0.2): power.power_limits
 power_limits = limits
-
-
-def _watts(text: str) -> float | None:
-    try:
-        return float(text)
-    except ValueError:
-        return None
 
 
 def _set_limit(uuid: str, watts: float) -> StringCommand:

@@ -22,6 +22,9 @@ from typing import Any, TextIO
 from gpufleet.pyinfra_args import PyinfraArgs, match_limit, unmatched_error
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
+# pyinfra's log lines (stderr, default verbosity): a host connected, a host's deploy prepared
+_CONNECTED = re.compile(r"^\s*\[([^\]\s]+)\] Connected", re.M)
+_READY = re.compile(r"^\s*\[([^\]\s]+)\] Ready: ", re.M)
 
 
 def pyinfra_executable() -> str:
@@ -169,9 +172,19 @@ def _stop_child(proc: subprocess.Popen, signum: int | None, wait_s: float = 10.0
     except Exception:  # noqa: BLE001 - it did not end in time (or its pipes are gone): it must not outlive us
         proc.kill()
         return None
-    lines = _ANSI.sub("", stderr or "").splitlines()
+    text = _ANSI.sub("", stderr or "")
+    lines = text.splitlines()
     start = next((i for i, line in enumerate(lines) if line.startswith("gpufleet: interrupted")), None)
-    return None if start is None else "\n".join(lines[start:])
+    if start is None:
+        return None
+    report = "\n".join(lines[start:])
+    if "before executing anything" in lines[start]:
+        # still preparing (reading facts, no change yet): the hosts pyinfra had connected but not yet "Ready:"
+        ready = set(_READY.findall(text))
+        reading = [h for h in dict.fromkeys(_CONNECTED.findall(text)) if h not in ready]
+        if reading:
+            report += "\nHosts still being read (facts; nothing is changed before execution): " + ", ".join(reading)
+    return report
 
 
 def planned_changes(run: PyinfraRun) -> dict[str, list[str]]:

@@ -20,7 +20,7 @@ from typing import Any
 from gpufleet.control_files import write_atomic
 from gpufleet.report.html import badge, page, table
 
-from .state import ACTIVE, DONE, FAILED, PENDING, SKIPPED, RolloutState
+from .state import ACTIVE, DONE, FAILED, PENDING, SKIPPED, RolloutState, signals_held
 from .waves import Count, plan_waves
 
 REPORT_SCHEMA = "gpufleet.rollout.report"
@@ -247,7 +247,8 @@ def html(state: RolloutState, out: str | Path) -> str:
 
 
 def _write(path: Path, text: str) -> None:
-    write_atomic(path, text)  # a random temporary name beside it, then os.replace: no symlink followed
+    with signals_held():  # a signal waits for the write: no temporary file left beside the report
+        write_atomic(path, text)  # a random temporary name beside it, then os.replace: no symlink followed
 
 
 def write(state: RolloutState, opts: Any) -> dict[str, Path]:

@@ -165,8 +165,9 @@ class Controller:
         self.save()
         for n in names:
             rec = self.node(n)
-            if rec.drained_by_rollout:  # drained before an interruption: still ours
-                continue
+            # Also a node recorded as drained by this rollout (before an interruption) is drained again: the drain is
+            # idempotent (Slurm: only asked whether it is still ours), and a resume cut off by the interruption may
+            # have been applied after the rollout asked (or someone resumed or re-drained the node meanwhile).
             interruption.check()  # nothing starts after a signal
             rec.drain_uncertain = True  # in flight: a signal now leaves it unknown until the drainer is asked again
             try:
@@ -189,7 +190,8 @@ class Controller:
         for n in waiting:
             if self.opts.on_timeout == "force":
                 continue
-            why = f"jobs still running after --wait-for-jobs {self.opts.wait_for_jobs:g} s"
+            why = ("jobs still running (not waited for: no --wait-for-jobs)" if self.opts.wait_for_jobs is None
+                   else f"jobs still running after --wait-for-jobs {self.opts.wait_for_jobs:g} s")
             self._undrain(n)
             if self.opts.on_timeout == "skip":
                 self.node(n).move(SKIPPED, why + " (left as it was)")
@@ -572,9 +574,17 @@ def _rollout(opts: RolloutOptions, parsed: Parsed, state: RolloutState | None, e
         echo(report.dry_plan_text(state, need, unchanged, planned, canary, parsed.waves))
         return EXIT_DONE
     if confirm is not None and need:
-        if not confirm(report.dry_plan_text(state, need, unchanged, planned, canary, parsed.waves, to_confirm=True)):
-            progress.write("gpufleet rollout: not confirmed: nothing was drained or changed"
-                           + (f"; {path} is as it was\n" if opts.resume else "\n"))
+        as_it_was = f"; {path} is as it was\n" if opts.resume else "\n"
+        try:
+            confirmed = confirm(report.dry_plan_text(state, need, unchanged, planned, canary, parsed.waves,
+                                                     to_confirm=True))
+        except KeyboardInterrupt as error:  # a signal at the prompt: nothing was drained or changed, nothing saved
+            status = interruption.status_of(error)
+            _write(progress, f"\ngpufleet rollout: interrupted at the confirmation by {signal_name(status - 128)}: "
+                   f"nothing was drained or changed (exit {status})" + as_it_was)
+            return status
+        if not confirmed:
+            progress.write("gpufleet rollout: not confirmed: nothing was drained or changed" + as_it_was)
             return EXIT_BAD_INPUT
     for n in unchanged:
         state.nodes[n].changed = False
@@ -610,9 +620,18 @@ def _rollout(opts: RolloutOptions, parsed: Parsed, state: RolloutState | None, e
         report.write(state, opts)
         _echo(echo, report.summary_text(state, opts))
         return status
-    ctl.save()
-    report.write(state, opts)
-    echo(report.summary_text(state, opts))
+    try:
+        ctl.save()
+        report.write(state, opts)
+        echo(report.summary_text(state, opts))
+    except KeyboardInterrupt as error:  # after the last wave: the signal cut the last save, report or summary short
+        status = interruption.status_of(error)
+        ctl.save()  # later signals are only counted: these end
+        report.write(state, opts)
+        _write(progress, f"\ngpufleet rollout: interrupted by {signal_name(status - 128)} after the last wave, while "
+               f"saving or printing: the rollout is {state.status.upper()} (state: {path}, report: "
+               f"{Path(opts.out) / 'rollout.html'}; exit {status})\n")
+        return status
     if state.status == "stopped" or state.by_state(FAILED, SKIPPED):
         return EXIT_FAILED
     return EXIT_DONE

@@ -12,7 +12,10 @@ record that this rollout drained it, so it is resumed in the scheduler once it p
 from __future__ import annotations
 
 import json
+import signal
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -129,9 +132,28 @@ class RolloutState:
                    preflight=list(data.get("preflight") or []), interruption=data.get("interruption"))
 
 
+@contextmanager
+def signals_held():
+    """SIGINT, SIGTERM and SIGHUP wait (blocked, then delivered at the end of the block) while the rollout writes a
+    file: a signal between the temporary file's creation and its rename or removal left the temporary file beside
+    the state file. Main thread only (where Python runs signal handlers)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
 def save(state: RolloutState, path: str | Path) -> None:
-    """Write the state file atomically: a reader (or a crash) sees the old file or the new one, never half."""
-    write_atomic(path, json.dumps(state.to_dict(), indent=1))  # tempfile beside it + os.replace, fsync'd
+    """Write the state file atomically: a reader (or a crash) sees the old file or the new one, never half; a signal
+    waits for the write (:func:`signals_held`)."""
+    text = json.dumps(state.to_dict(), indent=1)
+    with signals_held():
+        write_atomic(path, text)  # tempfile beside it + os.replace, fsync'd
 
 
 def load(path: str | Path) -> RolloutState:

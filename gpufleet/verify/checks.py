@@ -25,7 +25,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpufleet.catalog import Catalog, GpuModel, UnknownGpuModel, UnknownMigProfile, load_catalog
-from gpufleet.plan import mig_instances_ok, outside_range, power_differs
+from gpufleet.node import mig_compare
+from gpufleet.plan import (
+    Gpu,
+    NcclPlan,
+    PersistencePlan,
+    driver_on_branch,
+    mig_differences,
+    outside_range,
+    power_differs,
+)
 
 from .exporter_checks import check_exporters
 from .model import FAIL, PASS, SKIP, UNREACHABLE, WARN, CheckResult, FleetResult, HostResult, worst_verdict
@@ -146,7 +155,7 @@ def _check_driver(ctx: _Ctx, probe: dict[str, Any], expected: ExpectedState, nvm
         ctx.add("config.driver_branch", SKIP, "driver version unknown: NVML unavailable", expected=branch)
         return
     version = probe.get("driver_version") or ""
-    if version == branch or version.split(".")[0] == branch or version.startswith(branch + "."):
+    if driver_on_branch(version, branch):  # the plan's comparison
         ctx.add("config.driver_branch", PASS, f"driver {version} is on branch {branch}", observed=version,
                 expected=branch)
     else:
@@ -247,15 +256,13 @@ def _check_nccl(ctx: _Ctx, probe: dict[str, Any], expected: ExpectedState) -> No
         else:
             ctx.add("config.nccl", PASS, f"no {path}, as expected", expected=want)
         return
-    missing = sorted(k for k in want if k not in values)
-    wrong = sorted(k for k in want if k in values and values[k] != want[k])
-    extra = sorted(k for k in values if k not in want)
-    if missing or wrong:
-        parts = [f"missing {', '.join(missing)}"] if missing else []
-        parts += [f"{k}={values[k]!r} (expected {want[k]!r})" for k in wrong]
+    diff = NcclPlan(want).diff(values)  # the plan's comparison, rendered
+    if diff.missing or diff.wrong:
+        parts = [f"missing {', '.join(diff.missing)}"] if diff.missing else []
+        parts += [f"{k}={value!r} (expected {want[k]!r})" for k, value in diff.wrong.items()]
         ctx.add("config.nccl", FAIL, f"{path}: " + "; ".join(parts), hint, observed=values, expected=want)
-    elif extra:
-        ctx.add("config.nccl", WARN, f"{path} has unmanaged key(s): {', '.join(extra)}",
+    elif diff.extra:
+        ctx.add("config.nccl", WARN, f"{path} has unmanaged key(s): {', '.join(diff.extra)}",
                 f"add them to the inventory's nccl settings or remove them from {path}", observed=values,
                 expected=want)
     else:
@@ -269,12 +276,14 @@ def _check_nccl(ctx: _Ctx, probe: dict[str, Any], expected: ExpectedState) -> No
 
 
 def _check_persistence(ctx: _Ctx, gpu: dict[str, Any], expected: ExpectedState) -> None:
+    """config.persistence: the plan's comparison (:meth:`gpufleet.plan.PersistencePlan.differs`) of the probe's GPU."""
     if expected.persistence is None:
         return
     observed = gpu.get("persistence_mode")
-    if observed is None:
+    differs = PersistencePlan(expected.persistence).differs(Gpu.from_probe(gpu, ctx.catalog))
+    if differs is None:
         ctx.add("config.persistence", SKIP, "persistence mode not reported" + _err(gpu, "persistence_mode"), gpu=gpu)
-    elif observed == expected.persistence:
+    elif not differs:
         ctx.add("config.persistence", PASS, f"persistence mode {'on' if observed else 'off'}", gpu=gpu,
                 observed=observed, expected=expected.persistence)
     else:
@@ -314,68 +323,76 @@ def _check_power_limit(ctx: _Ctx, gpu: dict[str, Any], expected: ExpectedState) 
 
 
 def _check_mig(ctx: _Ctx, gpu: dict[str, Any], expected: ExpectedState) -> None:
+    """config.mig: the plan's MIG comparison (:func:`gpufleet.plan.mig_differences`, the one the MIG operation, its
+    node-side applier and the exporter use) of the probe's view of the GPU, rendered: PASS only when the layout is
+    applied; a wrong mode or other instances FAIL; a pending mode or compute instances not as created WARN."""
     if expected.mig is None or gpu.get("index") not in expected.mig:
         return
     layout = expected.mig[gpu["index"]]
     want = None if layout is None else {str(k): int(v) for k, v in layout.items() if int(v) > 0}
     mig = gpu.get("mig") or {}
-    current, pending = mig.get("mode_current"), mig.get("mode_pending")
-    hint = "reapply the MIG layout with the gpu_node deploy (a mode change needs an idle GPU and a reset or reboot)"
-    if current is None:
-        if want is not None:
-            ctx.add("config.mig", FAIL, "MIG layout expected, but this GPU reports no MIG mode"
-                    + _err(gpu, "mig.mode_current"), "remove the MIG layout for this GPU model from the inventory",
-                    gpu=gpu, expected=want)
-        else:
-            ctx.add("config.mig", PASS, "no MIG on this GPU, none expected", gpu=gpu, expected=want)
-        return
+    instances = mig.get("gpu_instances") or []
     observed: dict[str, int] = {}
-    for gi in mig.get("gpu_instances") or []:
+    for gi in instances:
         name = gi.get("profile_name") or f"profile {gi.get('profile_id')}"
         observed[name] = observed.get(name, 0) + 1
-    if want is None:
-        if current:
-            ctx.add("config.mig", FAIL, "MIG enabled, expected disabled", hint, gpu=gpu, observed=observed,
-                    expected=want)
-        elif pending:
-            ctx.add("config.mig", WARN, "MIG disabled, but enabling is pending a GPU reset", hint, gpu=gpu,
-                    observed=observed, expected=want)
+    create, compared = _compared_instances(ctx.model(gpu.get("name")), want or {}, instances)
+    found = mig_differences(want is not None, create, Gpu.from_probe(gpu, ctx.catalog), compared)
+    hint = "reapply the MIG layout with the gpu_node deploy (a mode change needs an idle GPU and a reset or reboot)"
+    pending = mig.get("mode_pending")
+
+    def add(verdict: str, message: str, remediation: str = hint) -> None:
+        ctx.add("config.mig", verdict, message, remediation, gpu=gpu, observed=observed, expected=want)
+
+    if mig_compare.NO_MIG in found:
+        add(FAIL, "MIG layout expected, but this GPU reports no MIG mode" + _err(gpu, "mig.mode_current"),
+            "remove the MIG layout for this GPU model from the inventory")
+    elif mig_compare.MODE in found:
+        if want is None:
+            add(FAIL, "MIG enabled, expected disabled")
         else:
-            ctx.add("config.mig", PASS, "MIG disabled", gpu=gpu, observed=observed, expected=want)
-        return
-    if not current:
-        extra = " (enable pending a GPU reset or reboot)" if pending else ""
-        ctx.add("config.mig", FAIL, f"MIG disabled{extra}, expected {_layout(want) or 'MIG enabled'}", hint, gpu=gpu,
-                observed=observed, expected=want)
-        return
-    if not _same_instances(ctx.model(gpu.get("name")), want, mig.get("gpu_instances") or [], observed):
-        ctx.add("config.mig", FAIL, f"MIG layout {_layout(observed) or 'empty'}, expected "
-                f"{_layout(want) or 'no instances'}", hint,
-                gpu=gpu, observed=observed, expected=want)
-        return
-    without_ci = [gi["id"] for gi in mig.get("gpu_instances") or [] if not gi.get("compute_instances")]
-    if without_ci:
-        ctx.add("config.mig", WARN, f"GPU instance(s) {without_ci} have no compute instance (not usable by CUDA)",
-                hint, gpu=gpu, observed=observed, expected=want)
-    elif not pending:
-        ctx.add("config.mig", WARN, f"MIG layout {_layout(observed)}, but MIG disable is pending a reset", hint,
-                gpu=gpu, observed=observed, expected=want)
+            extra = " (enable pending a GPU reset or reboot)" if pending else ""
+            add(FAIL, f"MIG disabled{extra}, expected {_layout(want) or 'MIG enabled'}")
+    elif mig_compare.INSTANCES in found:
+        add(FAIL, f"MIG layout {_layout(observed) or 'empty'}, expected {_layout(want or {}) or 'no instances'}")
+    elif mig_compare.COMPUTE in found:
+        without = [gi.get("id") for gi in instances if not gi.get("compute_instances")]
+        if without:
+            add(WARN, f"GPU instance(s) {without} have no compute instance (not usable by CUDA)")
+        else:
+            other = [gi.get("id") for gi in instances if not _whole(gi)]
+            add(WARN, f"GPU instance(s) {other} do not hold one compute instance spanning them (the layout creates "
+                "one each)")
+    elif mig_compare.PENDING in found:
+        add(WARN, "MIG disabled, but enabling is pending a GPU reset" if want is None
+            else f"MIG layout {_layout(observed)}, but MIG disable is pending a reset")
+    elif (mig.get("mode_current")) is None:
+        add(PASS, "no MIG on this GPU, none expected")
+    elif want is None:
+        add(PASS, "MIG disabled")
     else:
-        ctx.add("config.mig", PASS, f"MIG layout {_layout(observed) or 'enabled, no instances'}", gpu=gpu,
-                observed=observed, expected=want)
+        add(PASS, f"MIG layout {_layout(observed) or 'enabled, no instances'}")
 
 
-def _same_instances(model: GpuModel | None, want: Mapping[str, int], instances: list, observed: Mapping[str, int]
-                    ) -> bool:
-    """Whether the GPU instances are the layout: by profile id, as the MIG operation and the boot script judge
-    (:func:`gpufleet.plan.mig_instances_ok`), when the catalog knows the GPU's profiles; else by profile name."""
+def _whole(gi: Mapping[str, Any]) -> bool:
+    """A GPU instance of the probe holding exactly one compute instance spanning it (its profile is the GPU
+    instance's, as ``nvidia-smi mig -cgi … -C`` creates it)."""
+    cis = gi.get("compute_instances") or []
+    return len(cis) == 1 and cis[0].get("profile_name") == gi.get("profile_name")
+
+
+def _compared_instances(model: GpuModel | None, want: Mapping[str, int], instances: list
+                        ) -> tuple[list, list[tuple[Any, bool]]]:
+    """The layout and the probe's GPU instances as the comparison takes them: by profile id, as the MIG operation
+    and the boot script judge, when the catalog knows the GPU's profiles; else by profile name."""
     if model is None or model.mig is None:
-        return dict(observed) == dict(want)
+        return ([name for name, count in want.items() for _ in range(count)],
+                [(gi.get("profile_name") or f"profile {gi.get('profile_id')}", _whole(gi)) for gi in instances])
     try:
         ids = [model.mig.profile(name).id for name, count in want.items() for _ in range(count)]
     except UnknownMigProfile:
-        return False
-    return mig_instances_ok(ids, [(gi.get("profile_id"), True) for gi in instances])
+        ids = [-1]  # a profile this GPU does not offer: never the instances it holds
+    return ids, [(gi.get("profile_id"), _whole(gi)) for gi in instances]
 
 
 def _layout(layout: Mapping[str, int]) -> str:

@@ -26,12 +26,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpufleet.config import NodeConfig
-from gpufleet.plan import NodePlan, gpus_from_probe
+from gpufleet.plan import PERSISTENCED, NodePlan, gpus_from_probe
 
 from .checks import ExpectedState
 from .exporter_checks import expected_exporters
 
-PERSISTENCED = "nvidia-persistenced"
 FABRICMANAGER = "nvidia-fabricmanager"
 
 
@@ -51,8 +50,8 @@ def expected_state(config: NodeConfig, probe: Mapping[str, Any], *, pci: Mapping
     # GPUs that did not answer have no trustworthy identity or limits: nothing is resolved for them
     plan = NodePlan.resolve(config, [g for g in gpus_from_probe(probe) if g.status == "ok"])
     services: dict[str, str] = {}
-    if config.stage_enabled("persistence"):
-        services[PERSISTENCED] = "active"
+    if plan.persistence is not None:
+        services[plan.persistence.service] = "active"
     if _nvswitch(pci, nvswitch):
         services[FABRICMANAGER] = "active"
     power = plan.power.limits if plan.power is not None else {}
@@ -61,11 +60,11 @@ def expected_state(config: NodeConfig, probe: Mapping[str, Any], *, pci: Mapping
     if pci and not pci.get("error") and pci.get("gpus"):
         gpu_count = len(pci["gpus"])
     return ExpectedState(
-        driver_branch=config.driver.branch if config.stage_enabled("driver") else None,
-        persistence=True if config.stage_enabled("persistence") else None,
+        driver_branch=plan.driver.branch if plan.driver is not None else None,
+        persistence=plan.persistence.mode if plan.persistence is not None else None,
         power_limits_w=power,
         mig=mig,
-        nccl=dict(config.nccl.settings) if config.stage_enabled("nccl") else None,
+        nccl=dict(plan.nccl.settings) if plan.nccl is not None else None,
         gpu_count=gpu_count,
         services=services,
         exporters=expected_exporters(config),

@@ -68,8 +68,8 @@ def stage_setup_files(host, debs: list[Path], munge_key: bytes, slurm_conf: str,
     return stage
 
 
-def wait_for(what: str, probe, timeout: float = 90) -> None:
+def wait_for(what: str, probe, timeout: float = 90, every: float = 0.2) -> None:
     deadline = time.monotonic() + timeout
     while not probe():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
+        time.sleep(every)

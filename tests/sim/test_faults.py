@@ -433,6 +433,9 @@ def test_verify_and_drift_interrupted_in_their_process_group(fleet, tmp_path, co
     if command == "verify":
         assert re.search(rf"probe not finished on: .*{LOST}", out), out
         assert not (tmp_path / "report.json").exists()  # no half report
+    else:  # the host whose facts were being read is named
+        assert re.search(rf"^Hosts still being read \(facts; nothing is changed before execution\): .*{LOST}", out,
+                         re.M), out
 
 
 # --------------------------------------------------------------------------------------- no false change

@@ -212,6 +212,24 @@ def test_mig_layout_checks():
     assert consumer.verdict == "fail" and "no MIG mode" in consumer.message
 
 
+def test_mig_layout_applied_without_a_pending_mode_reported_passes():
+    """A probe that does not report the pending MIG mode: the layout is applied (the MIG operation, the applier and
+    the exporter say so; verify warned 'disable pending' before the comparison was shared)."""
+    doc = copy.deepcopy(load("probe-a100-40gb-1-mig.json"))
+    doc["gpus"][0]["mig"]["mode_pending"] = None
+    c = next(c for c in evaluate(doc, ExpectedState(mig={0: {"3g.20gb": 1, "2g.10gb": 1}})) if c.check == "config.mig")
+    assert c.verdict == "pass", c.message
+
+
+def test_mig_compute_instance_not_spanning_its_gpu_instance_warns():
+    """The MIG operation recreates a GPU instance whose compute instance does not span it: verify does not pass it."""
+    doc = copy.deepcopy(load("probe-a100-40gb-1-mig.json"))
+    gi = next(gi for gi in doc["gpus"][0]["mig"]["gpu_instances"] if gi["profile_name"] == "3g.20gb")
+    gi["compute_instances"] = [dict(gi["compute_instances"][0], profile_name="1c.3g.20gb")]
+    c = next(c for c in evaluate(doc, ExpectedState(mig={0: {"3g.20gb": 1, "2g.10gb": 1}})) if c.check == "config.mig")
+    assert c.verdict == "warn" and "do not hold one compute instance spanning them" in c.message
+
+
 def test_nccl_file_checks():
     doc = load("probe-h100-sxm-8.json")
     extra = next(c for c in evaluate(doc, h100_expected(nccl={"NCCL_IB_HCA": "mlx5"})) if c.check == "config.nccl")

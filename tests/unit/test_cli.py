@@ -122,8 +122,7 @@ def test_rollout_without_y_on_a_terminal_asks(runner, captured, monkeypatch):
     assert captured["rollout"][1] is cli._confirm
 
 
-@pytest.mark.parametrize("answer, confirmed", [("", True), ("n", False), (EOFError, False),
-                                               (KeyboardInterrupt, False)])
+@pytest.mark.parametrize("answer, confirmed", [("", True), ("n", False), (EOFError, False)])
 def test_the_confirmation_is_enter_as_in_pyinfra(monkeypatch, capsys, answer, confirmed):
     def fake_input():
         if isinstance(answer, type):
@@ -134,6 +133,19 @@ def test_the_confirmation_is_enter_as_in_pyinfra(monkeypatch, capsys, answer, co
     assert cli._confirm("the plan") is confirmed
     out = capsys.readouterr()
     assert out.out.startswith("the plan") and "Press enter to roll out..." in out.err
+
+
+def test_a_signal_at_the_confirmation_is_not_a_no(monkeypatch, capsys):
+    """Ctrl-C, SIGTERM or a closed terminal at the prompt is an interruption (exit 130/143/129 from the rollout),
+    not an answer: it propagates (tests/unit/test_rollout_prompt.py sends the real signals)."""
+    from gpufleet import interruption  # noqa: PLC0415
+
+    def interrupted():
+        raise interruption.Interrupted(15)
+
+    monkeypatch.setattr("builtins.input", interrupted)
+    with pytest.raises(interruption.Interrupted):
+        cli._confirm("the plan")
 
 
 @pytest.mark.parametrize("shell, marker", [("bash", "complete -o nosort -F _gpufleet_completion gpufleet"),

@@ -257,11 +257,15 @@ if __name__ == "__main__":  # pragma: no cover
 
 def test_mig_layout_match_with_the_instances_of_the_layout(env, tmp_path):
     root, pyz = env
-    path = write_state(root, "h100-sxm-8", **{"gpu.0.mig.current": "1", "gpu.0.mig.pending": "1",
-                                              "gpu.0.mig.gi.13": "19,6,1", "gpu.0.mig.gi.11": "19,4,1"})
+    instances = {"gpu.0.mig.current": "1", "gpu.0.mig.pending": "1",
+                 "gpu.0.mig.gi.13": "19,6,1", "gpu.0.mig.gi.11": "19,4,1"}
+    path = write_state(root, "h100-sxm-8", **instances)
     g0 = simstate.gpu(simstate.read_state(str(path)), 0)
     layout = {"version": 1, "gpus": [{"pci_bus_id": g0["pci.bus_id"], "mig_enabled": True, "create": [19, 19]}]}
     (tmp_path / "mig-layout.json").write_text(json.dumps(layout))
+    # GPU instances without their compute instance: not the layout (the MIG stage would complete them)
+    assert by_gpu(scrape(root, pyz, tmp_path)["gpufleet_gpu_mig_layout_match"]) == {"0": 0.0}
+    write_state(root, "h100-sxm-8", **instances, **{"gpu.0.mig.ci.13.0": "0,1,0", "gpu.0.mig.ci.11.0": "0,1,0"})
     assert by_gpu(scrape(root, pyz, tmp_path)["gpufleet_gpu_mig_layout_match"]) == {"0": 1.0}
     layout["gpus"][0]["create"] = [19, 19, 19]
     (tmp_path / "mig-layout.json").write_text(json.dumps(layout))

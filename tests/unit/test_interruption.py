@@ -89,3 +89,44 @@ def test_an_interrupted_pyinfra_child_is_stopped_and_its_report_kept(monkeypatch
     killer.wait()
     assert caught.value.child_report == ("gpufleet: interrupted by SIGTERM while executing (exit 143).\n"
                                          "Hosts mid-change (stage):\n  node03: gpufleet: GPU node | GPU power limits")
+
+
+def test_a_pyinfra_child_stopped_while_preparing_names_the_hosts_still_being_read(tmp_path):
+    """drift (a pyinfra --dry child) stopped while it reads facts: pyinfra's own report says only that nothing was
+    changed; the hosts it had connected but not prepared ("Ready:") are the ones in flight, and are named."""
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stderr.write("
+                              "'--> Connecting to hosts...\\n    [node01] Connected\\n    [node03] Connected\\n"
+                              "    [node02] Connected\\n    [node01] Ready: deploys/gpu_node.py\\n"
+                              "gpufleet: interrupted by SIGINT before executing anything: no host was changed "
+                              "(exit 130)\\n'); sys.exit(130)"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    child.wait(30)
+    assert converge._stop_child(child, signal.SIGINT) == (
+        "gpufleet: interrupted by SIGINT before executing anything: no host was changed (exit 130)\n"
+        "Hosts still being read (facts; nothing is changed before execution): node03, node02")
+
+
+def test_a_signal_handled_in_a_thread_under_gevent_interrupts_the_command_not_the_thread():
+    """Under gevent a thread is a greenlet, and the handler runs in whichever is current: in paramiko's transport
+    thread the exception was printed by threading and killed the SSH connection, and the rollout's preflight failed
+    the host ("SSH error (No existing session)", exit 2) instead of exiting 130. The command's own flow gets it."""
+    script = (
+        "from gevent import monkey; monkey.patch_all()\n"
+        "import signal, threading, gevent\n"
+        "from gpufleet import interruption\n"
+        "interruption.catch_signals()\n"
+        "handler = signal.getsignal(signal.SIGINT)\n"
+        "went_on = []\n"
+        "def transport():\n"
+        "    handler(signal.SIGINT, None)  # the signal arrives while this thread runs\n"
+        "    went_on.append(True)\n"
+        "thread = threading.Thread(target=transport); thread.start()\n"
+        "try:\n"
+        "    gevent.sleep(10)  # the command waits (on a host, a child)\n"
+        "    print('not interrupted')\n"
+        "except interruption.Interrupted as error:\n"
+        "    thread.join(5)\n"
+        "    print('interrupted', error.signum, went_on)\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert result.stdout.strip() == "interrupted 2 [True]", result.stdout + result.stderr
+    assert "Exception in thread" not in result.stderr, result.stderr

@@ -13,7 +13,6 @@ import yaml
 
 from gpufleet.catalog import load_catalog
 from gpufleet.config import load_node_config
-from gpufleet.deploys.gpu_node import choose_gpu_exporter
 from gpufleet.monitoring import render, rules
 from gpufleet.monitoring.config import (
     MonitoringSettings,
@@ -23,6 +22,7 @@ from gpufleet.monitoring.config import (
     seconds,
 )
 from gpufleet.operations import exporters
+from gpufleet.plan import choose_gpu_exporter
 
 OK = {"gpufleet_monitoring_grafana_admin_password": "a-long-enough-secret"}
 

@@ -81,6 +81,7 @@ def installed(layout: dict, gpus: list[dict]) -> dict:
     return {
         mig.LAYOUT_PATH: layout_file(layout, gpus),
         mig.APPLIER: node_script("mig_apply.py"),
+        mig.COMPARE_PATH: node_script("mig_compare.py"),
         mig.LOCKED_APPLIER: mig.locked_applier_text(),
         mig.UNIT_PATH: mig.unit_text(),
     }
@@ -134,6 +135,7 @@ def install_commands(layout: dict, gpus: list[dict]) -> list[str]:
         files = [render(c) for path, text, mode in (
             (mig.LAYOUT_PATH, layout_file(layout, gpus), "644"),
             (mig.APPLIER, node_script("mig_apply.py"), "755"),
+            (mig.COMPARE_PATH, node_script("mig_compare.py"), "644"),
             (mig.LOCKED_APPLIER, mig.locked_applier_text(), "755"),
             (mig.UNIT_PATH, mig.unit_text(), "644"),
         ) for c in put_file(None, path, text, mode)]

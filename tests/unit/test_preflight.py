@@ -10,7 +10,7 @@ from pyinfra_harness import fixture, wrap
 from gpufleet.catalog import load_catalog
 from gpufleet.config import load_node_config
 from gpufleet.facts import GpuInventory, NvidiaPciDevices, OsInfo, SecureBoot
-from gpufleet.plan import _placement_fits
+from gpufleet.plan.mig import _placement_fits
 from gpufleet.preflight import (
     HostFacts,
     PreflightError,

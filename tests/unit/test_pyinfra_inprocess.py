@@ -1,4 +1,4 @@
-"""The rollout's in-process pyinfra (gpufleet.rollout.inprocess) on pyinfra's ``@fake`` hosts: a run per pass and wave,
+"""The rollout's in-process pyinfra (gpufleet._pyinfra.inprocess) on pyinfra's ``@fake`` hosts: a run per pass and wave,
 each wave planned again when it runs, one connection per host for the whole session, pyinfra errors as the CLI
 prints them, an interrupted wave, and the version guard with its fallback."""
 

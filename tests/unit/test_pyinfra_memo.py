@@ -1,4 +1,4 @@
-"""gpufleet.facts.prefetch: the fact memo and prefetch, on a real pyinfra State whose hosts run a fake connector.
+"""gpufleet._pyinfra._memo: the fact memo and prefetch, on a real pyinfra State whose hosts run a fake connector.
 
 Each fake host holds a ``value``; ``read value`` (a fact) prints it, ``write N`` (an operation's command) sets it.
 No test sleeps to order events: a command named in the connector's ``gates`` announces that it started

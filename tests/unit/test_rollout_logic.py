@@ -101,6 +101,30 @@ def test_state_file_round_trip_and_atomic_replace(tmp_path):
         st.load(path)
 
 
+def test_a_signal_during_a_state_write_waits_for_it_and_leaves_no_temporary_file(tmp_path, monkeypatch):
+    """A signal in the middle of a state write lost the write, or (between the temporary file's creation and the
+    clean-up's try) left the temporary file beside the state file (seen after a Ctrl-C between two waves in
+    tests/sim/test_rollout_slurm.py); it is now delivered once the write is done."""
+    import os  # noqa: PLC0415
+    import signal  # noqa: PLC0415
+
+    from gpufleet import control_files  # noqa: PLC0415
+
+    s = st.RolloutState.new("r1", "inv.py", "deploy.py", {}, ["a"])
+    path = tmp_path / "state.json"
+    real_replace = os.replace
+
+    def signalled_before_the_rename(src, dst):
+        os.kill(os.getpid(), signal.SIGINT)  # arrives here: the temporary file exists, not yet renamed
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(control_files.os, "replace", signalled_before_the_rename)
+    with pytest.raises(KeyboardInterrupt):
+        st.save(s, path)
+    assert [p.name for p in tmp_path.iterdir()] == ["state.json"]
+    assert st.load(path).to_dict() == s.to_dict()
+
+
 # ------------------------------------------------------------------------------------------------ pyinfra
 
 
@@ -567,6 +591,17 @@ def test_wait_for_jobs_waits_until_the_jobs_end(fake, tmp_path, monkeypatch):
     assert drainer.resumed == ["n1", "n2"]
 
 
+def test_a_job_still_running_without_wait_for_jobs_fails_the_node_with_a_message(fake, tmp_path, monkeypatch):
+    fake(2)
+    drainer = BusyDrainer({"n2"})
+    monkeypatch.setattr(run, "make_drainer", lambda spec, rid: drainer)
+    rc, text = go(opts(tmp_path, fake.deploy, canary=0, waves="100%", max_failures="100%"))
+    assert rc == 1, text
+    rec = st.load(tmp_path / "out" / "state.json").nodes["n2"]
+    assert rec.state == "failed" and rec.reason == "drain: jobs still running (not waited for: no --wait-for-jobs)"
+    assert "n2" in drainer.resumed
+
+
 def test_verify_gate_uses_verify_and_fails_hosts_that_fail_a_check(tmp_path, monkeypatch):
     from types import SimpleNamespace  # noqa: PLC0415
 
@@ -788,6 +823,59 @@ def test_ctrl_c_in_a_drain_starts_nothing_more_and_names_the_drain_slurm_applied
     assert all(v["state"] == "idle" and not v["reason"] for v in slurm.nodes.values())
 
 
+def test_resume_drains_again_a_node_whose_cut_off_resume_slurm_applied_after_the_rollout_asked(fake, tmp_path,
+                                                                                               monkeypatch, signalled):
+    """Ctrl-C while n2's `scontrol ... state=resume` was on its way to a remote controller: the rollout asked Slurm
+    (still drained: recorded as drained by the rollout), then the resume applied. --resume drains n2 again before
+    its converge (it must not be changed in service, nor taken for a node whose jobs never end), then resumes it."""
+    from gpufleet import interruption  # noqa: PLC0415
+    from gpufleet.rollout.drain import SlurmDrainer  # noqa: PLC0415
+
+    fleet = fake(3)
+    slurm = FakeSlurm({f"n{i}": {"state": "idle", "reason": "", "user": ""} for i in range(1, 4)})
+    late: list[list[str]] = []
+
+    def terminal(argv):
+        if argv[:3] == ["scontrol", "update", "nodename=n2"] and "state=resume" in argv and not late:
+            late.append(argv)  # its remote side applies after the rollout has exited
+            signalled()
+            raise interruption.Interrupted(2)
+        return slurm(argv)
+
+    monkeypatch.setattr(run, "make_drainer", lambda spec, rid: SlurmDrainer(rid, run=terminal))
+    o = opts(tmp_path, fake.deploy, canary=1, waves="1", max_failures="5", drain="slurm")
+    rc, text = go(o)
+    assert rc == 130 and "STILL DRAINED by this rollout (1): n2" in text, text
+    slurm(late[0])  # applied now
+    assert slurm.nodes["n2"]["state"] == "idle"
+    monkeypatch.setattr(interruption, "_received", [])
+    o.resume = True
+    slurm.calls.clear()
+    rc, text = go(o)
+    assert rc == 0, text
+    updates = [c for c in slurm.calls if c[0] == "scontrol"]
+    assert updates[0][:4] == ["scontrol", "update", "nodename=n2", "state=drain"]  # drained before its converge
+    assert all(v["state"] == "idle" and not v["reason"] for v in slurm.nodes.values())
+    assert [c[1] for c in fleet.calls if c[0] == "run"][-2:] == [["n2"], ["n3"]]
+
+
+def test_a_signal_while_printing_the_summary_exits_130_with_the_rollout_finished(fake, tmp_path, signalled):
+    from gpufleet import interruption  # noqa: PLC0415
+
+    fake(2)
+
+    def blocked_terminal(text):  # stdout full (nobody reads it): Ctrl-C arrives while the summary is written
+        signalled()
+        raise interruption.Interrupted(2)
+
+    o = opts(tmp_path, fake.deploy, canary=1, waves="1")
+    out = io.StringIO()
+    assert run.main(o, progress=out, echo=blocked_terminal) == 130  # was click's "Aborted!", exit 1
+    assert st.load(o.state_path()).status == "finished" and (Path(o.out) / "rollout.json").exists()
+    assert "interrupted by SIGINT after the last wave, while saving or printing: the rollout is FINISHED" in \
+        out.getvalue()
+
+
 def test_sigterm_and_sighup_exit_143_and_129(fake, tmp_path, signalled):
     import signal  # noqa: PLC0415
 
@@ -934,6 +1022,38 @@ def test_the_plan_is_confirmed_before_any_drain_or_change(fake, tmp_path):
     fleet.calls.clear()
     assert run.main(o, progress=io.StringIO(), echo=lambda _: None, confirm=lambda plan: True) == 0
     assert fleet.calls == [("dry", ["n1", "n2", "n3"]), ("run", ["n1", "n3"])]
+
+
+def test_a_signal_at_the_confirmation_exits_128_plus_it_with_nothing_changed_or_saved(fake, tmp_path, signalled,
+                                                                                     monkeypatch):
+    import signal  # noqa: PLC0415
+
+    from gpufleet import interruption  # noqa: PLC0415
+
+    def interrupted_by(signum):
+        def confirm(plan):
+            signalled(signum)
+            raise interruption.Interrupted(signum)
+        return confirm
+
+    fleet = fake(3)
+    o = opts(tmp_path, fake.deploy, canary=1, waves="1")
+    out = io.StringIO()
+    assert run.main(o, progress=out, echo=lambda _: None, confirm=interrupted_by(signal.SIGTERM)) == 143
+    assert fleet.calls == [("dry", ["n1", "n2", "n3"])]  # planned, nothing run
+    assert not Path(o.out).exists() or not list(Path(o.out).iterdir())  # no state file, no report
+    assert "interrupted at the confirmation by SIGTERM: nothing was drained or changed (exit 143)" in out.getvalue()
+    # --resume of an interrupted rollout: its state file stays as it was
+    monkeypatch.setattr(interruption, "_received", [])
+    fleet.interrupt_on = "n2"
+    assert run.main(o, progress=io.StringIO(), echo=lambda _: None) == 130
+    before = o.state_path().read_bytes()
+    o.resume = True
+    fleet.calls.clear()
+    out = io.StringIO()
+    assert run.main(o, progress=out, echo=lambda _: None, confirm=interrupted_by(signal.SIGHUP)) == 129
+    assert [c[0] for c in fleet.calls] == ["dry"] and o.state_path().read_bytes() == before
+    assert f"{o.state_path()} is as it was" in out.getvalue()
 
 
 def test_nothing_to_change_is_not_asked(fake, tmp_path):
