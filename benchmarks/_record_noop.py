@@ -13,20 +13,23 @@ _recorded: dict[str, dict[str, dict]] = {}
 
 
 def _record(target) -> None:
-    connector = target.connector
-    if getattr(connector, "_gpufleet_recording", False):
+    """Record at the connector class's own ``run_shell_command`` (this recording process only): below gpufleet's
+    connector subclass (gpufleet._pyinfra._connector), which the fact memo's reads and its read-ahead go through,
+    so what is recorded is what the host was really sent."""
+    cls = type(target.connector)
+    if getattr(cls, "_gpufleet_recording", False):
         return
-    original = connector.run_shell_command
+    original = cls.run_shell_command
 
-    def run(command, *args, **kwargs):
-        ok, output = original(command, *args, **kwargs)
+    def run(self, command, *args, **kwargs):
+        ok, output = original(self, command, *args, **kwargs)
         text = command if isinstance(command, str) else command.get_masked_value()
-        _recorded.setdefault(target.name, {})[text] = {
+        _recorded.setdefault(self.host.name, {})[text] = {
             "success": bool(ok), "stdout": list(output.stdout_lines), "stderr": list(output.stderr_lines)}
         return ok, output
 
-    connector.run_shell_command = run
-    connector._gpufleet_recording = True
+    cls.run_shell_command = run
+    cls._gpufleet_recording = True
 
 
 def _dump() -> None:

@@ -11,7 +11,7 @@ converge adds to starting pyinfra and connecting; target <= 0.1 s per host). The
 
 The pyinfra processes run with bytecode caching on (``PYTHONDONTWRITEBYTECODE`` removed), as an installed package
 runs, and with a fresh gpufleet cache directory (``GPUFLEET_CACHE_DIR``): the first run remembers which facts each
-host's run reads, the no-op runs read them ahead (gpufleet/facts/prefetch.py).
+host's run reads, the no-op runs read them ahead (gpufleet/_pyinfra/_memo.py).
 
 The simulated hosts run on this machine: their commands compete with the controller for its CPUs. The
 "machine CPU" line says how busy the whole machine was during the median no-op run (all processes, from

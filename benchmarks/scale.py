@@ -5,7 +5,7 @@
 1. Record (once; cached in build/scale-recording.json; redone with ``--record``, or when the read-ahead command or
    the code of gpufleet's facts and operations changed): a few simulated hosts are brought up with a preinstalled
    driver and converged with deploys/gpu_node.py, then run again (a no-op: gpufleet learns
-   which facts a converged host needs, see gpufleet/facts/prefetch.py); then a further no-op run records every
+   which facts a converged host needs, see gpufleet/_pyinfra/_memo.py); then a further no-op run records every
    command the hosts answer and the real answer (benchmarks/_record_noop.py), and the reads it read ahead. The
    simulated fleet is brought down.
 2. For each fleet size: an inventory of that many ``@fake`` hosts, each answering as one of the recorded hosts
@@ -55,7 +55,7 @@ def _pyinfra(*args: str, env: dict | None = None) -> subprocess.CompletedProcess
 
 
 def _learned(cache: Path) -> dict[str, list]:
-    """The reads remembered per inventory name (gpufleet.facts.prefetch: files ``reads/NAME@ADDRESS.json``)."""
+    """The reads remembered per inventory name (gpufleet._pyinfra._memo: files ``reads/NAME@ADDRESS.json``)."""
     found = {}
     for path in (cache / "reads").glob("*.json"):
         found[unquote(path.stem).split("@", 1)[0]] = json.loads(path.read_text())
@@ -110,7 +110,7 @@ def _read_ahead_shape() -> str:
     a recording made with other commands would not be answered."""
     import hashlib  # noqa: PLC0415
 
-    from gpufleet.facts.prefetch import read_ahead_script  # noqa: PLC0415
+    from gpufleet._pyinfra._memo import read_ahead_script  # noqa: PLC0415
 
     digest = hashlib.sha1()
     for path in sorted([*REPO.glob("gpufleet/facts/*.py"), *REPO.glob("gpufleet/operations/*.py")]):

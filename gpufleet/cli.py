@@ -123,7 +123,7 @@ def rollout(inventory: str, deploy: str, pyinfra_args: PyinfraArgs, yes: bool, c
     from . import interruption  # noqa: PLC0415
 
     interruption.catch_signals()
-    # Patched for gevent: the rollout runs pyinfra in this process (gpufleet.rollout.inprocess), and the verify gate
+    # Patched for gevent: the rollout runs pyinfra in this process (gpufleet._pyinfra.inprocess), and the verify gate
     # probes a wave's hosts in parallel. gevent's loop checks for signals while it waits, so Ctrl-C still raises
     # KeyboardInterrupt at once while the rollout waits on a drain hook, a host or a subprocess.
     _patch_for_gevent()

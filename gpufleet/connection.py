@@ -18,16 +18,15 @@ What, per host (``gpufleet_ssh_*`` host data, validated here):
 A lost host is so declared within ``keepalive_interval + dead_after`` (25 s by default). A command that runs long
 while the host answers (a driver install) is not affected: the host acknowledges the keepalives.
 
-:func:`install` applies this to every host of a pyinfra state (the converge deploy calls it when the first host
-is prepared; hosts already connected get it at once, reconnects such as after a reboot too); :func:`connect`
-does the same for one host (``gpufleet verify``).
+This module validates the settings and says what they mean for a socket; applying them to pyinfra's connections
+(every host of the converge's and verify's runs, reconnects after a reboot too) is done by
+:mod:`gpufleet._pyinfra._connector`.
 """
 
 from __future__ import annotations
 
 import math
 import socket
-import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -108,65 +107,3 @@ def bound_socket(sock: socket.socket, bounds: SshBounds) -> None:
                         max(1, math.ceil(bounds.dead_after / bounds.keepalive_interval)))
     if hasattr(socket, "TCP_USER_TIMEOUT"):
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, bounds.dead_after * 1000)
-
-
-def bound_connection(host, bounds: SshBounds) -> bool:
-    """Apply the bounds to ``host``'s live SSH connection; False for connectors that have none (local, docker)."""
-    client = getattr(host.connector, "client", None)
-    transport = client.get_transport() if client is not None else None
-    sock = getattr(transport, "sock", None)
-    if transport is None or not isinstance(sock, socket.socket):
-        return False
-    transport.set_keepalive(bounds.keepalive_interval)
-    try:
-        bound_socket(sock, bounds)
-    except OSError:
-        return False
-    return True
-
-
-def _set_connect_kwargs(host, bounds: SshBounds) -> None:
-    data = getattr(host.connector, "data", None)
-    if isinstance(data, dict) and "ssh_paramiko_connect_kwargs" in data:
-        data["ssh_paramiko_connect_kwargs"] = connect_kwargs(bounds, data.get("ssh_paramiko_connect_kwargs"))
-
-
-def connect(host, bounds: SshBounds | None = None, **kwargs):
-    """``host.connect(**kwargs)`` with the connect timeout, then keepalive and dead-peer detection."""
-    bounds = bounds or bounds_of(host)
-    _set_connect_kwargs(host, bounds)
-    result = host.connect(**kwargs)
-    if host.connected:
-        bound_connection(host, bounds)
-    return result
-
-
-_installed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def install(state) -> None:
-    """Bound every host of ``state`` (once per state): settings validated for every host first (raises
-    :class:`SshSettingsError` with all errors), live connections bounded now, reconnects when they happen."""
-    if state in _installed:
-        return
-    errors: list[ConfigError] = []
-    per_host = {}
-    for host in state.inventory:
-        per_host[host], host_errors = load_bounds(host.name, host.data.dict())
-        errors += host_errors
-    if errors:
-        raise SshSettingsError(f"invalid configuration, no host was changed:\n{ConfigErrors(errors)}")
-    _installed[state] = True
-    for host, bounds in per_host.items():
-        _set_connect_kwargs(host, bounds)
-        if host.connected:
-            bound_connection(host, bounds)
-        original = host.connect
-
-        def bounded_connect(*args, _host=host, _bounds=bounds, _original=original, **kwargs):
-            result = _original(*args, **kwargs)
-            if _host.connected:
-                bound_connection(_host, _bounds)
-            return result
-
-        host.connect = bounded_connect

@@ -1,14 +1,15 @@
 """Honest interruption: SIGINT, SIGTERM and SIGHUP (a closed terminal) exit 130, 143 and 129 and say which hosts
-were mid-change, in which stage; under the pyinfra CLI (:func:`install`) and in gpufleet's own commands
-(:func:`catch_signals`: rollout, verify, drift). docs/interruption.md says what each command does with each signal.
+were mid-change, in which stage; under the pyinfra CLI (the converge deploy: :mod:`gpufleet._pyinfra._signals`) and
+in gpufleet's own commands (:func:`catch_signals`: rollout, verify, drift). docs/interruption.md says what each command
+does with each signal.
 
 Why: pyinfra's CLI answers SIGINT with "Exiting upon user request!" and exit status 0 — a converge stopped in the
 middle of a MIG mode change looked like a success to a script or CI job — and SIGTERM kills it without a word.
 
-What: :func:`install` (called by the converge deploy when the first host is prepared, only under the pyinfra
-CLI: a program using pyinfra's API keeps its own signal handling) replaces those handlers. On the first signal
-it prints, to stderr, every host that was executing an operation and the operation's name (the stage; a nested
-operation is shown after its parent), then exits 128 + signal number at once.
+What: under the pyinfra CLI, the converge deploy replaces pyinfra's handlers for its run
+(:func:`gpufleet._pyinfra.install_signal_report`): on the first signal it prints every host that was executing an
+operation and the operation's name (the stage), then exits 128 + signal number at once. gpufleet's own commands
+raise :class:`Interrupted` (below) and name the hosts themselves.
 
 What is left on a host: commands already sent keep running there until they end (SSH gives them no signal);
 the host lock (``gpufleet.operations.lock``) stays held until they have, so a rerun cannot overlap them. Every
@@ -17,17 +18,10 @@ stage converges from whatever state a stopped run left, so the rerun repairs it.
 
 from __future__ import annotations
 
-import os
 import signal
-import sys
 import threading
-import weakref
-
-import gevent
-import pyinfra
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-_installed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _received: list[int] = []  # the signals gpufleet's own commands received (catch_signals), first first
 
 
@@ -100,69 +94,3 @@ def check() -> None:
 def status_of(error: KeyboardInterrupt) -> int:
     """The exit status of an interruption: 128 + its signal (130 for a plain KeyboardInterrupt)."""
     return exit_status(getattr(error, "signum", None) or received() or signal.SIGINT)
-
-
-def mid_change(state) -> list[tuple[str, str]]:
-    """(host, stage) for every host executing an operation now; the stage is the operation's name."""
-    hosts = []
-    for host in state.inventory:
-        hashes = [h for h in (host.executing_op_hash, getattr(host, "nested_executing_op_hash", None)) if h]
-        if hashes:
-            names = [", ".join(sorted(state.get_op_meta(h).names)) or "operation" for h in hashes]
-            hosts.append((host.name, " > ".join(names)))
-    return hosts
-
-
-def report(state, signum: int) -> str:
-    name = signal.Signals(signum).name
-    status = exit_status(signum)
-    if not state.is_executing:
-        return (f"gpufleet: interrupted by {name} before executing anything: no host was changed "
-                f"(exit {status})")
-    lines = [f"gpufleet: interrupted by {name} while executing (exit {status})."]
-    hosts = mid_change(state)
-    if hosts:
-        lines.append("Hosts mid-change (stage):")
-        lines += [f"  {host}: {stage}" for host, stage in hosts]
-        lines.append("Commands already sent run to their end on those hosts (their gpufleet lock is held until "
-                     "then); run the same command again to converge them.")
-    else:
-        lines.append("No host was mid-change (stopped between stages); run the same command again to finish.")
-    return "\n".join(lines)
-
-
-def install(state) -> bool:
-    """Register the handlers for ``state``'s run (once); False (nothing done) outside the pyinfra CLI."""
-    if not getattr(pyinfra, "is_cli", False) or state in _installed:
-        return False
-    ref = weakref.ref(state)
-
-    def handle(signum: int) -> None:
-        current = ref()
-        text = report(current, signum) if current is not None else f"gpufleet: interrupted by signal {signum}"
-        for stream in (sys.stdout, sys.stderr):
-            stream.flush()
-        sys.stderr.write(text + "\n")
-        sys.stderr.flush()
-        # Exit now: SystemExit would wait for the commands in flight (the hub keeps their greenlets), which is
-        # what the user interrupted; the kernel closes the SSH connections, the hosts see them end.
-        os._exit(exit_status(signum))
-
-    def tick() -> None:
-        # Python runs a signal handler when the main thread next executes Python code; under gevent, while every
-        # greenlet waits on a remote command, that is only when one of them returns. A ticking greenlet makes it
-        # within a quarter second. (gevent.signal_handler cannot take over SIGINT: pyinfra's CLI has set its own.)
-        while True:
-            gevent.sleep(0.25)
-
-    for signum in SIGNALS:
-        signal.signal(signum, lambda signum, _frame: handle(signum))
-    _installed[state] = gevent.spawn(tick)
-    return True
-
-
-def leave_to_caller(state) -> None:
-    """For a program that runs pyinfra in its own process and handles SIGINT itself (``gpufleet rollout``, see
-    :mod:`gpufleet.rollout.inprocess`): :func:`install` leaves ``state``'s run alone, and the caller names the
-    hosts mid-change with :func:`report` before it saves what it must."""
-    _installed[state] = None

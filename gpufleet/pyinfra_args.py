@@ -20,8 +20,6 @@ Meaning, as in pyinfra 3.10's ``pyinfra_cli/cli.py``:
 from __future__ import annotations
 
 import functools
-import os
-import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatch
@@ -29,6 +27,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import click
+
+from gpufleet import _pyinfra
 
 DEFAULT_DEPLOY = "gpufleet.deploys.gpu_node.gpu_node"  # the package's own: found from an installed wheel too
 
@@ -83,12 +83,10 @@ class PyinfraArgs:
 
     def override_data(self) -> dict[str, Any]:
         """Host data for every host, as pyinfra's CLI builds it (``--data`` parsed, then the SSH options)."""
-        from pyinfra_cli.util import parse_cli_arg  # noqa: PLC0415 (pyinfra only where a run needs it)
-
         data: dict[str, Any] = {}
         for item in self.data:
             key, value = item.split("=", 1)
-            data[key] = parse_cli_arg(value)
+            data[key] = _pyinfra.parse_cli_arg(value)
         for key, value in (("ssh_user", self.ssh_user), ("ssh_key", self.ssh_key), ("ssh_port", self.ssh_port)):
             if value:
                 data[key] = value
@@ -127,11 +125,7 @@ def check_deploy(spec: str) -> str | None:
 def deploy_function(spec: str) -> Callable[..., Any]:
     """The function ``package.module.function`` (or ``package.module:function``) names, imported as pyinfra's CLI
     imports it: from the working directory too (pyinfra's ``main.py`` puts it on ``sys.path`` first thing)."""
-    from pyinfra_cli.util import try_import_module_attribute  # noqa: PLC0415
-
-    if os.getcwd() not in sys.path:
-        sys.path.append(os.getcwd())
-    return try_import_module_attribute(spec)
+    return _pyinfra.import_function(spec)
 
 
 def is_deploy_file(spec: str) -> bool:

@@ -8,7 +8,8 @@ are planned at execution time, right after the driver stage, from fresh facts (a
 later run they are planned up front like any operation, so a converged node reports no change. Their inputs are the
 node plan (:class:`gpufleet.plan.NodePlan`) resolved from the GPUs the driver lists.
 
-Fact reads go through :mod:`gpufleet.facts.prefetch` (installed when the first host is prepared): each distinct
+Fact reads go through gpufleet's fact memo (:func:`gpufleet._pyinfra.prepare_deploy_run`, when the first host is
+prepared): each distinct
 read costs one SSH round trip until something changes the host, and the preflight facts and what the previous run
 read on a host are read ahead in one remote command per host.
 """
@@ -21,10 +22,9 @@ from pyinfra import host, inventory, logger
 from pyinfra.api import deploy, operation
 from pyinfra.operations import python
 
-from gpufleet import connection, fleet_ca, interruption, preflight, web_auth
+from gpufleet import _pyinfra, fleet_ca, preflight, web_auth
 from gpufleet.config import FLEET_CA_FILE, FLEET_TLS, NodeConfig
 from gpufleet.control_files import UnsafePath
-from gpufleet.facts import prefetch
 from gpufleet.facts.exporters import AptCandidate
 from gpufleet.facts.lock import HostLock
 from gpufleet.facts.nvidia import GpuInventory
@@ -250,21 +250,21 @@ def _desired_state(config: NodeConfig, inventory_fact: dict) -> None:
 
 
 def _desired_state_after_driver(config: NodeConfig) -> None:
-    prefetch.invalidate(host.state, host)
+    _pyinfra.forget_reads(host.state, host)
     _desired_state(config, host.get_fact(GpuInventory))
 
 
 def _gpu_stages_after_driver(config: NodeConfig) -> None:
-    prefetch.invalidate(host.state, host)  # planned from what the node says now, never from an earlier read
+    _pyinfra.forget_reads(host.state, host)  # planned from what the node says now, never from an earlier read
     gpu_stages(config, host.get_fact(GpuInventory))
 
 
 @deploy("gpufleet: GPU node")
 def gpu_node() -> None:
     # HostLock first, before the others: the lock's generation check then covers every read made with it
-    prefetch.install(host.state, (HostLock, *PREFLIGHT_FACTS), prefetch.default_cache_dir())
-    connection.install(host.state)  # a host that stops answering fails within ~30 s; the others go on
-    interruption.install(host.state)  # SIGINT/SIGTERM/SIGHUP: exit 130/143/129 naming the hosts mid-change
+    # the fact memo; a host that stops answering fails within ~30 s (the others go on); SIGINT/SIGTERM/SIGHUP exit
+    # 130/143/129 naming the hosts mid-change
+    _pyinfra.prepare_deploy_run(host.state, (HostLock, *PREFLIGHT_FACTS), _pyinfra.default_cache_dir())
     config = node_config(host, inventory)
     facts, ok = checked_facts(host, inventory, config)
     if not ok:

@@ -26,7 +26,7 @@ from pyinfra.facts.deb import DebPackages
 from pyinfra.operations import server, systemd
 from pyinfra.operations.util import any_changed
 
-from gpufleet import fleet_ca, interruption, web_auth
+from gpufleet import _pyinfra, fleet_ca, web_auth
 from gpufleet.config import (
     FLEET_CA_FILE,
     FLEET_TLS,
@@ -306,7 +306,7 @@ def _installed(package: str) -> bool:
 
 @deploy("gpufleet: monitoring")
 def monitoring() -> None:
-    interruption.install(host.state)  # SIGINT/SIGTERM/SIGHUP: exit 130/143/129 naming the hosts mid-change
+    _pyinfra.install_signal_report(host.state)  # SIGINT/SIGTERM/SIGHUP: exit 130/143/129 naming the hosts mid-change
     _configs, monitoring_hosts, targets = validated()
     if host.name not in monitoring_hosts:
         return

@@ -12,8 +12,7 @@ import posixpath
 import shlex
 
 from pyinfra import host
-from pyinfra.api import StringCommand, operation
-from pyinfra.api.command import FileUploadCommand
+from pyinfra.api import FileUploadCommand, StringCommand, operation
 
 from gpufleet.config import DEFAULT_TEXTFILE_DIR
 from gpufleet.exporter import BUNDLE_NAME, bundle

@@ -35,7 +35,7 @@ from pyinfra import host, logger, state
 from pyinfra.api import operation
 from pyinfra.api.exceptions import PyinfraError
 
-from gpufleet.facts import prefetch
+from gpufleet import _pyinfra
 from gpufleet.facts.lock import LOCK_DIR, LOCK_FILE, PRINT_BOOT_ID, HostLock, describe_holder, parse_holder
 from gpufleet.masking import mask_urls
 
@@ -164,23 +164,20 @@ def acquire(target, info: str, timeout: float = 30.0, wait_s: int = GRACE_S) -> 
     """Take ``target``'s lock for as long as this process keeps the returned ``keeper`` (SSH: a channel on the
     host's connection; local connector: a child process)."""
     script = hold_script(info, wait_s=wait_s)
-    client = getattr(target.connector, "client", None)
-    transport = client.get_transport() if client is not None else None
-    if transport is not None:
-        channel = transport.open_session(timeout=timeout)
-        channel.settimeout(timeout + GRACE_S)
-        channel.exec_command(f"sh -c {shlex.quote(script)}")
-        reply = _read_reply(channel.makefile("r"))
+    session = _pyinfra.hold_lock(target, script, timeout, GRACE_S)
+    if session is not None:
+        channel, output = session
+        reply = _read_reply(output)
         channel.settimeout(None)
         if not reply.held:
             channel.close()
             return reply
         reply.keeper = channel
         return reply
-    if type(target.connector).__name__ == "LocalConnector":
+    if _pyinfra.runs_locally(target):
         # not an SSH session: the controller's own SSH_CONNECTION (if any) must not keep the lock held
         return acquire_local(script, {k: v for k, v in os.environ.items() if k != "SSH_CONNECTION"})
-    return Acquired(False, {}, error=f"the {type(target.connector).__name__} connector cannot hold a lock")
+    return Acquired(False, {}, error=f"the {_pyinfra.connector_name(target)} connector cannot hold a lock")
 
 
 def acquire_local(script: str, env: dict | None = None) -> Acquired:
@@ -233,8 +230,8 @@ def host_lock(command: str | None = None, seen: tuple[str, int] | None = None):
     if key in _keepers:
         host.noop("gpufleet lock held by this run")
         return
-    target = state.inventory.get_host(host.name)
-    if type(target.connector).__name__ == "FakeConnector":
+    target = _pyinfra.inventory_host(state, host)
+    if _pyinfra.runs_nothing(target):
         # pyinfra's @fake hosts (demos, benchmarks/scale.py) run nothing: there is nothing to lock
         host.noop("no gpufleet lock on a @fake host: nothing runs there")
         return
@@ -255,7 +252,7 @@ def host_lock(command: str | None = None, seen: tuple[str, int] | None = None):
         logger.warning(f"{host.print_prefix}took over a stale gpufleet lock ({describe_holder(result.holder)}; "
                        "that run is gone)")
     if result.seen != seen:
-        prefetch.invalidate(state, target)  # another run (or a reboot) came between: read the facts again
+        _pyinfra.forget_reads(state, target)  # another run (or a reboot) came between: read the facts again
     host.noop("gpufleet lock taken by this run")
 
 
@@ -266,22 +263,19 @@ class LockLost(PyinfraError):
 def _retake_on_reconnect(target, key: tuple, info: str) -> None:
     """A reboot within the run (``allow_reboot``) ends the connection and with it the lock: take it again whenever
     the host is connected anew, before anything else runs there; fail the host if another run has it."""
-    original = target.connect
     ours = parse_holder(info.splitlines())
 
-    def connect(*args, **kwargs):
-        result = original(*args, **kwargs)
-        if target.connected and key in _keepers:
-            retaken = acquire(target, info, wait_s=0)
+    def retake(connected) -> None:
+        if key in _keepers:
+            retaken = acquire(connected, info, wait_s=0)
             if retaken.held:
                 _keepers[key] = retaken.keeper
             elif not (ours.items() <= retaken.holder.items()):  # ours: the old connection still holds it
-                raise LockLost(f"{target.name}: reconnected, and the gpufleet lock is now held by another run "
+                raise LockLost(f"{connected.name}: reconnected, and the gpufleet lock is now held by another run "
                                f"({describe_holder(retaken.holder) if not retaken.error else retaken.error}); "
                                "nothing more is done on this host")
-        return result
 
-    target.connect = connect
+    _pyinfra.after_reconnect(target, retake)
 
 
 def node_lock_command(argv: list[str], what: str, wait_s: int = 600) -> list[str]:

@@ -9,8 +9,7 @@ import shlex
 from io import StringIO
 
 from pyinfra import host, logger, state
-from pyinfra.api import OperationValueError, StringCommand
-from pyinfra.api.command import FileUploadCommand
+from pyinfra.api import FileUploadCommand, OperationValueError, StringCommand
 from pyinfra.api.output import format_text
 from pyinfra.context import ctx_host
 from pyinfra.facts.files import FileContents

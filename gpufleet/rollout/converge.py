@@ -1,6 +1,6 @@
 """Read a pyinfra run's per-host result from its ``--json`` document; and the rollout's fallback engine, which runs
 the deploy with ``pyinfra --json`` as a subprocess (:class:`Subprocess`) where pyinfra cannot run in the rollout's
-own process (:mod:`gpufleet.rollout.inprocess`, which gives the same document). ``gpufleet drift`` runs
+own process (:mod:`gpufleet._pyinfra.inprocess`, which gives the same document). ``gpufleet drift`` runs
 ``pyinfra --dry --json`` with :func:`run_pyinfra` too.
 
 pyinfra's own host order is a set, so the rollout decides the order and gives pyinfra one wave at a time
@@ -236,7 +236,7 @@ class _Listed:
 
 class Subprocess:
     """The rollout's runs as ``pyinfra --json`` processes: the order from ``pyinfra debug-inventory``, each pass and
-    wave a process of its own (the same interface as :class:`gpufleet.rollout.inprocess.Session`)."""
+    wave a process of its own (the same interface as :class:`gpufleet._pyinfra.inprocess.Session`)."""
 
     name = "subprocess"
     interruption = None  # the pyinfra process reports its hosts mid-change itself

@@ -23,9 +23,10 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from gpufleet import interruption, pyinfra_args
+from gpufleet._pyinfra import inprocess
 from gpufleet.pyinfra_args import PyinfraArgs
 
-from . import converge, inprocess, report, waves
+from . import converge, report, waves
 from .drain import Drainer, DrainError, make_drainer
 from .state import (
     ACTIVE,
@@ -418,7 +419,7 @@ def _preflight(engine, records: list[dict[str, Any]], hosts: list[str] | None, p
     and runs preflight while pyinfra prepares the hosts, before any operation). Returns {host: [operations that
     would change it]}; raises BadInput on any problem. Its time is appended to ``records``. ``keep_plan``: the
     waves execute this plan instead of planning again (in-process, ``--drain none``: see
-    :mod:`gpufleet.rollout.inprocess`)."""
+    :mod:`gpufleet._pyinfra.inprocess`)."""
     run = engine.run(hosts, plan=True, keep_plan=keep_plan)
     record = {"hosts": None if hosts is None else len(hosts), "seconds": round(run.seconds, 3)}
     if run.rc != 0 or run.payload is None:

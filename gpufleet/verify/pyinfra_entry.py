@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpufleet import connection
+from gpufleet import _pyinfra
 from gpufleet.config import ConfigErrors, validate_pyinfra_inventory
 from gpufleet.report import render_prometheus, write_reports
 
@@ -79,7 +79,7 @@ class DeployVerify:
             run.result = probe_failed_host(host.name, f"{type(exc).__name__}: {exc}")
         run.seconds = time.monotonic() - start
         self.runs[host.name] = run
-        pending = {h.name for h in state.active_hosts if self.is_gpu_node(h.name)} - set(self.runs)
+        pending = {h.name for h in _pyinfra.running_hosts(state) if self.is_gpu_node(h.name)} - set(self.runs)
         if not pending and self.fleet is None:
             self.finish(state)
         return True
@@ -93,7 +93,7 @@ class DeployVerify:
                 continue
             if h.name in self.runs:
                 results.append(self.runs[h.name].result)
-            elif h not in state.activated_hosts:
+            elif h not in _pyinfra.connected_hosts(state):
                 results.append(unreachable_host(h.name, "pyinfra could not connect (see its output above)"))
             else:
                 results.append(probe_failed_host(h.name, "an earlier operation failed on this host (installing "
@@ -141,7 +141,7 @@ def deploy_verify(state: Any, inventory: Any) -> DeployVerify:
     """The run's :class:`DeployVerify`, created (and every host validated) when the first host is prepared."""
     found = getattr(state, "_gpufleet_deploy_verify", None)
     if found is None:
-        connection.install(state)  # bounded waits: a host dying during the probe fails within ~30 s
+        _pyinfra.bound_ssh(state)  # bounded waits: a host dying during the probe fails within ~30 s
         found = DeployVerify(state, inventory)
         state._gpufleet_deploy_verify = found
     return found

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pyinfra.api import StringCommand
-from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS, pop_global_arguments
 
+from gpufleet import _pyinfra
 from gpufleet.facts.pci import NvidiaPciDevices
 from gpufleet.facts.sections import parse_sections, section
 
@@ -104,8 +104,7 @@ def probe_document(lines: list[str] | None, rc: int | None) -> dict[str, Any]:
 def connector_kwargs(host: Any) -> dict[str, Any]:
     """The connector arguments (``_sudo``, ``_su_user``, ``_timeout``...) that apply to this host, from its data and
     the pyinfra config, as pyinfra computes them for a fact."""
-    arguments, _ = pop_global_arguments(host.state, host, {})
-    return {k: v for k, v in arguments.items() if k in CONNECTOR_ARGUMENT_KEYS}
+    return _pyinfra.connector_arguments(host)
 
 
 def _run(host: Any, command: str, kwargs: Mapping[str, Any], timeout: float | None,
@@ -175,10 +174,4 @@ def write_node_textfile(host: Any, text: str, directory: str, kwargs: Mapping[st
 
 
 def _disconnect(host: Any) -> None:
-    try:
-        host.disconnect()
-        client = getattr(host.connector, "client", None)
-        if client is not None:
-            client.close()
-    except Exception:  # noqa: BLE001 - closing a connection of a finished run; nothing to do about it
-        pass
+    _pyinfra.close_connection(host)

@@ -40,10 +40,8 @@ import gevent
 from pyinfra.api import Config, State
 from pyinfra.api.exceptions import ConnectError
 from pyinfra.context import ctx_config, ctx_inventory, ctx_state
-from pyinfra_cli.inventory import make_inventory
-from pyinfra_cli.util import exec_file
 
-from gpufleet import connection, interruption
+from gpufleet import _pyinfra, interruption
 from gpufleet.config import ConfigErrors, NodeConfig, validate_pyinfra_inventory
 from gpufleet.pyinfra_args import match_limit, split_limit, unmatched_error
 from gpufleet.report import REPORT_FILES, render_prometheus, write_reports
@@ -109,10 +107,8 @@ def load_inventory(inventory_arg: str, limit: Iterable[str] | str | None = None,
     config = Config()
     config_file = Path(cwd) / "config.py"  # pyinfra's optional config file (SUDO, PARALLEL, ...)
     try:
-        with ctx_state.use(state), ctx_config.use(config):
-            if config_file.exists():
-                exec_file(str(config_file))
-            inventory = make_inventory(inventory_arg, cwd=cwd, override_data=dict(override_data or {}))
+        inventory = _pyinfra.load_config_and_inventory(inventory_arg, cwd, dict(override_data or {}), config,
+                                                       config_file if config_file.exists() else None)
     except Exception as exc:  # noqa: BLE001 - any error in the user's inventory or group_data files
         raise VerifyError(f"inventory {inventory_arg} could not be loaded: {_describe(exc)}") from None
     patterns = split_limit(limit)
@@ -164,7 +160,7 @@ def verify_host(host: Any, config: NodeConfig, settings: VerifySettings, bundle:
     start = time.monotonic()
     run = HostRun(name=host.name, result=unreachable_host(host.name, "not contacted"))
     try:
-        connection.connect(host, show_errors=False, raise_exceptions=True)  # bounded: a dying host fails in ~30 s
+        _pyinfra.connect_bounded(host, show_errors=False, raise_exceptions=True)  # bounded: a dying host fails in ~30 s
     except ConnectError as exc:
         run.result = unreachable_host(host.name, str(exc.args[0] if exc.args else exc))
         run.seconds = time.monotonic() - start
@@ -207,7 +203,7 @@ def _write_textfiles(state: Any, runs: list[HostRun], settings: Mapping[str, Ver
         except Exception as exc:  # noqa: BLE001 - the report is written anyway; say what went wrong
             run.textfile_error = str(exc) or type(exc).__name__
 
-    greenlets = [state.pool.spawn(one, run) for run in runs if run.connected]
+    greenlets = [_pyinfra.host_pool(state).spawn(one, run) for run in runs if run.connected]
     gevent.joinall(greenlets)
 
 
@@ -312,7 +308,7 @@ def _verify_all(state: Any, hosts: list[Any], configs: Mapping[str, NodeConfig],
                 ) -> list[HostRun]:
     progress.write(f"gpufleet verify: {len(hosts)} host(s), bench {bench}\n")
     progress.flush()
-    greenlets = {state.pool.spawn(verify_host, h, configs[h.name], settings[h.name], bundle, bench): h
+    greenlets = {_pyinfra.host_pool(state).spawn(verify_host, h, configs[h.name], settings[h.name], bundle, bench): h
                  for h in hosts}
     runs = []
     try:
@@ -323,7 +319,7 @@ def _verify_all(state: Any, hosts: list[Any], configs: Mapping[str, NodeConfig],
             progress.flush()
     except KeyboardInterrupt as error:  # a signal (gpufleet.interruption): no probe starts or goes on from here
         error.in_flight = [h.name for g, h in greenlets.items() if not g.ready()]
-        state.pool.kill(block=True, timeout=5)
+        _pyinfra.host_pool(state).kill(block=True, timeout=5)
         raise
     return runs
 

@@ -12,7 +12,7 @@ import re
 import subprocess
 
 import pytest
-from conftest import BIN, REPO, bring_up, grand_total, ssh
+from conftest import BIN, REPO, bring_up, check_path, grand_total, ssh
 
 from gpufleet.sim import hosts
 
@@ -51,6 +51,8 @@ def pyinfra(*args, deploy=DEPLOY) -> subprocess.CompletedProcess:
     result = subprocess.run([str(BIN / "pyinfra"), *map(str, args), str(deploy)], capture_output=True, text=True,
                             timeout=600, cwd=REPO)
     result.stderr = ANSI.sub("", result.stderr)
+    if deploy == DEPLOY:
+        check_path(result.stderr, "GPUFLEET_FACT_MEMO")
     return result
 
 

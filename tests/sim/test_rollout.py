@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import BIN, REPO, bring_up, gpufleet, ssh
+from conftest import BIN, REPO, bring_up, check_path, gpufleet, ssh
 
 from gpufleet.sim import hosts
 from gpufleet.sim.gpu import state as gpu_state
@@ -79,7 +79,9 @@ class Rollout:
                 str(self.out), "--drain", drain or f"command:{self.hook}", *extra]
 
     def run(self, *extra: str, drain: str | None = None) -> subprocess.CompletedProcess:
-        return subprocess.run(self.argv(*extra, drain=drain), cwd=REPO, capture_output=True, text=True, timeout=600)
+        result = subprocess.run(self.argv(*extra, drain=drain), cwd=REPO, capture_output=True, text=True, timeout=600)
+        check_path(result.stderr, "GPUFLEET_ROLLOUT_INPROCESS")
+        return result
 
     def report(self) -> dict:
         return json.loads((self.out / "rollout.json").read_text())

@@ -16,7 +16,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from conftest import BIN, REPO, bring_up, gpufleet, save_deb_cache, ssh
+from conftest import BIN, REPO, bring_up, check_path, gpufleet, save_deb_cache, ssh
 
 from gpufleet import web_auth
 from gpufleet.sim import hosts
@@ -33,6 +33,7 @@ def fleet(tmp_path_factory):
     converge = subprocess.run([str(BIN / "pyinfra"), "-y", INVENTORY, "deploys/gpu_node.py"], cwd=REPO,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
     assert converge.returncode == 0, converge.stdout[-3000:]
+    check_path(converge.stdout, "GPUFLEET_FACT_MEMO")
     fleet.out = tmp_path_factory.mktemp("verify")
     yield fleet
     save_deb_cache(fleet)

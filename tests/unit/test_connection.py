@@ -6,7 +6,8 @@ import signal
 import socket
 from types import SimpleNamespace
 
-from gpufleet import connection, interruption
+from gpufleet import connection
+from gpufleet._pyinfra import _connector, _signals
 from gpufleet.config import load_node_config
 
 
@@ -49,7 +50,7 @@ def test_a_live_socket_gets_keepalive_and_user_timeout():
 
 
 def test_a_connector_without_ssh_is_left_alone():
-    assert connection.bound_connection(SimpleNamespace(connector=object()), connection.SshBounds()) is False
+    assert _connector.bound_connection(object(), connection.SshBounds()) is False
 
 
 class _State:
@@ -66,12 +67,12 @@ class _State:
 def test_interruption_report_names_the_hosts_mid_change_and_their_stage():
     state = _State(True, {"node01": ["gpufleet: GPU node | NVIDIA driver 580"], "node02": [],
                           "node03": ["GPU settings (planned once the driver answers)", "MIG layout"]})
-    assert interruption.report(state, signal.SIGINT) == (
+    assert _signals.report(state, signal.SIGINT) == (
         "gpufleet: interrupted by SIGINT while executing (exit 130).\n"
         "Hosts mid-change (stage):\n"
         "  node01: gpufleet: GPU node | NVIDIA driver 580\n"
         "  node03: GPU settings (planned once the driver answers) > MIG layout\n"
         "Commands already sent run to their end on those hosts (their gpufleet lock is held until then); run the "
         "same command again to converge them.")
-    assert interruption.report(_State(False, {}), signal.SIGTERM) == (
+    assert _signals.report(_State(False, {}), signal.SIGTERM) == (
         "gpufleet: interrupted by SIGTERM before executing anything: no host was changed (exit 143)")

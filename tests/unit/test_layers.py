@@ -4,7 +4,9 @@
 * no two modules import each other, directly or through others (an import circle);
 * no module imports one of a higher layer (:data:`LAYERS`, the table docs/design.md describes);
 * no module imports a private (``_name``) module or name of another package: what other packages use has a public
-  name.
+  name (``gpufleet._pyinfra`` is the one door: its public names and public modules are for every package);
+* no module outside ``gpufleet/_pyinfra/`` uses pyinfra beyond its public API (:func:`pyinfra_internals`, the
+  definition docs/design.md repeats, section "pyinfra internals: gpufleet/_pyinfra").
 
 Where today's code breaks a rule, :data:`KNOWN` names it; the test fails when a new one appears and also when a
 known one is gone without being taken off the list, so the list only shrinks."""
@@ -27,7 +29,6 @@ LAYERS: dict[str, int] = {
     "gpufleet.web_auth": 0,
     "gpufleet.fleet_ca": 0,
     "gpufleet.interruption": 0,
-    "gpufleet.pyinfra_args": 0,
     "gpufleet.probe": 0,
     "gpufleet.exporter": 0,
     "gpufleet.node": 0,
@@ -35,9 +36,12 @@ LAYERS: dict[str, int] = {
     "gpufleet.config": 1,
     "gpufleet.resources": 1,
     "gpufleet.slurm": 1,
-    # 2: the node plan; SSH bounds (read from the configuration)
+    # 2: the node plan; SSH bounds (read from the configuration); gpufleet's one door to pyinfra's internals
+    #    (gpufleet._pyinfra) and the pyinfra CLI's options as gpufleet's commands take them
     "gpufleet.plan": 2,
     "gpufleet.connection": 2,
+    "gpufleet._pyinfra": 2,
+    "gpufleet.pyinfra_args": 2,
     # 3: facts: parse, never decide
     "gpufleet.facts": 3,
     # 4: operations and the preflight checks: decide from the plan and the facts
@@ -56,8 +60,10 @@ LAYERS: dict[str, int] = {
     "gpufleet.verify.pyinfra_entry": 8,
     "gpufleet.monitoring": 8,
     "gpufleet.deploys.monitoring": 8,
-    # 9: commands on top: rollout (runs verify), drift, the settings table of every layer, the simulated fleet
+    # 9: commands on top: rollout (runs verify; its in-process pyinfra runs), drift, the settings table of every
+    #    layer, the simulated fleet
     "gpufleet.rollout": 9,
+    "gpufleet._pyinfra.inprocess": 9,
     "gpufleet.drift": 9,
     "gpufleet.settings": 9,
     "gpufleet.sim": 9,
@@ -71,6 +77,9 @@ LAYERS: dict[str, int] = {
 KNOWN: set[tuple[str, ...]] = {
     ("private", "gpufleet.preflight_repository", "gpufleet.operations._packaging", ""),
 }
+
+
+DOOR = "gpufleet._pyinfra"
 
 
 def modules() -> dict[str, Path]:
@@ -204,6 +213,8 @@ def breaks() -> set[tuple[str, ...]]:
                 parts = target.split(".")
                 common = next((i for i, (a, b) in enumerate(zip(own, parts, strict=False)) if a != b),
                               min(len(own), len(parts)))
+                if parts[:2] == DOOR.split("."):  # the one door to pyinfra: only its own private parts count
+                    common = max(common, 2)
                 private_module = any(part.startswith("_") and not part.startswith("__") for part in parts[common:])
                 if private_module or (name and name.startswith("_")):
                     found.add(("private", module, target, name or ""))
@@ -249,3 +260,156 @@ def test_imports_inside_functions_and_relative_imports_are_read():
         ("gpufleet.verify.checks", "_private_name", 5),  # inside a function
         ("gpufleet.verify.model", None, 2),
     ]
+
+
+# ------------------------------------------------------------------------------------------- pyinfra internals
+# What "pyinfra's public API" is here (docs/design.md, "pyinfra internals: gpufleet/_pyinfra", says the same). A
+# module outside gpufleet/_pyinfra may use:
+#
+# * from ``pyinfra``: the context objects and the logger (:data:`PUBLIC_TOP`);
+# * ``pyinfra.api``: the names its ``__init__`` exports (``operation``, ``deploy``, ``FactBase``, ``StringCommand``,
+#   ``Config``, ``State``, ``Inventory``, ...: :func:`api_exports`, read from the installed pyinfra), pyinfra's
+#   exceptions (``pyinfra.api.exceptions``) and the pluggable output formatter (``pyinfra.api.output``);
+# * ``pyinfra.context``, ``pyinfra.operations`` and ``pyinfra.facts`` with everything in them.
+#
+# Everything else is internal: any other ``pyinfra.api`` module (``pyinfra.api.facts.get_fact``,
+# ``pyinfra.api.arguments``, ``pyinfra.api.state``, ``pyinfra.api.operations.run_ops``, ...), ``pyinfra.connectors``,
+# ``pyinfra_cli``; reading or writing the State, Host and connector attributes of :data:`INTERNAL_ATTRIBUTES`; and
+# any monkeypatching: assigning (or ``setattr``/``del``) an attribute of a name imported from pyinfra, or an
+# attribute named like a Host/connector I/O method, or ``__class__``.
+PUBLIC_TOP = {"host", "inventory", "state", "config", "logger"}
+PUBLIC_MODULES = ("pyinfra.context", "pyinfra.operations", "pyinfra.facts")
+PUBLIC_API_MODULES = ("pyinfra.api.exceptions", "pyinfra.api.output")
+INTERNAL_ATTRIBUTES = {
+    # State
+    "active_hosts", "activated_hosts", "activate_host", "fail_hosts", "pool", "current_stage", "set_stage",
+    "should_check_for_changes", "get_op_meta", "is_cli",
+    # Host
+    "connector", "connector_cls", "connector_data", "executing_op_hash", "nested_executing_op_hash",
+    "current_op_hash", "in_op",
+}
+IO_METHODS = {"get_fact", "run_shell_command", "connect", "disconnect", "put_file", "get_file", "rsync", "__class__"}
+
+
+def api_exports() -> set[str]:
+    """The names ``pyinfra/api/__init__.py`` (the installed pyinfra's) imports for its users."""
+    import pyinfra.api
+
+    tree = ast.parse(Path(pyinfra.api.__file__).read_text())
+    return {alias.asname or alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+            for alias in node.names}
+
+
+def pyinfra_internals(source: str, exports: set[str] | None = None) -> list[tuple[str, int]]:
+    """(what, line) for every use of pyinfra beyond its public API in ``source`` (see above)."""
+    exports = api_exports() if exports is None else exports
+    found: list[tuple[str, int]] = []
+    from_pyinfra: set[str] = set()  # local names bound to something imported from pyinfra
+
+    def top(name: str) -> str:
+        return name.split(".")[0]
+
+    def public_module(module: str) -> bool:
+        return any(module == m or module.startswith(m + ".") for m in (*PUBLIC_MODULES, *PUBLIC_API_MODULES))
+
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if top(alias.name) in ("pyinfra", "pyinfra_cli"):
+                    from_pyinfra.add((alias.asname or alias.name).split(".")[0])
+                    if alias.name not in ("pyinfra", "pyinfra.api") and not public_module(alias.name):
+                        found.append((f"import {alias.name}", node.lineno))
+        elif isinstance(node, ast.ImportFrom) and not node.level and top(node.module or "") in ("pyinfra",
+                                                                                                "pyinfra_cli"):
+            module = node.module or ""
+            for alias in node.names:
+                from_pyinfra.add(alias.asname or alias.name)
+                if module == "pyinfra":
+                    ok = alias.name in PUBLIC_TOP or public_module(f"pyinfra.{alias.name}")
+                elif module == "pyinfra.api":
+                    ok = alias.name in exports or public_module(f"pyinfra.api.{alias.name}")
+                else:
+                    ok = public_module(module)
+                if not ok:
+                    found.append((f"from {module} import {alias.name}", node.lineno))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in INTERNAL_ATTRIBUTES:
+            found.append((f".{node.attr}", node.lineno))
+        targets: list[ast.expr] = []
+        if isinstance(node, (ast.Assign, ast.Delete)):
+            targets = list(node.targets)
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets = [node.target]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("setattr", "delattr") \
+                and node.args:
+            first = node.args[0]
+            name = node.args[1].value if len(node.args) > 1 and isinstance(node.args[1], ast.Constant) else None
+            if (isinstance(first, ast.Name) and first.id in from_pyinfra) or name in IO_METHODS:
+                found.append((f"{node.func.id}({ast.unparse(first)}, ...)", node.lineno))
+        for target in (t for t in targets for t in ast.walk(t) if isinstance(t, ast.Attribute)):
+            base = target.value
+            while isinstance(base, ast.Attribute):
+                base = base.value
+            if target.attr in IO_METHODS or (isinstance(base, ast.Name) and base.id in from_pyinfra):
+                found.append((f"{ast.unparse(target)} = ...", node.lineno))
+    return sorted(set(found), key=lambda item: (item[1], item[0]))
+
+
+def test_no_module_outside_pyinfra_door_uses_pyinfra_internals():
+    exports = api_exports()
+    found = []
+    for module, path in MODULES.items():
+        if module == DOOR or module.startswith(DOOR + "."):
+            continue
+        found += [f"{path.relative_to(PACKAGE.parent)}:{line}: {what}"
+                  for what, line in pyinfra_internals(path.read_text(), exports)]
+    assert not found, ("pyinfra beyond its public API outside gpufleet/_pyinfra (move it behind gpufleet._pyinfra, "
+                       "docs/design.md):\n" + "\n".join(found))
+
+
+def test_the_door_is_where_the_internals_are():
+    """The rule finds what it is for: gpufleet/_pyinfra's own modules use exactly such internals."""
+    found = {what for module, path in MODULES.items() if module.startswith(DOOR)
+             for what, _ in pyinfra_internals(path.read_text())}
+    assert {"from pyinfra.api.facts import get_fact", ".connector", ".in_op", "host.get_fact = ...",
+            "connector.__class__ = ...", "from pyinfra_cli.inventory import make_inventory",
+            "from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS"} <= found
+
+
+def test_what_counts_as_pyinfra_internal():
+    exports = {"operation", "FactBase", "StringCommand", "State", "Config"}
+    public = (
+        "from pyinfra import host, inventory, state, logger\n"
+        "from pyinfra.api import operation, FactBase, State, Config\n"
+        "from pyinfra.api.exceptions import PyinfraError\n"
+        "from pyinfra.api.output import format_text\n"
+        "from pyinfra.context import ctx_host\n"
+        "from pyinfra.operations import apt, server\n"
+        "from pyinfra.operations.util.files import generate_color_diff\n"
+        "from pyinfra.facts.server import Arch\n"
+        "import pyinfra.facts.files\n"
+        "def f(run):\n"
+        "    run.cwd = '/srv'\n"  # an attribute of a name not imported from pyinfra: data, not a patch
+        "    if state.is_executing: host.noop('x')\n"
+    )
+    assert pyinfra_internals(public, exports) == []
+    internal = (
+        "from pyinfra.api.facts import get_fact\n"  # 1
+        "from pyinfra.api import run_ops\n"  # 2: not exported by pyinfra.api
+        "from pyinfra.api.state import StateStage\n"  # 3
+        "from pyinfra.connectors.util import CommandOutput\n"  # 4
+        "from pyinfra_cli.util import exec_file\n"  # 5
+        "import pyinfra\n"  # 6: fine by itself...
+        "def f(h, state):\n"
+        "    pyinfra.is_cli = True\n"  # 8: ...but not patching it
+        "    h.connect = lambda: None\n"  # 9
+        "    for x in state.active_hosts: pass\n"  # 10
+        "    h.connector.client\n"  # 11
+        "    setattr(h, 'run_shell_command', None)\n"  # 12
+        "    host.data = {}\n"  # 13: an object imported from pyinfra
+        "from pyinfra import host\n"
+        "import pyinfra.api.arguments\n"  # 15
+    )
+    assert [line for _, line in pyinfra_internals(internal, exports)] == [
+        1, 2, 3, 4, 5, 8, 8, 9, 10, 11, 12, 13, 15]

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from gpufleet._pyinfra import inprocess
 from gpufleet.pyinfra_args import PyinfraArgs
-from gpufleet.rollout import converge, inprocess, report, run, waves
+from gpufleet.rollout import converge, report, run, waves
 from gpufleet.rollout import state as st
 from gpufleet.rollout.drain import CommandDrainer, DrainError, make_drainer
 

@@ -1,4 +1,4 @@
-"""The rollout's in-process pyinfra (gpufleet.rollout.inprocess) on pyinfra's ``@fake`` hosts: a run per pass and wave,
+"""The rollout's in-process pyinfra (gpufleet._pyinfra.inprocess) on pyinfra's ``@fake`` hosts: a run per pass and wave,
 each wave planned again when it runs, one connection per host for the whole session, pyinfra errors as the CLI
 prints them, an interrupted wave, and the version guard with its fallback."""
 
@@ -12,8 +12,9 @@ import pyinfra
 import pytest
 from pyinfra.connectors.fake import FakeConnector
 
+from gpufleet._pyinfra import inprocess
 from gpufleet.pyinfra_args import PyinfraArgs
-from gpufleet.rollout import converge, inprocess, run
+from gpufleet.rollout import converge, run
 
 HOSTS = ("@fake/a", "@fake/b", "@fake/c")
 INVENTORY = f"hosts = [(name, {{'fake_delay': 0, 'fake_delay_jitter': 0}}) for name in {HOSTS!r}]\n"
@@ -171,7 +172,9 @@ def test_supported_names_what_is_missing(monkeypatch):
     from gevent import monkey
     monkeypatch.setattr(monkey, "is_module_patched", lambda name: True)
     assert inprocess.supported() is None  # the installed pyinfra is one it was tested with
-    assert inprocess.supported("4.0.1") == "pyinfra 4.0.1 is not a version it was tested with (>= 3.10, < 4)"
+    assert inprocess.supported("3.10.9") is None
+    assert inprocess.supported("3.11.0") == "pyinfra 3.11.0 is not a version CI ran (3.10.x)"
+    assert inprocess.supported("4.0.1") == "pyinfra 4.0.1 is not a version CI ran (3.10.x)"
     assert inprocess.supported("3.9").startswith("pyinfra 3.9 is not a version")
     from pyinfra_cli import prints
     monkeypatch.delattr(prints, "build_results_json")
@@ -185,12 +188,15 @@ def test_supported_names_what_is_missing(monkeypatch):
 
 
 def test_where_unsupported_the_rollout_falls_back_to_pyinfra_subprocesses(monkeypatch):
-    monkeypatch.setattr(inprocess, "supported", lambda: "pyinfra 9.0 is not a version it was tested with")
+    from gpufleet._pyinfra import _guard
+
+    monkeypatch.delenv(inprocess.SWITCH, raising=False)
+    monkeypatch.setattr(_guard, "pyinfra_version", lambda: "3.11.0")  # a version CI did not run
     progress = io.StringIO()
     engine = run.open_engine(run.RolloutOptions(inventory="inv.py"), progress)
     assert isinstance(engine, converge.Subprocess)
-    assert progress.getvalue() == ("gpufleet rollout: pyinfra runs as a subprocess per pass and wave (pyinfra 9.0 "
-                                   "is not a version it was tested with)\n")
+    assert progress.getvalue() == ("gpufleet rollout: pyinfra runs as a subprocess per pass and wave (pyinfra 3.11.0 "
+                                   "is not a version CI ran (3.10.x))\n")  # one line
 
 
 def test_a_rollout_in_process_end_to_end(files, monkeypatch):

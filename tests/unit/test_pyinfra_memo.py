@@ -1,4 +1,4 @@
-"""gpufleet.facts.prefetch: the fact memo and prefetch, on a real pyinfra State whose hosts run a fake connector.
+"""gpufleet._pyinfra._memo: the fact memo and prefetch, on a real pyinfra State whose hosts run a fake connector.
 
 Each fake host holds a ``value``; ``read value`` (a fact) prints it, ``write N`` (an operation's command) sets it.
 No test sleeps to order events: a command named in the connector's ``gates`` announces that it started
@@ -25,7 +25,8 @@ from pyinfra.api.state import StateStage
 from pyinfra.connectors.base import BaseConnector
 from pyinfra.connectors.util import CommandOutput, OutputLine
 
-from gpufleet.facts import prefetch
+from gpufleet._pyinfra import _connector, _guard
+from gpufleet._pyinfra import _memo as prefetch
 
 
 class FakeConnector(BaseConnector):
@@ -402,10 +403,9 @@ def test_nodelay_is_set_on_an_ssh_transport():
     try:
         transport = type("Transport", (), {"sock": sock})()
         client = type("Client", (), {"get_transport": lambda self: transport})()
-        host = type("Host", (), {"connector": type("Connector", (), {"client": client})()})()
-        prefetch.set_nodelay(host)
+        _connector.set_nodelay(type("Connector", (), {"client": client})())
         assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
-        prefetch.set_nodelay(type("Host", (), {"connector": object()})())  # not SSH: nothing to do
+        _connector.set_nodelay(object())  # not SSH: nothing to do
     finally:
         sock.close()
         server.close()
@@ -430,10 +430,14 @@ def test_the_deploy_prefetches_exactly_what_preflight_reads():
 
 def test_an_unsupported_pyinfra_gets_plain_fact_reads(state, monkeypatch, caplog):
     h1, _, _ = hosts(state)
-    monkeypatch.setattr(prefetch, "TESTED_PYINFRA", ((3, 0), (3, 1)))
-    assert prefetch.supported("3.10.0").startswith("pyinfra 3.10.0 is not a version it was tested with")
+    monkeypatch.setattr(_guard, "pyinfra_version", lambda: "3.11.0")
+    monkeypatch.setattr(_guard, "_said", set())
+    assert prefetch.supported() == "pyinfra 3.11.0 is not a version CI ran (3.10.x)"
     assert prefetch.install(state, [Value]) is None
-    assert "fact memo off" in caplog.text
+    assert prefetch.install(state, [Value]) is None
+    said = [r.getMessage() for r in caplog.records if "plain path" in r.getMessage()]
+    assert said == ["gpufleet: plain path (pyinfra 3.11.0 is not a version CI ran (3.10.x)): every fact read is a "
+                    "remote command"]  # one line
     h1.get_fact(Value)
     h1.get_fact(Value)
     prefetch.invalidate(state, h1)  # nothing to forget: no error
@@ -549,8 +553,10 @@ def test_reads_with_secrets_are_not_remembered(state, tmp_path):
 
 def test_pyinfra_overheads_are_trimmed_without_changing_what_pyinfra_sees(state, tmp_path, monkeypatch):
     """all_global_arguments answers as pyinfra's own (a fresh list each call); pyinfra's operation order from the
-    stack of a deploy file it executes is the same, and is found without reading any source."""
+    stack of a deploy file it executes is the same, and is found without reading any source, in the run the memo is
+    installed on; any other run (another state in pyinfra's context, or none) gets pyinfra's own behaviour."""
     from pyinfra.api import arguments, util
+    from pyinfra.context import ctx_state
 
     expected = list(typing.get_type_hints(arguments.AllArguments).items())
     deploy = tmp_path / "deploy.py"
@@ -569,9 +575,13 @@ def test_pyinfra_overheads_are_trimmed_without_changing_what_pyinfra_sees(state,
     read = []
     findsource = inspect.findsource
     monkeypatch.setattr(inspect, "findsource", lambda obj: read.append(obj) or findsource(obj))
-    trimmed_order, trimmed_caller = scope["op"](state)
-    monkeypatch.undo()
+    with ctx_state.use(state):
+        trimmed_order, trimmed_caller = scope["op"](state)
     assert read == []
+    with ctx_state.use(State(Inventory((["x"], {})), Config())):  # not a run of the memo: pyinfra's own stack look-up
+        assert scope["op"](state)[0] == order
+    assert read != []
+    monkeypatch.undo()
     assert trimmed_order == order == [4, 7]
     assert (trimmed_caller.filename, trimmed_caller.lineno, trimmed_caller.function) == (
         caller.filename, caller.lineno, caller.function) == (str(deploy), 4, "op")
@@ -604,6 +614,7 @@ def test_global_arguments_are_found_in_host_data_as_pyinfra_finds_them(monkeypat
     for h, kwargs in calls:
         given = dict(kwargs)
         expected.append((original(state, h, given), given))
+    monkeypatch.setitem(prefetch._memos, state, None)  # a run the memo is installed on (the trim is scoped to those)
     prefetch.trim_pyinfra_overhead(state)
     trimmed = arguments.pop_global_arguments
     assert trimmed is not original and all(module.pop_global_arguments is trimmed for module in modules)
@@ -615,6 +626,10 @@ def test_global_arguments_are_found_in_host_data_as_pyinfra_finds_them(monkeypat
         assert (trimmed(state, h, given), given) == (result, left)
     # only keys some layer holds are looked up in host.data (the ~30 absent ones are answered by the view)
     assert set(looked_up) == {"_sudo", "_sudo_user", "_su_user", "_timeout", "_chdir", "_retries", "_shell_executable"}
+    looked_up.clear()
+    other = State(Inventory((["x"], {})), Config())  # not a run of the memo: pyinfra's own look-up of every key
+    assert trimmed(other, h1, {}) == original(other, h1, {})
+    assert len(set(looked_up)) > 20
     assert expected[3][0][0]["_retries"] == 5 and expected[3][0][0]["_sudo_user"] == "gpu"
 
 

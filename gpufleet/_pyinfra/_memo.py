@@ -6,7 +6,8 @@ commands per host (GpuInventory alone 5 times: preflight, then the driver, persi
 operations), one after another within a host. And pyinfra's SSH connector leaves Nagle's algorithm on: each
 command then waits ~40 ms for the server's delayed ACK, more than the command itself.
 
-What, installed by the gpufleet deploy only (:func:`install`, on the hosts of one pyinfra ``State``):
+What, installed by the gpufleet deploy only (:func:`install`, through :func:`gpufleet._pyinfra.prepare_deploy_run`,
+on the hosts of one pyinfra ``State``):
 
 * **TCP_NODELAY** on every SSH connection (also after a reconnect, e.g. a reboot).
 * **Memo.** A fact read's output is kept, per host and per exact command (with its sudo/env/... arguments),
@@ -40,15 +41,17 @@ What, installed by the gpufleet deploy only (:func:`install`, on the hosts of on
   output is stored as its own read would have been; one that failed, or that did not come back, is read again
   when the deploy asks for it. A converged host's no-op run then costs one round trip for all its reads.
 
-**pyinfra internals.** This is the one module of gpufleet that relies on pyinfra's internals: it shadows a
-``Host``'s I/O methods (``get_fact``, ``run_shell_command``, ``connect``, ``put_file``, ...), calls
-``pyinfra.api.facts.get_fact``, follows ``State.current_stage`` / ``should_check_for_changes()``, ``Host.in_op`` and
-``Host.current_op_hash``, reaches the SSH connector's paramiko transport for TCP_NODELAY, and trims three of
-pyinfra's own per-call costs (:func:`trim_pyinfra_overhead`: ``all_global_arguments`` once, call stacks without
-source context, global arguments looked up only among the host data's keys). :func:`supported` checks the installed
-pyinfra against the versions this was written and tested for (:data:`TESTED_PYINFRA`) and for each of those names;
-where it does not match (or ``GPUFLEET_FACT_MEMO=off``), :func:`install` installs nothing and every fact read is
-pyinfra's own, plain read: slower, same results.
+**pyinfra internals** (docs/design.md, "pyinfra internals: gpufleet/_pyinfra"). The memo sees every command,
+upload, download and (re)connect of the state's hosts through gpufleet's connector subclass
+(:mod:`gpufleet._pyinfra._connector`, which also sets TCP_NODELAY); what remains a patch, on this state's hosts only,
+is an instance attribute in front of ``Host.get_fact`` (the one point where pyinfra knows that a command is a fact
+read). It calls ``pyinfra.api.facts.get_fact``, follows ``State.current_stage`` / ``should_check_for_changes()``,
+``Host.in_op`` and ``Host.current_op_hash``, and trims three of pyinfra's own per-call costs
+(:func:`trim_pyinfra_overhead`: ``all_global_arguments`` once, call stacks without source context, global arguments
+looked up only among the host data's keys; each answers as pyinfra's own outside a run the memo is installed on).
+:func:`supported` applies the version guard (:func:`gpufleet._pyinfra.plain_path`: the pyinfra series CI ran) and
+checks for each of those names; where it says no (or ``GPUFLEET_FACT_MEMO=off``), :func:`install` installs nothing,
+says so in one line, and every fact read is pyinfra's own, plain read: slower, same results.
 """
 
 from __future__ import annotations
@@ -60,12 +63,10 @@ import json
 import os
 import re
 import shlex
-import socket
 import sys
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -87,7 +88,9 @@ from pyinfra.connectors.util import CommandOutput, OutputLine
 
 from gpufleet.control_files import UnsafePath, private_dir, read_private, write_atomic
 
-TESTED_PYINFRA = ((3, 10), (4, 0))  # [first, last) pyinfra version the memo is known to work with
+from . import _connector
+from ._guard import FACT_MEMO, plain_path, pyinfra_version, say_plain_path
+
 PER_HOST_CHANNELS = 4  # concurrent prefetch commands per host (sshd allows 10 sessions per connection)
 _ACTIVE_STAGES = (StateStage.Prepare, StateStage.Execute)
 # Host methods after which earlier reads are stale (besides run_shell_command and connect), and those of them that
@@ -173,10 +176,11 @@ class FactMemo:
         self._reading: dict[tuple, list[FactCall]] = {}  # (greenlet, host) -> host.get_fact calls in progress
         self._prefetchers: set = set()  # greenlets running a prefetch
         self._collecting: set = set()  # read-ahead greenlets asking pyinfra for a fact's command
-        self._originals: dict[Any, Callable] = {}  # host -> its own run_shell_command
         self.executed = False  # the run reached execution: what it read is worth remembering
         for host in state.inventory:
             self._wrap(host)
+        hooks = _connector.adopt(state)
+        hooks.io, hooks.nodelay = self, True
 
     # ---------------------------------------------------------------------------------------- public
 
@@ -228,19 +232,33 @@ class FactMemo:
     # ----------------------------------------------------------------------------------------- hooks
 
     def _wrap(self, host) -> None:
-        """Shadow the host's I/O methods on the instance (this state's hosts only, nothing else)."""
+        """Follow the host's fact reads: ``Host.get_fact`` is the one point where pyinfra knows that a command is a
+        fact read (below it, a read and an operation's command are the same ``run_shell_command``), so this
+        state's hosts get an instance attribute in front of it (nothing else, no other host). Its commands,
+        uploads, downloads and (re)connects reach the memo through gpufleet's connector subclass
+        (:mod:`gpufleet._pyinfra._connector`)."""
         self._memo(host)
+        original = host.get_fact
+        host.get_fact = lambda *args, **kwargs: self._get_fact(host, original, *args, **kwargs)
 
-        def bind(method: Callable, name: str) -> Callable:
-            original = getattr(host, name)
-            return lambda *args, **kwargs: method(host, original, *args, **kwargs)
+    # the connector subclass's calls (gpufleet._pyinfra._connector.Hooks.io)
 
-        self._originals[host] = host.run_shell_command
-        host.get_fact = bind(self._get_fact, "get_fact")
-        host.run_shell_command = bind(self._run_shell_command, "run_shell_command")
-        host.connect = bind(self._connect, "connect")
-        for name in _STALING_METHODS:
-            setattr(host, name, bind(self._change if name in _CHANGING_METHODS else self._stale, name))
+    def command(self, host, base, *args, **kwargs):
+        return self._run_shell_command(host, base, *args, **kwargs)
+
+    def connect(self, host, run):
+        return self._stale(host, run)
+
+    def touch(self, host, run):
+        return self._stale(host, run)
+
+    def change(self, host, run):
+        return self._change(host, run)
+
+    def _plain_run(self, host, *args, **kwargs):
+        """A command on ``host`` past the memo (the read-ahead's own command)."""
+        connector = host.connector
+        return _connector.base_class(connector).run_shell_command(connector, *args, **kwargs)
 
     def _get_fact(self, host, original, cls, *args, **kwargs):
         if self._sync() and self.stage == StateStage.Prepare and host.in_op:
@@ -270,11 +288,6 @@ class FactMemo:
         if not prefetching:
             self._learn(host, key, args[0], kwargs, self._reading[(current, host)][-1])
         return self._read(host, key, prefetching, lambda: original(*args, **kwargs))
-
-    def _connect(self, host, original, *args, **kwargs):
-        result = self._stale(host, original, *args, **kwargs)
-        set_nodelay(host)
-        return result
 
     def _change(self, host, original, *args, **kwargs):
         """An operation's command or upload: it changes the host (what the next run remembers depends on it)."""
@@ -375,7 +388,7 @@ class FactMemo:
         results: dict[int, tuple[bool, CommandOutput]] = {}
         try:
             script = read_ahead_script([text for _, text, _ in pending])
-            ok, output = self._originals[host](StringCommand(script), print_output=False, print_input=False,
+            ok, output = self._plain_run(host, StringCommand(script), print_output=False, print_input=False,
                                                **kwargs)
             results = split_read_ahead(output, len(pending)) if ok else {}
         except Exception as error:  # noqa: BLE001 - each read is made again by the deploy, which meets the error
@@ -677,42 +690,24 @@ def _copy(result: tuple[bool, CommandOutput]) -> tuple[bool, CommandOutput]:
     return result[0], CommandOutput(list(result[1].combined_lines))
 
 
-def set_nodelay(host) -> None:
-    """Send each SSH packet at once (TCP_NODELAY) instead of holding small ones back for the peer's delayed ACK,
-    which costs ~40 ms per remote command. No-op for connectors other than SSH over TCP."""
-    client = getattr(host.connector, "client", None)
-    transport = client.get_transport() if client is not None else None
-    try:
-        transport.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    except (AttributeError, OSError):
-        pass
-
-
 _memos: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_unsupported: weakref.WeakSet = weakref.WeakSet()
-
-
-def _version(text: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in re.findall(r"\d+", text)[:2])
 
 
 def supported(version: str | None = None) -> str | None:
-    """Why the memo cannot be used with this pyinfra (``version``: the installed one), or None when it can."""
-    if os.environ.get("GPUFLEET_FACT_MEMO", "").lower() in ("0", "off", "no", "false"):
-        return "GPUFLEET_FACT_MEMO is off"
+    """Why the memo cannot be used with this pyinfra (``version``: the installed one), or None when it can: the
+    version guard (:func:`gpufleet._pyinfra.plain_path`), then the pyinfra names the memo relies on."""
+    reason = plain_path(FACT_MEMO, version)
+    if reason is not None:
+        return reason
     from pyinfra.api import host, state
 
-    version = version or metadata.version("pyinfra")
-    first, last = TESTED_PYINFRA
-    if not first <= _version(version) < last:
-        return f"pyinfra {version} is not a version it was tested with (>= {first[0]}.{first[1]}, < {last[0]})"
     needed = {"pyinfra.api.facts.get_fact": get_fact is not None,
               "Host.in_op": hasattr(host.Host, "in_op"),
               "Host.current_op_hash": hasattr(host.Host, "current_op_hash"),
               "State.should_check_for_changes": hasattr(state.State, "should_check_for_changes"),
-              "Host.run_shell_command": hasattr(host.Host, "run_shell_command")}
+              "Host.get_fact": hasattr(host.Host, "get_fact")}
     missing = [name for name, present in needed.items() if not present]
-    return f"pyinfra {version} lacks {', '.join(missing)}" if missing else None
+    return f"pyinfra {version or pyinfra_version()} lacks {', '.join(missing)}" if missing else None
 
 
 def trim_pyinfra_overhead(state) -> None:
@@ -735,31 +730,34 @@ def trim_pyinfra_overhead(state) -> None:
       the layers hold when it is called, that a key is absent (:func:`_present_keys_view`); a present key is
       looked up in ``host.data`` itself. The same answers and the same defaults, the layers walked once per call.
     """
+    # Scoped to gpufleet's runs: each replacement answers as pyinfra's own function (it calls it) unless the run in
+    # progress (pyinfra's context state, or the state passed) is one the memo is installed on.
     arguments = sys.modules.get("pyinfra.api.arguments")
     computed = getattr(arguments, "all_global_arguments", None)
     if computed is not None and not hasattr(computed, "_gpufleet_once"):
         found = tuple(computed())
 
         def all_global_arguments() -> list:
-            return list(found)
+            return list(found) if _in_gpufleet_run() else computed()
 
         all_global_arguments._gpufleet_once = True  # type: ignore[attr-defined]
         arguments.all_global_arguments = all_global_arguments
     util = sys.modules.get("pyinfra.api.util")
     if util is not None and getattr(util, "stack", None) is inspect.stack:
 
-        def stack(context: int = 0) -> list:
-            return inspect.stack(0)[1:]  # from its caller, as inspect.stack() called there
+        def stack(context: int = 1) -> list:
+            # from its caller, as inspect.stack() called there
+            return inspect.stack(0 if _in_gpufleet_run() else context)[1:]
 
-        def getframeinfo(frame, context: int = 0):
-            return inspect.getframeinfo(frame, 0)
+        def getframeinfo(frame, context: int = 1):
+            return inspect.getframeinfo(frame, 0 if _in_gpufleet_run() else context)
 
         util.stack, util.getframeinfo = stack, getframeinfo
     pop = getattr(arguments, "pop_global_arguments", None)
     if pop is not None and not hasattr(pop, "_gpufleet_view"):
 
-        def pop_global_arguments(state, host, kwargs):
-            return pop(state, _present_keys_view(host), kwargs)
+        def pop_global_arguments(state, host, kwargs, *args, **more):
+            return pop(state, _present_keys_view(host) if state in _memos else host, kwargs, *args, **more)
 
         pop_global_arguments._gpufleet_view = True  # type: ignore[attr-defined]
         pop_global_arguments.__wrapped__ = pop  # type: ignore[attr-defined]
@@ -767,6 +765,16 @@ def trim_pyinfra_overhead(state) -> None:
             module = sys.modules.get(name)
             if getattr(module, "pop_global_arguments", None) is pop:  # where pyinfra imported it by name
                 module.pop_global_arguments = pop_global_arguments
+
+
+def _in_gpufleet_run() -> bool:
+    """Whether pyinfra's context state (the run in progress) is one the memo is installed on."""
+    from pyinfra.context import ctx_state  # noqa: PLC0415
+
+    try:
+        return ctx_state.isset() and ctx_state.get() in _memos
+    except Exception:  # noqa: BLE001 - no context: not a gpufleet run
+        return False
 
 
 class _PresentKeys:
@@ -817,9 +825,7 @@ def install(state, facts: Sequence[type] = (), cache_dir: Path | None = None) ->
     if memo is None:
         reason = supported()
         if reason is not None:
-            if state not in _unsupported:
-                _unsupported.add(state)
-                logger.warning(f"gpufleet: fact memo off ({reason}): every fact read is a remote command")
+            say_plain_path(FACT_MEMO, reason)
             return None
         if cache_dir is not None:
             try:
@@ -832,7 +838,7 @@ def install(state, facts: Sequence[type] = (), cache_dir: Path | None = None) ->
         trim_pyinfra_overhead(state)
         for host in state.inventory:
             if host.connected:
-                set_nodelay(host)
+                _connector.set_nodelay(host.connector)
         try:
             memo.read_ahead(state.inventory.get_active_hosts(), [(cls, (), {}) for cls in facts], cache_dir)
         except UnsafePath as error:

@@ -11,7 +11,7 @@ directory on ``sys.path``, ``config.py`` executed, the inventory loaded with ``p
 the deploy file prepared with ``pyinfra_cli.util.load_deploy_file``, executed with ``pyinfra.api.operations.run_ops``.
 Each run that plans (the whole-fleet pass; each wave with a drain) is its own pyinfra ``State`` with a freshly
 loaded ``Inventory``, as each ``pyinfra`` process was: the deploy's per-run caches, the fact memo
-(:mod:`gpufleet.facts.prefetch`), the SSH bounds (:mod:`gpufleet.connection`) and the host locks are per ``State``
+(:mod:`gpufleet._pyinfra._memo`), the SSH bounds (:mod:`gpufleet.connection`) and the host locks are per ``State``
 and start clean. What carries over is the SSH
 connection: a host connected by an earlier run of the session (the whole-fleet pass) adopts that connection (the
 connector object moves to the new run's ``Host``); a host without one, or whose connection is no longer active,
@@ -40,7 +40,7 @@ any drain or change. What a wave then executes depends on ``--drain``:
   between them (``--verify none``: the rollout's hosts are then in the situation of one ``pyinfra -y`` run whose
   operations run in turns), so the pass's reads stand; once a gate has run (a wait: probes, benchmarks), each wave
   first forgets the pass's reads of its hosts and reads again what their operations read, one round trip per host
-  (:func:`gpufleet.facts.prefetch.refresh`); (4) a host another gpufleet run (or the boot-time MIG apply) changed
+  (:func:`gpufleet._pyinfra._memo.refresh`); (4) a host another gpufleet run (or the boot-time MIG apply) changed
   in between is seen by the host lock's generation check when the wave takes the lock, which makes the run read
   that host's facts again. The whole-fleet pass already decides on its reads which hosts need no change at all
   (they are never in a wave), in both cases. Keeping the plan saves preparing every host twice (the deploy's code
@@ -55,14 +55,14 @@ with the same code (:func:`~gpufleet.rollout.converge.host_outcomes`).
 **Signals.** SIGINT raises ``KeyboardInterrupt`` in the rollout (gevent hands it to the main greenlet, also when a
 host's greenlet was running): the run in progress is stopped where it is (its greenlets are killed: no further
 command is sent; commands already sent run to their end on the hosts, whose lock is held until then), the hosts it
-had mid-change are named with :func:`gpufleet.interruption.report` (:attr:`Session.interruption`), and the rollout
-saves its state and exits 130. :func:`gpufleet.interruption.install`, which exits the process at once under the
-pyinfra CLI, is told to leave these runs alone (:func:`gpufleet.interruption.leave_to_caller`).
+had mid-change are named with :func:`gpufleet._pyinfra._signals.report` (:attr:`Session.interruption`), and the rollout
+saves its state and exits 130. :func:`gpufleet._pyinfra._signals.install`, which exits the process at once under the
+pyinfra CLI, is told to leave these runs alone (:func:`gpufleet._pyinfra._signals.leave_to_caller`).
 
-**pyinfra internals.** This is the one module of the rollout that relies on them: the names :func:`supported`
+**pyinfra internals.** It relies on the names :func:`supported`
 checks, ``State.activate_host`` / ``fail_hosts`` / ``active_hosts`` for connecting as ``connect_all`` does, and the
 SSH connector's ``state`` / ``host`` / ``client`` attributes to adopt a connection. :func:`supported` checks the
-installed pyinfra against the versions this was tested with (:data:`TESTED_PYINFRA`) and that the standard library
+installed pyinfra against the versions CI ran (:func:`gpufleet._pyinfra.plain_path`) and that the standard library
 is patched for gevent (else pyinfra's hosts would run one after another); where it says no (or
 ``GPUFLEET_ROLLOUT_INPROCESS=off``), the rollout runs ``pyinfra --json`` as a subprocess per pass and wave
 (:mod:`gpufleet.rollout.converge`): slower, same results.
@@ -73,38 +73,31 @@ from __future__ import annotations
 import inspect
 import logging
 import os
-import re
 import signal
 import sys
 import time
-from importlib import metadata
 from pathlib import Path
 from typing import Any, TextIO
 
 from gpufleet import pyinfra_args
+from gpufleet.rollout.converge import PyinfraRun
 
-from .converge import PyinfraRun
+from . import _connector, _memo, _signals
+from ._guard import ROLLOUT_INPROCESS, plain_path, pyinfra_version
 
-TESTED_PYINFRA = ((3, 10), (4, 0))  # [first, last) pyinfra version this is known to work with
-SWITCH = "GPUFLEET_ROLLOUT_INPROCESS"
+SWITCH = ROLLOUT_INPROCESS
 
 
 class InventoryError(Exception):
     """The inventory (or ``config.py``) could not be loaded."""
 
 
-def _version(text: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in re.findall(r"\d+", text)[:2])
-
-
 def supported(version: str | None = None) -> str | None:
     """Why the rollout cannot run pyinfra in its own process here (``version``: the installed pyinfra's), or None."""
-    if os.environ.get(SWITCH, "").lower() in ("0", "off", "no", "false"):
-        return f"{SWITCH} is off"
-    version = version or metadata.version("pyinfra")
-    first, last = TESTED_PYINFRA
-    if not first <= _version(version) < last:
-        return f"pyinfra {version} is not a version it was tested with (>= {first[0]}.{first[1]}, < {last[0]})"
+    reason = plain_path(SWITCH, version)
+    if reason is not None:
+        return reason
+    version = version or pyinfra_version()
     try:
         from gevent import monkey  # noqa: PLC0415
         from pyinfra.api import operations, state  # noqa: PLC0415
@@ -186,8 +179,7 @@ def _alive(connector, timeout: float) -> bool:
     preparation halfway. Connectors without a connection of their own (local, fake) have nothing to lose."""
     if not hasattr(connector, "client"):
         return True
-    client = connector.client
-    transport = client.get_transport() if client is not None else None
+    transport = _connector.ssh_transport(connector)
     if transport is None or not transport.is_active():
         return False
     try:
@@ -308,8 +300,6 @@ class Session:
         from pyinfra_cli.prints import build_plan_json, build_results_json  # noqa: PLC0415
         from pyinfra_cli.util import load_deploy_file, load_func  # noqa: PLC0415
 
-        from gpufleet import interruption  # noqa: PLC0415
-
         start = time.monotonic()
         self._log.take()
         inventory, self._spare = (self._spare or self._load_inventory()), None
@@ -323,7 +313,7 @@ class Session:
         payload: dict[str, Any] | None = None
         with ctx_state.use(state), ctx_inventory.use(inventory), ctx_config.use(config):
             state.init(inventory, config, initial_limit=limit)
-            interruption.leave_to_caller(state)
+            _signals.leave_to_caller(state)
             failed_in = None  # the stage a pyinfra error stopped the run in
             try:
                 state.set_stage(StateStage.Connect)
@@ -382,7 +372,7 @@ class Session:
         greenlets are killed, as when the CLI exits)."""
         from gpufleet import interruption  # noqa: PLC0415
 
-        self.interruption = interruption.report(state, interruption.received() or signal.SIGINT)
+        self.interruption = _signals.report(state, interruption.received() or signal.SIGINT)
         state.pool.kill(block=True, timeout=5)
 
     def _log_error(self, error: BaseException) -> None:
@@ -464,8 +454,6 @@ class Session:
         from pyinfra.context import ctx_config, ctx_inventory, ctx_state  # noqa: PLC0415
         from pyinfra_cli.prints import build_results_json  # noqa: PLC0415
 
-        from gpufleet.facts import prefetch  # noqa: PLC0415
-
         start = time.monotonic()
         self._log.take()
         state, inventory, config = self._planned
@@ -480,7 +468,7 @@ class Session:
                 if state.current_stage < StateStage.Execute:
                     state.set_stage(StateStage.Execute)
                 if refresh:  # the operations decide on what their hosts say now, not when the plan was made
-                    prefetch.refresh(state, [h for h in wave if h in state.active_hosts])
+                    _memo.refresh(state, [h for h in wave if h in state.active_hosts])
                 self._logger.info("--> Beginning operation run...")
                 run_ops(state)
             except KeyboardInterrupt:
