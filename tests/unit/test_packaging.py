@@ -4,6 +4,7 @@ build) holds exactly the files of a wheel built from the checkout, templates and
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -24,6 +25,21 @@ def _wheel_files(directory: Path) -> set[str]:
         return set(archive.namelist())
 
 
+def _checkout_copy(target: Path) -> Path:
+    """The checkout's files as git sees them (tracked and new, not ignored): a wheel built in the checkout itself
+    also packs whatever an earlier build left in its ignored build/lib (a module since moved or deleted)."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                            capture_output=True, check=True).stdout.decode().split("\0")
+    for name in filter(None, listed):
+        source, copy = REPO / name, target / name
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        if source.is_symlink():  # e.g. gpufleet/templates -> ../templates
+            copy.symlink_to(source.readlink())
+        elif source.is_file():
+            shutil.copy2(source, copy)
+    return target
+
+
 def test_a_wheel_built_from_the_sdist_equals_the_wheel_built_from_the_checkout(tmp_path):
     _run(sys.executable, "-m", "build", "--sdist", "--outdir", str(tmp_path / "sdist"), str(REPO), cwd=tmp_path)
     (sdist,) = (tmp_path / "sdist").glob("gpufleet-*.tar.gz")
@@ -34,7 +50,8 @@ def test_a_wheel_built_from_the_sdist_equals_the_wheel_built_from_the_checkout(t
 
     _run(sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path / "from-sdist"), str(sdist),
          cwd=tmp_path)
-    _run(sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path / "from-checkout"), str(REPO),
+    _run(sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path / "from-checkout"),
+         str(_checkout_copy(tmp_path / "checkout")),
          cwd=tmp_path)
     from_sdist, from_checkout = _wheel_files(tmp_path / "from-sdist"), _wheel_files(tmp_path / "from-checkout")
     assert from_sdist == from_checkout, (sorted(from_checkout - from_sdist), sorted(from_sdist - from_checkout))
