@@ -178,6 +178,59 @@ def drift(inventory: str, deploy: str, pyinfra_args: PyinfraArgs, as_json: bool)
 
 
 @main.command()
+@click.argument("inventory")
+@click.argument("deploy", required=False, default=DEFAULT_DEPLOY)
+@pyinfra_options()
+@click.option("-y", "--yes", is_flag=True, help="execute without showing the changes and asking first (as pyinfra -y)")
+@click.option("-j", "--jobs", type=click.IntRange(1), default=None, metavar="N",
+              help="worker processes, each on a slice of the hosts (default: this machine's cores)")
+@click.option("--dry", is_flag=True, help="validate, preflight and show what would change; change nothing")
+@click.option("--diff", is_flag=True, help="show the differences when changing text files (as pyinfra --diff)")
+@click.option("--json", "as_json", is_flag=True,
+              help="print pyinfra's --json document (plan and results) of the whole run on stdout")
+def apply(inventory: str, deploy: str, pyinfra_args: PyinfraArgs, yes: bool, jobs: int | None, dry: bool,
+          diff: bool, as_json: bool) -> None:
+    """Run DEPLOY over INVENTORY as ``pyinfra INVENTORY DEPLOY`` does, in N worker processes each on a slice of
+    the hosts (a mix of the fleet's groups), behind one validation barrier: no worker changes anything until
+    every host of every slice is validated and preflighted.
+
+    DEPLOY: a deploy file (FILE.py) or a deploy function (package.module.function), as pyinfra takes it; default
+    gpufleet.deploys.gpu_node.gpu_node. Without -y the changes are shown and Enter asked for (a terminal needed;
+    with --json the plan is printed and nothing changed, as pyinfra does).
+
+    Exit code: 0 every host succeeded, 1 a host failed, or validation or preflight failed on any host (then
+    nothing was changed on any host), 2 bad usage or inventory (nothing changed), 130/143/129 interrupted by
+    SIGINT/SIGTERM/SIGHUP (the hosts in flight are named; run it again to converge them).
+    """
+    from . import apply as fleet  # noqa: PLC0415 - no pyinfra in this process: the workers run it
+
+    confirm = None
+    if not yes and not dry and not as_json:
+        if not _interactive():
+            click.echo("gpufleet apply: no terminal to confirm the changes on (stdin is not a terminal): give -y to "
+                       "apply without asking, or --dry to see them; nothing was changed", err=True)
+            sys.exit(2)
+        confirm = _confirm_apply
+    fleet.catch_signals()  # SIGINT/SIGTERM/SIGHUP: every worker stopped, exit 130/143/129 naming hosts in flight
+    opts = fleet.ApplyOptions(inventory=inventory, deploy=deploy, jobs=jobs or fleet.default_jobs(), yes=yes,
+                              dry=dry, diff=diff, as_json=as_json, pyinfra=pyinfra_args)
+    sys.exit(fleet.main(opts, echo=click.echo, confirm=confirm))
+
+
+def _confirm_apply(plan: str) -> bool:
+    """pyinfra's confirmation after its change detection: Enter to go on; anything else, end of input: no."""
+    click.echo(plan, err=True)
+    click.echo("\n    Detected changes displayed above, skip this step with -y", err=True)
+    click.echo("    Press enter to execute...", err=True, nl=False)
+    try:
+        answer = input()
+    except (EOFError, KeyboardInterrupt):
+        click.echo(err=True)
+        return False
+    return not answer
+
+
+@main.command()
 @click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
 def completion(shell: str) -> None:
     """Print the shell completion script of gpufleet for SHELL (click's), e.g.
