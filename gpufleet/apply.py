@@ -544,6 +544,8 @@ def main(opts: ApplyOptions, *, echo: Callable[..., None] = print, confirm: Call
     if outcome.exit_code == EXIT_FAILED and outcome.payload is None:
         echo("--> nothing was changed on any host", err=True)
     hosts = sum(len(s) for s in coordinator.progress.slices.values())
-    echo(f"--> gpufleet apply: {hosts} host(s), {opts.jobs} worker(s), {time.monotonic() - start:.1f} s, "
+    cpu = [w.finished["cpu_s"] for w in coordinator.workers if w.finished and "cpu_s" in w.finished]
+    balance = f", worker CPU {max(cpu):.1f} s at most, {sum(cpu):.1f} s in all" if cpu else ""
+    echo(f"--> gpufleet apply: {hosts} host(s), {opts.jobs} worker(s), {time.monotonic() - start:.1f} s{balance}, "
          f"exit {outcome.exit_code}", err=True)
     return outcome.exit_code

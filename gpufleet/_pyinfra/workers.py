@@ -14,7 +14,8 @@ fails), then, on ``go``, that plan executed. Messages to the coordinator are JSO
 **pyinfra internals** (all those the workers use are here): a ``BaseStateCallback`` handler on the run's ``State``
 for the progress counters; ``State.check_for_changes`` turned off while preparing with ``-y`` (pyinfra -y skips
 change detection; the Session prepares as ``--dry`` otherwise); ``State.failed_hosts``, ``State.is_executing``,
-``State.op_meta`` and ``Config.DIFF``. The Session's ``_connect`` (where the run's ``State`` is first seen) and
+``State.op_meta`` and ``Config.DIFF``; ``pyinfra.api.inventory.get_all_connectors`` looked up once
+(:func:`_connectors_found_once`). The Session's ``_connect`` (where the run's ``State`` is first seen) and
 ``_stop`` (where an interrupted run is stopped) are extended for that.
 """
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import sys
 import time
 from typing import Any
@@ -144,6 +146,20 @@ def _wait_order() -> str:
     return data.decode().strip()
 
 
+def _connectors_found_once() -> None:
+    """pyinfra's ``Inventory.make_hosts_and_groups`` (3.10) calls ``get_all_connectors()`` for every ``@connector``
+    host (``@fake/...``, ``@docker/...``), and each call scans every installed package's entry points: ~8 ms a
+    host here, paid by every worker for every host of the inventory (each worker loads all of it to cut the same
+    slices). The installed connectors do not change while the worker runs: they are looked up once."""
+    import functools  # noqa: PLC0415
+
+    from pyinfra.api import inventory  # noqa: PLC0415
+
+    if callable(getattr(inventory, "get_all_connectors", None)) and not hasattr(inventory.get_all_connectors,
+                                                                                "cache_info"):
+        inventory.get_all_connectors = functools.cache(inventory.get_all_connectors)
+
+
 def _quiet_interruptions() -> None:
     """gevent's hub prints a traceback for a signal's exception raised while it runs, before it hands it to the
     main greenlet (which reports the interruption): not an error, so not printed; every other one still is."""
@@ -175,6 +191,7 @@ def main(argv: list[str]) -> int:
 
     interruption.catch_signals()
     _quiet_interruptions()
+    _connectors_found_once()
     args = job["args"]
     options = pyinfra_args.PyinfraArgs(limit=tuple(args["limit"]), data=tuple(args["data"]),
                                        verbosity=args["verbosity"], ssh_user=args["ssh_user"],
@@ -212,8 +229,10 @@ def main(argv: list[str]) -> int:
         done = session.run(mine, plan=False, refresh=order == "go-refresh")
         results = done.payload["results"] if done.payload else None
         failed = results["failed_hosts"] if results else list(mine)
+        usage = resource.getrusage(resource.RUSAGE_SELF)
         pipe.send(type="done", rc=done.rc, results=results, failed_hosts=failed,
-                  log=done.stderr if failed or done.rc else "", counters=session.counter.counters())
+                  log=done.stderr if failed or done.rc else "", counters=session.counter.counters(),
+                  cpu_s=usage.ru_utime + usage.ru_stime)
         return done.rc
     except KeyboardInterrupt as error:  # interruption.Interrupted
         pipe.send(type="interrupted", signum=getattr(error, "signum", 2),
