@@ -206,3 +206,26 @@ def test_ctrl_c_stops_every_worker_exit_130_naming_the_hosts_in_flight(fleet):
     assert "interrupted by SIGINT while executing" in err
     assert "@fake/hgx0: nccl" in err and "@fake/ws3: nccl" in err
     assert "Traceback" not in err
+
+
+def test_the_progress_view_sums_the_workers_per_stage():
+    progress = apply.Progress(jobs=2, slices={0: ["a", "b"], 1: ["c"]}, prepared={0: True, 1: False},
+                              counters={0: {"connect": [2, 0], "ops": {"GPU power limits": [2, 1, 0]}},
+                                        1: {"connect": [0, 1], "ops": {"GPU power limits": [1, 0, 1]}}})
+    assert progress.lines() == ["hosts: 3 in 2/2 slices; connected 2, unreachable 1",
+                                "validated and preflighted: 1/2 slices, FAILED: 1",
+                                "  GPU power limits: 3 done, 1 changed, 1 failed"]
+
+
+@pytest.mark.parametrize("answer", [False, True])
+def test_without_y_the_merged_changes_are_confirmed_at_the_barrier(fleet, monkeypatch, answer):
+    """Not confirmed: every worker stops, nothing changed, exit 0 (as pyinfra); confirmed: every host changed."""
+    monkeypatch.chdir(fleet)
+    for key, value in {**FAST, "APPLY_TEST_OUT": str(fleet / "out")}.items():
+        monkeypatch.setenv(key, value)
+    shown = []
+    opts = apply.ApplyOptions(inventory="inventory.py", deploy="deploy.py", jobs=2)
+    code = apply.main(opts, echo=lambda *a, **k: None, confirm=lambda text: shown.append(text) or answer)
+    assert "power: 8 host(s)" in shown[0] and "nccl: 8 host(s)" in shown[0]
+    assert code == 0
+    assert len(_changed(fleet)) == (16 if answer else 0)
