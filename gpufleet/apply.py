@@ -351,8 +351,9 @@ class Coordinator:
             for worker in failed:
                 message = worker.prepared or worker.finished or {}
                 errors += [line for line in _error_lines(message.get("log", "")) if line not in errors]
-                if worker.prepared is None and worker.finished is None:
-                    errors.append(f"worker {worker.index} ended without a result (exit {worker.process.poll()})")
+                if message.get("type") == "lost":
+                    errors.append(f"worker {worker.index} ended without a result (exit {worker.process.poll()}; "
+                                  "its error is above)")
             self.view.draw(self.progress, force=True)
             return Outcome(EXIT_FAILED, errors=errors or ["a worker failed to prepare its hosts"])
         plan = merge_plan([w.prepared["plan"] for w in self.workers])

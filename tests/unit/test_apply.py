@@ -229,3 +229,14 @@ def test_without_y_the_merged_changes_are_confirmed_at_the_barrier(fleet, monkey
     assert "power: 8 host(s)" in shown[0] and "nccl: 8 host(s)" in shown[0]
     assert code == 0
     assert len(_changed(fleet)) == (16 if answer else 0)
+
+
+def test_a_worker_that_dies_before_its_result_fails_the_run_and_the_others_stop(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    said = []
+    opts = apply.ApplyOptions(inventory="inventory.py", deploy="deploy.py", jobs=2, yes=True)
+    code = apply.main(opts, echo=lambda text, **k: said.append(text),
+                      worker_command=[sys.executable, "-c", "import sys; sys.exit(3)"])
+    assert code == 1
+    assert "worker 0 ended without a result (exit 3; its error is above)" in said
+    assert "--> nothing was changed on any host" in said
