@@ -518,6 +518,33 @@ def _failed_host_lines(workers: Sequence[Worker]) -> list[str]:
     return out
 
 
+@dataclass
+class Planned:
+    """A ``--dry`` run over workers, for a command that reads the plan (``gpufleet drift``): as one ``pyinfra --dry
+    --json`` process would give it."""
+
+    exit_code: int  # 0, 1 (a host failed or the deploy could not plan), 2 (bad usage or inventory), 128 + signal
+    payload: dict | None  # pyinfra's --json document (plan; results None)
+    log: str  # the workers' pyinfra log where something failed, then the coordinator's errors
+    hosts: list[str]  # the hosts --limit selects, in the inventory's order
+    interrupted: str | None = None
+
+
+def plan(inventory: str, deploy: str, jobs: int, args: PyinfraArgs | None = None, *,
+         err: TextIO | None = None, worker_command: Sequence[str] | None = None) -> Planned:
+    """Validate, preflight and plan ``deploy`` on every host of ``inventory`` in ``jobs`` workers (as ``gpufleet
+    apply --dry --json``); nothing is changed."""
+    opts = ApplyOptions(inventory=inventory, deploy=deploy, jobs=jobs, dry=True, as_json=True,
+                        pyinfra=args or PyinfraArgs())
+    coordinator = Coordinator(opts, err=err or sys.stderr, worker_command=worker_command)
+    outcome = coordinator.run()
+    order = next((m["order"] for w in coordinator.workers for m in w.messages
+                  if m["type"] == "slice" and m.get("order") is not None), None)
+    logs = [m.get("log") or "" for w in coordinator.workers for m in (w.prepared, w.finished) if m]
+    return Planned(outcome.exit_code, outcome.payload, "\n".join([*(log for log in logs if log), *outcome.errors]),
+                   list(order or []), outcome.interrupted)
+
+
 def main(opts: ApplyOptions, *, echo: Callable[..., None] = print, confirm: Callable[[str], bool] | None = None,
          worker_command: Sequence[str] | None = None) -> int:
     """The run; prints the results table (or the ``--json`` document) on stdout, errors and progress on stderr."""

@@ -161,7 +161,9 @@ def _confirm(plan: str) -> bool:
 @click.argument("deploy", required=False, default=DEFAULT_DEPLOY)
 @pyinfra_options()
 @click.option("--json", "as_json", is_flag=True, help="print the drift as JSON")
-def drift(inventory: str, deploy: str, pyinfra_args: PyinfraArgs, as_json: bool) -> None:
+@click.option("-j", "--jobs", type=click.IntRange(1), default=1, show_default=True, metavar="N",
+              help="worker processes, each planning a slice of the hosts (as gpufleet apply --dry)")
+def drift(inventory: str, deploy: str, pyinfra_args: PyinfraArgs, as_json: bool, jobs: int) -> None:
     """What DEPLOY would change on every host of INVENTORY, per setting and host: the deploy run with pyinfra
     --dry (same validation, preflight, facts and operations; nothing is changed).
 
@@ -174,7 +176,7 @@ def drift(inventory: str, deploy: str, pyinfra_args: PyinfraArgs, as_json: bool)
     from .drift import main as drift_main  # noqa: PLC0415
 
     interruption.catch_signals()  # SIGINT/SIGTERM/SIGHUP: exit 130/143/129, nothing was changed
-    sys.exit(drift_main(inventory, deploy, as_json=as_json, echo=click.echo, args=pyinfra_args))
+    sys.exit(drift_main(inventory, deploy, as_json=as_json, echo=click.echo, args=pyinfra_args, jobs=jobs))
 
 
 @main.command()

@@ -208,7 +208,8 @@ def main(argv: list[str]) -> int:
             session.config.DIFF = True  # as pyinfra --diff
         groups = {h.name: [g for g in h.groups] for h in session._spare}
         mine = apply.slice_hosts([(name, groups[name]) for name in session.hosts], job["jobs"])[job["index"]]
-        pipe.send(type="slice", hosts=mine, total=len(session.hosts))
+        pipe.send(type="slice", hosts=mine, total=len(session.hosts),
+                  order=session.hosts if job["index"] == 0 else None)  # the inventory's order, once
         if not mine:  # more workers than hosts: nothing to do (an empty limit would mean every host to pyinfra)
             pipe.send(type="prepared", ok=True, unreachable=False, plan=[], failed_hosts=[], log="")
             if _wait_order().startswith("go"):

@@ -240,3 +240,23 @@ def test_a_worker_that_dies_before_its_result_fails_the_run_and_the_others_stop(
     assert code == 1
     assert "worker 0 ended without a result (exit 3; its error is above)" in said
     assert "--> nothing was changed on any host" in said
+
+
+def _drift(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    environ = {**os.environ, **FAST, "APPLY_TEST_OUT": str(cwd / "out")}
+    return subprocess.run([sys.executable, "-m", "gpufleet", "drift", "inventory.py", "deploy.py", *args], cwd=cwd,
+                          env=environ, capture_output=True, text=True, timeout=120)
+
+
+def test_drift_over_workers_says_what_one_process_says(fleet):
+    one, workers = _drift(fleet, "--json", "--limit", "@fake/hgx*,@fake/ws1"), _drift(fleet, "--json", "--jobs", "3",
+                                                                          "--limit", "@fake/hgx*,@fake/ws1")
+    assert one.returncode == workers.returncode == 1, one.stderr + workers.stderr
+    assert json.loads(workers.stdout) == json.loads(one.stdout)
+    assert json.loads(one.stdout)["settings"]["power"] == [f"@fake/hgx{i}" for i in range(4)] + ["@fake/ws1"]
+    text = (fleet / "inventory.py").read_text().replace("('@fake/ws3', {})", "('@fake/ws3', {'bad_setting': 1})")
+    (fleet / "inventory.py").write_text(text)
+    bad_one, bad_workers = _drift(fleet), _drift(fleet, "--jobs", "2")
+    assert bad_one.returncode == bad_workers.returncode == 2
+    assert "@fake/ws3: bad_setting" in bad_one.stdout and "@fake/ws3: bad_setting" in bad_workers.stdout
+    assert _changed(fleet) == []
