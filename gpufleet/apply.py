@@ -343,7 +343,10 @@ class Coordinator:
         if usage:
             self._order_all("stop")
             return Outcome(EXIT_USAGE, errors=sorted({m["message"] for m in usage}))
-        self._check_slices()
+        mismatch = self._check_slices()
+        if mismatch:
+            self._order_all("stop")
+            return Outcome(EXIT_FAILED, errors=[mismatch])
         failed = [w for w in self.workers if w.finished is not None or not w.prepared["ok"]]
         if failed:
             self._order_all("stop")
@@ -390,18 +393,22 @@ class Coordinator:
         rc = EXIT_FAILED if missing or results["failed_hosts"] or any(m.get("rc") for m in done) else EXIT_OK
         return Outcome(rc, payload={"plan": plan, "results": results}, errors=errors)
 
-    def _check_slices(self) -> None:
-        """The workers cut the same host list (each loaded the inventory itself): their slices must not overlap."""
+    def _check_slices(self) -> str | None:
+        """Why the workers' slices cannot be trusted, or None. Each worker loaded the inventory itself and cut the
+        same host list: an inventory that loads differently each time (random, time-dependent) would give
+        overlapping slices."""
         seen: dict[str, int] = {}
-        totals = {m["total"] for m in (w.messages[0] for w in self.workers if w.messages) if m["type"] == "slice"}
+        selected = {m["selected"] for w in self.workers for m in w.messages if m["type"] == "slice"}
         for index, hosts in self.progress.slices.items():
             for host in hosts:
                 if host in seen:
-                    raise RuntimeError(f"host {host} in the slices of workers {seen[host]} and {index}: the inventory "
-                                       "did not load the same way in every worker")
+                    return (f"host {host} is in the slices of workers {seen[host]} and {index}: the inventory did "
+                            "not load the same way in every worker; nothing was changed")
                 seen[host] = index
-        if len(totals) > 1:
-            raise RuntimeError(f"the workers loaded different host counts from the inventory: {sorted(totals)}")
+        if len(selected) > 1:
+            return ("the workers loaded different hosts from the inventory: it did not load the same way in every "
+                    "worker; nothing was changed")
+        return None
 
     def _interrupted(self, signum: int) -> Outcome:
         """Stop every worker (each names its hosts mid-change), then say where the run stopped."""

@@ -21,6 +21,7 @@ change detection; the Session prepares as ``--dry`` otherwise); ``State.failed_h
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import resource
@@ -208,7 +209,8 @@ def main(argv: list[str]) -> int:
             session.config.DIFF = True  # as pyinfra --diff
         groups = {h.name: [g for g in h.groups] for h in session._spare}
         mine = apply.slice_hosts([(name, groups[name]) for name in session.hosts], job["jobs"])[job["index"]]
-        pipe.send(type="slice", hosts=mine, total=len(session.hosts),
+        selected = hashlib.sha256("\n".join(session.hosts).encode()).hexdigest()  # the same in every worker
+        pipe.send(type="slice", hosts=mine, total=len(session.hosts), selected=selected,
                   order=session.hosts if job["index"] == 0 else None)  # the inventory's order, once
         if not mine:  # more workers than hosts: nothing to do (an empty limit would mean every host to pyinfra)
             pipe.send(type="prepared", ok=True, unreachable=False, plan=[], failed_hosts=[], log="")

@@ -260,3 +260,12 @@ def test_drift_over_workers_says_what_one_process_says(fleet):
     assert bad_one.returncode == bad_workers.returncode == 2
     assert "@fake/ws3: bad_setting" in bad_one.stdout and "@fake/ws3: bad_setting" in bad_workers.stdout
     assert _changed(fleet) == []
+
+
+def test_an_inventory_that_loads_differently_in_each_worker_changes_nothing(fleet):
+    """Each worker cuts its slice from the inventory as it loads it: one that differs per process is refused."""
+    (fleet / "inventory.py").write_text("import os\nhosts = [(f'@fake/h{os.getpid()}-{i}', {}) for i in range(4)]\n")
+    result = _gpufleet(fleet, "-y", "--jobs", "2")
+    assert result.returncode == 1
+    assert "did not load the same way in every worker; nothing was changed" in result.stderr
+    assert _changed(fleet) == []
