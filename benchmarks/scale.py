@@ -254,7 +254,9 @@ def applied(inventory: Path, count: int, jobs: int, env: dict) -> tuple[float, f
 
 
 def _median(values: list[float]) -> float:
-    return sorted(values)[len(values) // 2]
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
 def measure_apply(tmp: Path, sizes: list[int], jobs: int, repeat: int, env: dict, recorded: dict) -> dict:
