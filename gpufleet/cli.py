@@ -6,6 +6,7 @@ Its commands take pyinfra's host selection and connection options with pyinfra's
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
@@ -206,6 +207,9 @@ def apply(inventory: str, deploy: str, pyinfra_args: PyinfraArgs, yes: bool, job
     """
     from . import apply as fleet  # noqa: PLC0415 - no pyinfra in this process: the workers run it
 
+    if deploy.endswith(".py") and not os.path.isfile(deploy):  # a module path is the workers' to import
+        click.echo(f"gpufleet apply: deploy {deploy}: no such file; nothing was changed", err=True)
+        sys.exit(2)
     confirm = None
     if not yes and not dry and not as_json:
         if not _interactive():

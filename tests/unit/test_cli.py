@@ -115,6 +115,12 @@ def test_apply_takes_pyinfras_options_and_jobs(runner, captured, monkeypatch):
     assert captured["drift_jobs"] == 4
 
 
+def test_apply_of_a_deploy_file_that_does_not_exist_is_a_usage_error(runner, captured):
+    result = runner.invoke(cli.main, ["apply", "inv.py", "no/such/deploy.py", "-y"])
+    assert result.exit_code == 2 and "deploy no/such/deploy.py: no such file" in result.output
+    assert "apply" not in captured
+
+
 def test_apply_without_y_and_without_a_terminal_refuses_at_once(runner, captured, monkeypatch):
     monkeypatch.setattr(cli, "_interactive", lambda: False)
     result = runner.invoke(cli.main, ["apply", "inv.py"])
