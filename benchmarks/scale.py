@@ -1,6 +1,7 @@
 """The no-op converge at fleet scale, through pyinfra's ``@fake`` connector (needs root once, to record):
 
-    .venv/bin/python benchmarks/scale.py [--hosts 100,300,1000] [--shards N] [--record]
+    .venv/bin/python benchmarks/scale.py [--hosts 100,300,1000] [--shards N] [--apply 1000,3000,10000] [--jobs J]
+                                         [--repeat R] [--record]
 
 1. Record (once; cached in build/scale-recording.json; redone with ``--record``, or when the read-ahead command or
    the code of gpufleet's facts and operations changed): a few simulated hosts are brought up with a preinstalled
@@ -19,6 +20,15 @@
 4. Cores: pyinfra runs one process on one core. With ``--shards N`` (default: this machine's CPU count, when > 1)
    the largest fleet is also split into N inventories run by N pyinfra processes at once; wall time and speed-up
    are reported.
+5. ``gpufleet apply`` (``--apply 1000,3000,10000``; ``--apply ''``: none): each fleet size run by
+   ``gpufleet apply -y --jobs 1`` and ``--jobs J`` (``--jobs``, default this machine's CPU count), each
+   ``--repeat`` times (interleaved: a shared machine's noise falls on both): wall, CPU per host (the coordinator
+   and its workers, user + system), speed-up, and the controller's peak memory (the resident memory of the
+   coordinator and all its workers together, sampled every 0.1 s) per host. Every run must change nothing.
+6. The per-host cost of a real SSH connection (recorded with the answers, step 1): a pyinfra run reading one
+   trivial fact (``server.Hostname``: connect + one command) on the simulated hosts, minus the same run on as
+   many ``@fake`` hosts, per host (the median of 3). With it and the measured per-host CPU of ``gpufleet apply``,
+   a PROJECTION (not a measurement) of a 10,000-host no-op's wall time on a 16-core controller.
 
 The pyinfra processes run with bytecode caching on (``PYTHONDONTWRITEBYTECODE`` removed), as an installed package
 runs.
@@ -29,10 +39,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import resource
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -43,6 +55,7 @@ os.environ.setdefault("GPUFLEET_SIM_NET", "10.77.8")
 
 REPO = Path(__file__).resolve().parents[1]
 PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
+GPUFLEET = str(Path(sys.executable).with_name("gpufleet"))
 RECORDING = REPO / "build" / "scale-recording.json"
 PROFILES = ["h100-sxm-8", "a100-40gb-1", "rtx4090-1"]
 NOT_SETTINGS = ("ssh_",)  # host data that belongs to the real connection, not to the fake host
@@ -92,6 +105,7 @@ def record(path: Path) -> None:
             if noop.returncode != 0 or _totals(noop.stdout)["success"] != "-":
                 raise SystemExit(f"the recorded run was not a no-op:\n{noop.stdout[-3000:]}")
             answers = json.loads(responses.read_text())
+            ssh_cpu = ssh_cost(inventory, [h.name for h in fleet.hosts], Path(tmp))
             data = {h.name: {k: v for k, v in hosts.inventory_host_data(fleet, h).items()
                              if not k.startswith(NOT_SETTINGS)} for h in fleet.hosts}
             profiles = {h.name: h.profile for h in fleet.hosts}
@@ -102,7 +116,22 @@ def record(path: Path) -> None:
                         # longest first: @fake matches substrings, first match wins
                         "responses": dict(sorted(answers[name].items(), key=lambda kv: -len(kv[0])))}
                  for name in sorted(answers)}
-    path.write_text(json.dumps({"read_ahead": _read_ahead_shape(), "hosts": recording}, indent=1))
+    path.write_text(json.dumps({"read_ahead": _read_ahead_shape(), "hosts": recording,
+                                "ssh_cpu_per_host": ssh_cpu}, indent=1))
+
+
+def ssh_cost(inventory: Path, names: list[str], tmp: Path, runs: int = 3) -> float:
+    """Controller CPU seconds per host of a real SSH connection and one command: ``pyinfra INVENTORY fact
+    server.Hostname`` on the simulated hosts, minus the same on as many ``@fake`` hosts (pyinfra's start-up and
+    the fact's own cost), per host; the median of ``runs``."""
+    fake = tmp / "fake_floor.py"
+    fake.write_text(f"hosts = {[('@fake/' + n, {'fake_delay': 0, 'fake_delay_jitter': 0}) for n in names]!r}\n")
+    costs = []
+    for _ in range(runs):
+        real = timed(str(inventory), "fact", "server.Hostname")[1]
+        floor = timed(str(fake), "fact", "server.Hostname")[1]
+        costs.append((real - floor) / len(names))
+    return sorted(costs)[len(costs) // 2]
 
 
 def _read_ahead_shape() -> str:
@@ -163,12 +192,136 @@ def noop(inventory: Path, deploy: str, count: int, env: dict | None = None) -> t
     """(wall, CPU, operations per host, rounded: hosts of other profiles run other stages) of a run that must
     change nothing on ``count`` hosts."""
     wall, cpu, out = timed(str(inventory), deploy, env=env)
+    return wall, cpu, _noop_ops(out, deploy, count)
+
+
+def _noop_ops(out: str, deploy: str, count: int) -> int:
     totals = _totals(out)
     # the result line sums over operations: "hosts" and "no change" are operations x hosts
     if totals["success"] != "-" or totals["error"] != "-" or totals["hosts"] != totals["no_change"] \
             or not int(totals["no_change"]):
         raise SystemExit(f"{deploy} on {count} fake hosts was not a clean no-op: {totals}\n{out[-3000:]}")
-    return wall, cpu, round(int(totals["no_change"]) / count)
+    return round(int(totals["no_change"]) / count)
+
+
+def _tree_rss(pid: int) -> int:
+    """Resident memory (bytes) of process ``pid`` and all its descendants, from /proc."""
+    total, todo = 0, [pid]
+    while todo:
+        current = todo.pop()
+        try:
+            for line in Path(f"/proc/{current}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) * 1024
+            for task in Path(f"/proc/{current}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except (FileNotFoundError, ProcessLookupError, ValueError):
+            continue
+    return total
+
+
+def applied(inventory: Path, count: int, jobs: int, env: dict) -> tuple[float, float, int, float]:
+    """(wall, CPU of the coordinator and its workers, peak resident memory of them all together, CPU of the
+    busiest worker plus the coordinator's: the wall time on free cores, when CPU-bound) of
+    ``gpufleet apply -y --jobs JOBS INVENTORY deploys/gpu_node.py``, which must change nothing."""
+    environ = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.monotonic()
+    process = subprocess.Popen([GPUFLEET, "apply", "-y", "--jobs", str(jobs), str(inventory), "deploys/gpu_node.py"],
+                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env={**environ, **env})
+    peak = [0]
+
+    def sample() -> None:
+        while process.poll() is None:
+            peak[0] = max(peak[0], _tree_rss(process.pid))
+            time.sleep(0.1)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    out = process.communicate()[0]
+    wall = time.monotonic() - start
+    sampler.join()
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if process.returncode != 0:
+        raise SystemExit(f"gpufleet apply --jobs {jobs} on {count} hosts failed:\n{out[-3000:]}")
+    _noop_ops(out, "gpufleet apply", count)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    workers = re.search(r"worker CPU ([\d.]+) s at most, ([\d.]+) s in all", out)
+    # the longest chain of CPU work: the busiest worker, and the coordinator's own (all but the workers')
+    critical = float(workers[1]) + cpu - float(workers[2]) if workers else cpu
+    return wall, cpu, peak[0], critical
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def measure_apply(tmp: Path, sizes: list[int], jobs: int, repeat: int, env: dict, recorded: dict) -> dict:
+    """``gpufleet apply`` at each size with --jobs 1 and --jobs ``jobs``, ``repeat`` times each (interleaved); every
+    run printed. Returns {size: {jobs: [(wall, cpu per host, memory per host), ...]}}."""
+    print(f"\ngpufleet apply -y (no-op), --jobs 1 and --jobs {jobs}; CPU: coordinator + workers, user + system; "
+          "memory: peak resident memory of the coordinator and all its workers together")
+    print("speed-up: wall of --jobs 1 / wall; on free cores: CPU of --jobs 1 / (CPU of the busiest worker + the "
+          "coordinator's), what the speed-up is where every worker has a core of its own (this machine is shared)")
+    print(f"{'hosts':>6}  {'jobs':>4}  {'run':>3}  {'wall':>8}  {'CPU/host':>9}  {'mem/host':>9}  {'speed-up':>8}  "
+          f"{'on free cores':>13}")
+    found: dict[int, dict[int, list]] = {}
+    for count in sizes:
+        names = [f"node{i:05d}" for i in range(count)]
+        seed_learned(Path(env["GPUFLEET_CACHE_DIR"]), recorded, names)
+        inventory = tmp / f"apply{count}.py"
+        write_inventory(inventory, RECORDING, names)
+        runs = found[count] = {1: [], jobs: []}
+        for run in range(1, repeat + 1):
+            for j in dict.fromkeys((1, jobs)):
+                wall, cpu, memory, critical = applied(inventory, count, j, env)
+                runs[j].append((wall, cpu / count, memory / count, critical))
+                speedup = f"x{runs[1][-1][0] / wall:.2f}" if j != 1 else ""
+                free = f"x{runs[1][-1][1] * count / critical:.2f}" if j != 1 else ""
+                print(f"{count:>6}  {j:>4}  {run:>3}  {wall:>6.2f} s  {cpu / count * 1000:>6.1f} ms  "
+                      f"{memory / count / 1024:>6.1f} KiB  {speedup:>8}  {free:>13}", flush=True)
+    return found
+
+
+def report_apply(found: dict, jobs: int, ssh_cpu: float | None) -> None:
+    """Medians per size, the targets, and the projection of a 10,000-host no-op on 16 cores."""
+    print(f"\nmedians: {'hosts':>6}  {'wall j1':>8}  {f'wall j{jobs}':>8}  {'speed-up':>8}  {'CPU/host j1':>11}  "
+          f"{f'CPU/host j{jobs}':>11}  {'ratio':>5}  {f'mem/host j{jobs}':>12}")
+    rows = {}
+    for count, runs in found.items():
+        w1, wj = _median([r[0] for r in runs[1]]), _median([r[0] for r in runs[jobs]])
+        c1, cj = _median([r[1] for r in runs[1]]), _median([r[1] for r in runs[jobs]])
+        mj = _median([r[2] for r in runs[jobs]])
+        free = c1 * count / _median([r[3] for r in runs[jobs]])
+        rows[count] = (w1, wj, c1, cj, mj, free)
+        print(f"         {count:>6}  {w1:>6.2f} s  {wj:>6.2f} s  {w1 / wj:>7.2f}x  {c1 * 1000:>8.1f} ms  "
+              f"{cj * 1000:>8.1f} ms  {cj / c1:>5.2f}  {mj / 1024:>8.1f} KiB  (on free cores x{free:.2f})")
+    sizes = sorted(rows)
+    if len(sizes) > 1:
+        first, last = rows[sizes[0]], rows[sizes[-1]]
+        print(f"CPU per host from {sizes[0]} to {sizes[-1]} hosts: --jobs 1 x{last[2] / first[2]:.2f}, --jobs {jobs} "
+              f"x{last[3] / first[3]:.2f} (1.00 = linear in hosts)")
+    if 3000 in rows and jobs > 1:
+        w1, wj, c1, cj, _, free = rows[3000]
+        print(f"target at 3000 hosts: --jobs {jobs} >= 1.7x faster than --jobs 1: "
+              f"{'met' if w1 / wj >= 1.7 else 'MISSED'} (x{w1 / wj:.2f} wall; x{free:.2f} on free cores); CPU per "
+              f"host with workers <= 1.2x one process's: {'met' if cj / c1 <= 1.2 else 'MISSED'} (x{cj / c1:.2f})")
+    if jobs > 1:
+        count = sizes[-1]
+        _, _, c1, cj, _, _ = rows[count]
+        duplicated = max(0.0, (cj - c1) / (jobs - 1))  # per host and extra worker: each loads the whole inventory
+        ssh = ssh_cpu or 0.0
+        cores, fleet = 16, 10_000
+        wall = fleet * (c1 + ssh) / cores + fleet * duplicated
+        print(f"PROJECTION (not measured): a {fleet}-host no-op over SSH on a {cores}-core controller with --jobs "
+              f"{cores}: ~{wall:.0f} s wall ({wall / 60:.1f} min) = {fleet} x ({c1 * 1000:.1f} ms no-op CPU/host at "
+              f"{count} @fake hosts, --jobs 1 + {ssh * 1000:.1f} ms SSH connection CPU/host measured on simulated "
+              f"hosts) / {cores} cores + {fleet} x {duplicated * 1000:.2f} ms (what each further worker adds per "
+              f"host, from --jobs {jobs} vs 1: its own inventory load, run in parallel). Assumes per-host costs "
+              f"stay linear and the {cores} cores are free; one process today: ~{fleet * (c1 + ssh) / 60:.1f} min.")
 
 
 def sharded(tmp: Path, names: list[str], shards: int, env: dict, recorded: dict) -> tuple[float, float]:
@@ -195,12 +348,21 @@ def main() -> int:
     parser.add_argument("--hosts", default="100,300,1000", help="fleet sizes, comma-separated")
     parser.add_argument("--shards", type=int, default=os.cpu_count() or 1,
                         help="processes for the sharded run of the largest fleet (1: none)")
+    parser.add_argument("--apply", default="1000,3000,10000",
+                        help="fleet sizes for gpufleet apply, comma-separated ('': none)")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="gpufleet apply's --jobs besides 1")
+    parser.add_argument("--repeat", type=int, default=2, help="runs of gpufleet apply per size and --jobs")
     parser.add_argument("--record", action="store_true", help="record the answers again (needs root)")
     args = parser.parse_args()
     if args.record or not RECORDING.exists() or _stale(RECORDING):
         record(RECORDING)
-    recorded = json.loads(RECORDING.read_text())["hosts"]
-    sizes = [int(n) for n in args.hosts.split(",")]
+    recording = json.loads(RECORDING.read_text())
+    recorded = recording["hosts"]
+    ssh_cpu = recording.get("ssh_cpu_per_host")
+    if ssh_cpu is not None:
+        print(f"SSH connection + one command, controller CPU per host (simulated hosts, beyond @fake): "
+              f"{ssh_cpu * 1000:.1f} ms")
+    sizes = [int(n) for n in args.hosts.split(",") if n]
     shown = [f"{name} ({rec['profile']}, {len(rec['responses'])} remote commands, {len(rec['learned'])} fact reads)"
              for name, rec in recorded.items()]
     print(f"recorded hosts: {', '.join(shown)}")
@@ -235,15 +397,21 @@ def main() -> int:
         if len(rows) > 1:
             (n0, _, c0, *_), (n1, _, c1, *_) = rows[0], rows[-1]
             print(f"CPU per host from {n0} to {n1} hosts: x{c1 / c0:.2f} (1.00 = linear in hosts)")
-        worst = max(row[2] / row[5] for row in rows)
-        print(f"target: gpufleet CPU/host <= 1.5 x floor: {'met' if worst <= 1.5 else 'MISSED'} (worst x{worst:.2f})")
-        if args.shards > 1:
+        if rows:
+            worst = max(row[2] / row[5] for row in rows)
+            print(f"target: gpufleet CPU/host <= 1.5 x floor: {'met' if worst <= 1.5 else 'MISSED'} "
+                  f"(worst x{worst:.2f})")
+        if args.shards > 1 and rows:
             count = sizes[-1]
             names = [f"node{i:05d}" for i in range(count)]
             wall1 = rows[-1][1]
             wall, cpu = sharded(tmp, names, args.shards, env, recorded)
             print(f"{count} hosts in {args.shards} shards (parallel pyinfra processes): {wall:.2f} s wall "
                   f"(one process: {wall1:.2f} s, speed-up x{wall1 / wall:.2f}), {cpu / count * 1000:.1f} ms CPU/host")
+        apply_sizes = [int(n) for n in args.apply.split(",") if n]
+        if apply_sizes:
+            found = measure_apply(tmp, apply_sizes, args.jobs, args.repeat, env, recorded)
+            report_apply(found, args.jobs, ssh_cpu)
     return 0
 
 

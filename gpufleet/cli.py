@@ -6,6 +6,7 @@ Its commands take pyinfra's host selection and connection options with pyinfra's
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
@@ -164,7 +165,9 @@ def _confirm(plan: str) -> bool:
 @click.argument("deploy", required=False, default=DEFAULT_DEPLOY)
 @pyinfra_options()
 @click.option("--json", "as_json", is_flag=True, help="print the drift as JSON")
-def drift(inventory: str, deploy: str, pyinfra_args: PyinfraArgs, as_json: bool) -> None:
+@click.option("-j", "--jobs", type=click.IntRange(1), default=1, show_default=True, metavar="N",
+              help="worker processes, each planning a slice of the hosts (as gpufleet apply --dry)")
+def drift(inventory: str, deploy: str, pyinfra_args: PyinfraArgs, as_json: bool, jobs: int) -> None:
     """What DEPLOY would change on every host of INVENTORY, per setting and host: the deploy run with pyinfra
     --dry (same validation, preflight, facts and operations; nothing is changed).
 
@@ -177,7 +180,63 @@ def drift(inventory: str, deploy: str, pyinfra_args: PyinfraArgs, as_json: bool)
     from .drift import main as drift_main  # noqa: PLC0415
 
     interruption.catch_signals()  # SIGINT/SIGTERM/SIGHUP: exit 130/143/129, nothing was changed
-    sys.exit(drift_main(inventory, deploy, as_json=as_json, echo=click.echo, args=pyinfra_args))
+    sys.exit(drift_main(inventory, deploy, as_json=as_json, echo=click.echo, args=pyinfra_args, jobs=jobs))
+
+
+@main.command()
+@click.argument("inventory")
+@click.argument("deploy", required=False, default=DEFAULT_DEPLOY)
+@pyinfra_options()
+@click.option("-y", "--yes", is_flag=True, help="execute without showing the changes and asking first (as pyinfra -y)")
+@click.option("-j", "--jobs", type=click.IntRange(1), default=None, metavar="N",
+              help="worker processes, each on a slice of the hosts (default: this machine's cores)")
+@click.option("--dry", is_flag=True, help="validate, preflight and show what would change; change nothing")
+@click.option("--diff", is_flag=True, help="show the differences when changing text files (as pyinfra --diff)")
+@click.option("--json", "as_json", is_flag=True,
+              help="print pyinfra's --json document (plan and results) of the whole run on stdout")
+def apply(inventory: str, deploy: str, pyinfra_args: PyinfraArgs, yes: bool, jobs: int | None, dry: bool,
+          diff: bool, as_json: bool) -> None:
+    """Run DEPLOY over INVENTORY as ``pyinfra INVENTORY DEPLOY`` does, in N worker processes each on a slice of
+    the hosts (a mix of the fleet's groups), behind one validation barrier: no worker changes anything until
+    every host of every slice is validated and preflighted.
+
+    DEPLOY: a deploy file (FILE.py) or a deploy function (package.module.function), as pyinfra takes it; default
+    gpufleet.deploys.gpu_node.gpu_node. Without -y the changes are shown and Enter asked for (a terminal needed;
+    with --json the plan is printed and nothing changed, as pyinfra does).
+
+    Exit code: 0 every host succeeded, 1 a host failed, or validation or preflight failed on any host (then
+    nothing was changed on any host), 2 bad usage or inventory (nothing changed), 130/143/129 interrupted by
+    SIGINT/SIGTERM/SIGHUP (the hosts in flight are named; run it again to converge them).
+    """
+    from . import apply as fleet  # noqa: PLC0415 - no pyinfra in this process: the workers run it
+
+    if deploy.endswith(".py") and not os.path.isfile(deploy):  # a module path is the workers' to import
+        click.echo(f"gpufleet apply: deploy {deploy}: no such file; nothing was changed", err=True)
+        sys.exit(2)
+    confirm = None
+    if not yes and not dry and not as_json:
+        if not _interactive():
+            click.echo("gpufleet apply: no terminal to confirm the changes on (stdin is not a terminal): give -y to "
+                       "apply without asking, or --dry to see them; nothing was changed", err=True)
+            sys.exit(2)
+        confirm = _confirm_apply
+    fleet.catch_signals()  # SIGINT/SIGTERM/SIGHUP: every worker stopped, exit 130/143/129 naming hosts in flight
+    opts = fleet.ApplyOptions(inventory=inventory, deploy=deploy, jobs=jobs or fleet.default_jobs(), yes=yes,
+                              dry=dry, diff=diff, as_json=as_json, pyinfra=pyinfra_args)
+    sys.exit(fleet.main(opts, echo=click.echo, confirm=confirm))
+
+
+def _confirm_apply(plan: str) -> bool:
+    """pyinfra's confirmation after its change detection: Enter to go on; anything else, end of input: no."""
+    click.echo(plan, err=True)
+    click.echo("\n    Detected changes displayed above, skip this step with -y", err=True)
+    click.echo("    Press enter to execute...", err=True, nl=False)
+    try:
+        answer = input()
+    except (EOFError, KeyboardInterrupt):
+        click.echo(err=True)
+        return False
+    return not answer
 
 
 @main.command()

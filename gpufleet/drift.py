@@ -106,12 +106,15 @@ def _stderr(text: str) -> None:
 
 
 def run_drift(inventory: str, deploy: str = DEFAULT_DEPLOY, args: PyinfraArgs | None = None,
-              log: TextIO | None = None) -> Drift:
+              log: TextIO | None = None, jobs: int = 1) -> Drift:
     """The drift of the hosts ``args.limit`` selects (every host without), pyinfra run with the user's ``--data``,
-    ``-v`` and SSH options (its log to ``log`` with ``-v``)."""
+    ``-v`` and SSH options (its log to ``log`` with ``-v``); with ``jobs`` > 1 in as many worker processes, each
+    on a slice of the hosts (:mod:`gpufleet.apply`: the same plan, merged)."""
     problem = pyinfra_args.check_deploy(deploy)
     if problem:
         return Drift([], error=problem)
+    if jobs > 1:
+        return _drift_over_workers(inventory, deploy, args, jobs)
     hosts, error = converge.inventory_order(inventory, args=args)
     if error:
         return Drift([], error=error)
@@ -119,10 +122,31 @@ def run_drift(inventory: str, deploy: str = DEFAULT_DEPLOY, args: PyinfraArgs | 
     return drift_from_run(converge.run_pyinfra(inventory, deploy, chosen, dry=True, args=args, log=log), hosts)
 
 
+def _drift_over_workers(inventory: str, deploy: str, args: PyinfraArgs | None, jobs: int) -> Drift:
+    from gpufleet import apply  # noqa: PLC0415
+
+    planned = apply.plan(inventory, deploy, jobs, args)
+    if planned.interrupted:
+        raise _Stopped(planned.exit_code, planned.interrupted)
+    if planned.exit_code == apply.EXIT_USAGE:
+        return Drift([], error=planned.log.strip())
+    run = converge.PyinfraRun(rc=planned.exit_code, payload=planned.payload, stderr=planned.log)
+    return drift_from_run(run, planned.hosts)
+
+
+class _Stopped(KeyboardInterrupt):
+    """The workers were stopped by a signal (their coordinator said where)."""
+
+    def __init__(self, status: int, report: str) -> None:
+        super().__init__(report)
+        self.signum = status - 128
+        self.child_report = report
+
+
 def main(inventory: str, deploy: str = DEFAULT_DEPLOY, *, as_json: bool = False, echo=print,
-         args: PyinfraArgs | None = None, log: TextIO | None = None) -> int:
+         args: PyinfraArgs | None = None, log: TextIO | None = None, jobs: int = 1) -> int:
     try:
-        drift = run_drift(inventory, deploy, args, log if log is not None else sys.stderr)
+        drift = run_drift(inventory, deploy, args, log if log is not None else sys.stderr, jobs=jobs)
     except KeyboardInterrupt as error:  # SIGINT, SIGTERM, SIGHUP (gpufleet.interruption.catch_signals)
         status = interruption.status_of(error)
         report = getattr(error, "child_report", None)  # pyinfra's own: the hosts it was reading

@@ -6,11 +6,14 @@ State is checked through the simulator (its GPU state file and nvidia-smi), neve
 
 from __future__ import annotations
 
+import json
+import shutil
 import subprocess
 
 import pytest
 from conftest import BIN, REPO, bring_up, exporter_units, gpufleet, grand_total, save_deb_cache, ssh
 
+from gpufleet import apply
 from gpufleet.sim import hosts
 from gpufleet.sim.gpu import state as gpu_state
 
@@ -77,6 +80,28 @@ def test_invalid_key_stops_the_run_before_any_change(fleet, tmp_path):
     assert result.returncode != 0
     assert "node03: gpufleet_power_limt=300: unknown gpufleet setting" in result.stdout
     assert "did you mean 'gpufleet_power_limit'" in result.stdout
+    assert all(untouched(fleet, name) for name in ("node01", "node02", "node03"))
+
+
+def run_apply(*extra: str, inventory=INVENTORY) -> subprocess.CompletedProcess:
+    return subprocess.run([str(BIN / "gpufleet"), "apply", *extra, str(inventory), str(DEPLOY)], cwd=REPO,
+                          capture_output=True, text=True, timeout=900)
+
+
+def test_apply_a_bad_value_on_the_last_host_of_the_last_slice_changes_no_host(fleet, tmp_path):
+    """``gpufleet apply --jobs 2``: the workers of the other slices are prepared and wait at the barrier; the last
+    slice's host fails validation, so no worker changes anything (as one pyinfra process)."""
+    groups = {"node01": ["hgx_h100", "gpu_nodes"], "node02": ["a100", "gpu_nodes"],
+              "node03": ["workstations", "gpu_nodes"]}
+    assert apply.slice_hosts(list(groups.items()), 2)[-1][-1] == "node01"
+    shutil.copytree(REPO / "inventories" / "group_data", tmp_path / "group_data")
+    shutil.copy(INVENTORY, tmp_path / "sim.py")
+    with (tmp_path / "group_data" / "hgx_h100.py").open("a") as data:
+        data.write("\ngpufleet_power_limit = 900\n")
+    result = run_apply("-y", "--jobs", "2", inventory=tmp_path / "sim.py")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "node01: gpufleet_power_limit=900 W" in result.stderr and "allowed: 200-700 W" in result.stderr
+    assert "nothing was changed on any host" in result.stderr
     assert all(untouched(fleet, name) for name in ("node01", "node02", "node03"))
 
 
@@ -166,6 +191,37 @@ def test_power_limit_changed_behind_our_back_is_restored(fleet):
     assert grand_total(result.stdout)["success"] == "1"
     a100, _ = gpus(fleet, "node02")
     assert a100[0]["power.limit_mw"] == "320000"
+
+
+def _changes(document: dict) -> dict[str, list[str]]:
+    return {op["name"]: op["hosts_with_change"] for op in document["plan"] if op["hosts_with_change"]}
+
+
+def test_apply_with_workers_changes_what_pyinfra_would_then_nothing(fleet):
+    """``gpufleet apply --jobs 2`` on two hosts changed behind our back, one in each slice: the same plan as
+    ``pyinfra --dry``; applied, the hosts are right again (seen on the hosts); applied again, nothing changes."""
+    ssh(fleet, "node01", "printf 'NCCL_DEBUG=INFO\\n' > /etc/nccl.conf")  # slice 2 (of node01 alone)
+    ssh(fleet, "node02", "nvidia-smi -i 0 -pl 250")  # slice 1 (node02, node03)
+    single = subprocess.run([str(BIN / "pyinfra"), "--dry", "--json", str(INVENTORY), str(DEPLOY)], cwd=REPO,
+                            capture_output=True, text=True, timeout=900)
+    assert single.returncode == 0, single.stderr
+    dry = run_apply("--dry", "--json", "--jobs", "2")
+    assert dry.returncode == 0, dry.stderr
+    assert _changes(json.loads(dry.stdout)) == _changes(json.loads(single.stdout))
+    assert _changes(json.loads(dry.stdout)) == {"gpufleet: GPU node | /etc/nccl.conf": ["node01"],
+                                                "gpufleet: GPU node | GPU power limits": ["node02"]}
+    applied = run_apply("-y", "--json", "--jobs", "2")
+    assert applied.returncode == 0, applied.stderr
+    results = json.loads(applied.stdout)["results"]
+    assert {op["name"]: op["success"] for op in results["operations"] if op["success"]} == \
+        {"gpufleet: GPU node | /etc/nccl.conf": ["node01"], "gpufleet: GPU node | GPU power limits": ["node02"]}
+    assert "NCCL_DEBUG=WARN\n" in ssh(fleet, "node01", "cat /etc/nccl.conf").stdout
+    a100, _ = gpus(fleet, "node02")
+    assert a100[0]["power.limit_mw"] == "320000"
+    again = run_apply("-y", "--jobs", "2")
+    assert again.returncode == 0, again.stderr
+    total = grand_total(again.stdout)
+    assert total["success"] == "-" and total["error"] == "-", again.stdout + again.stderr
 
 
 def test_desired_power_limit_of_a_lost_gpu_survives_until_it_is_back(fleet, tmp_path):

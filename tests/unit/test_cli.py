@@ -11,7 +11,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from gpufleet import cli, drift, pyinfra_args
+from gpufleet import apply, cli, drift, pyinfra_args
 from gpufleet.pyinfra_args import PyinfraArgs
 from gpufleet.rollout import run as rollout_run
 from gpufleet.verify import run as verify_run
@@ -42,8 +42,13 @@ def captured(monkeypatch):
         seen["rollout"] = (opts, confirm)
         return 0
 
-    def drift_main(inventory, deploy, *, as_json, echo, args):
+    def drift_main(inventory, deploy, *, as_json, echo, args, jobs):
         seen["drift"] = (inventory, deploy, args)
+        seen["drift_jobs"] = jobs
+        return 0
+
+    def apply_main(opts, *, echo, confirm=None):
+        seen["apply"] = (opts, confirm)
         return 0
 
     def verify_main(inventory, *, limit, bench, out, echo, via, override_data):
@@ -52,6 +57,8 @@ def captured(monkeypatch):
 
     monkeypatch.setattr(rollout_run, "main", rollout_main)
     monkeypatch.setattr(drift, "main", drift_main)
+    monkeypatch.setattr(apply, "main", apply_main)
+    monkeypatch.setattr(apply, "catch_signals", lambda: None)
     monkeypatch.setattr(verify_run, "main", verify_main)
     return seen
 
@@ -91,6 +98,34 @@ def test_drift_and_verify_take_pyinfras_options(runner, captured):
     result = runner.invoke(cli.main, ["verify", "inv.py", "--limit", "gpu", "--data", "x=true", "--user", "ops"])
     assert result.exit_code == 0, result.output
     assert captured["verify"] == ("inv.py", ["gpu"], {"x": True, "ssh_user": "ops"})
+
+
+def test_apply_takes_pyinfras_options_and_jobs(runner, captured, monkeypatch):
+    result = runner.invoke(cli.main, ["apply", "inv.py", "deploys/gpu_node.py", "-y", "--jobs", "3", "--limit", "gpu",
+                                      "--data", "a=1", "--diff", "--json", "-v"])
+    assert result.exit_code == 0, result.output
+    opts, confirm = captured["apply"]
+    assert opts == apply.ApplyOptions(inventory="inv.py", deploy="deploys/gpu_node.py", jobs=3, yes=True, diff=True,
+                                      as_json=True, pyinfra=PyinfraArgs(limit=("gpu",), data=("a=1",), verbosity=1))
+    assert confirm is None
+    monkeypatch.setattr(apply, "default_jobs", lambda: 16)
+    assert runner.invoke(cli.main, ["apply", "inv.py", "--dry"]).exit_code == 0
+    assert captured["apply"][0].jobs == 16 and captured["apply"][0].dry
+    assert runner.invoke(cli.main, ["drift", "inv.py", "--jobs", "4"]).exit_code == 0
+    assert captured["drift_jobs"] == 4
+
+
+def test_apply_of_a_deploy_file_that_does_not_exist_is_a_usage_error(runner, captured):
+    result = runner.invoke(cli.main, ["apply", "inv.py", "no/such/deploy.py", "-y"])
+    assert result.exit_code == 2 and "deploy no/such/deploy.py: no such file" in result.output
+    assert "apply" not in captured
+
+
+def test_apply_without_y_and_without_a_terminal_refuses_at_once(runner, captured, monkeypatch):
+    monkeypatch.setattr(cli, "_interactive", lambda: False)
+    result = runner.invoke(cli.main, ["apply", "inv.py"])
+    assert result.exit_code == 2 and "give -y" in result.output
+    assert "apply" not in captured
 
 
 @pytest.mark.parametrize("argv, message", [

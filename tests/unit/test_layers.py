@@ -67,6 +67,8 @@ LAYERS: dict[str, int] = {
     "gpufleet.drift": 9,
     "gpufleet.settings": 9,
     "gpufleet.sim": 9,
+    "gpufleet.apply": 9,
+    "gpufleet._pyinfra.workers": 9,
     # 10: the command line
     "gpufleet.cli": 10,
     "gpufleet.__main__": 10,
