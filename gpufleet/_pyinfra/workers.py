@@ -100,7 +100,7 @@ def _counter(pipe: _Pipe, hosts: set[str]):
 def _session_class():
     from pyinfra.api.exceptions import PyinfraError  # noqa: PLC0415
 
-    from gpufleet import interruption  # noqa: PLC0415
+    from gpufleet._pyinfra._signals import mid_change  # noqa: PLC0415
     from gpufleet._pyinfra.inprocess import Session  # noqa: PLC0415
 
     class SliceSession(Session):
@@ -125,7 +125,7 @@ def _session_class():
                 raise
 
         def _stop(self, state) -> None:
-            self.mid_change = interruption.mid_change(state)  # before the greenlets are killed
+            self.mid_change = mid_change(state)  # before the greenlets are killed
             self.executing = bool(state.is_executing)
             super()._stop(state)
 
@@ -243,7 +243,7 @@ def main(argv: list[str]) -> int:
                   executing=bool(getattr(session, "executing", False)) if session else False)
         sys.stdout.flush()
         sys.stderr.flush()
-        # at once, as pyinfra's CLI under gpufleet (gpufleet.interruption.install): the commands in flight are
+        # at once, as pyinfra's CLI under gpufleet (gpufleet._pyinfra._signals.install): the commands in flight are
         # what the user interrupted; the kernel closes the SSH connections
         os._exit(interruption.status_of(error))
     finally:
