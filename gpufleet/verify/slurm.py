@@ -9,7 +9,7 @@ checks and reports as over SSH.
   job now (down, drained or draining, failing, not responding ``*``, every CPU in a job, ...), is reported
   ``unreachable`` with Slurm's state and reason and left out of the job: a job naming it would wait or be refused.
 * **The job**: ``srun --job-name=gpufleet-verify-<id> -N n --ntasks-per-node=1 -w LIST --time=T --immediate=S
-  --label --kill-on-bad-exit=0 sh -c TASK``. ``--time`` bounds the job by the probe's own timeout
+  --label --kill-on-bad-exit=0 --input=all sh -c TASK``. ``--time`` bounds the job by the probe's own timeout
   (:data:`gpufleet.verify.remote.PROBE_TIMEOUT_S`), ``--immediate`` gives up when Slurm cannot start it soon, and
   the srun command itself is killed (and the job cancelled by name) when it outlives both: never a hang.
 * **How the probe reaches the nodes**: the probe bundle (the same files SSH verify installs, :mod:`.bundle`) is
@@ -17,6 +17,13 @@ checks and reports as over SSH.
   ``mktemp -d`` directory, runs the probe there and removes it. No shared filesystem is assumed (many clusters have
   none for root, and Slurm's ``sbcast``/``--bcast`` moves one executable file only, which would have to be copied
   to the Slurm client first); nothing is left on the node; it works as any user that may run srun.
+* **The exporters' credentials**: the probe scrapes the node's exporters as over SSH, given their URLs, user and
+  password on its stdin (``--exporters-stdin``). They travel on the same srun stdin, before the bundle
+  (:func:`exporters_header`); the task reads its node's line into an unexported shell variable and pipes it into
+  the probe with the shell's ``printf`` builtin. So the password is on no command line (srun's, the task's: ``ps``),
+  in no environment (srun exports the caller's to the job), in no Slurm record (``scontrol show job``, the job's
+  submit line; an srun job has no batch script) and in no file on the node (a file, even 0600 in the job's own
+  directory, outlives a task killed at its time limit).
 * **The output**: each task prints ``@@gpufleet-slurm begin NODE`` (``$SLURMD_NODENAME``), the PCI section and the
   probe's section (the SSH engine's own script, :func:`gpufleet.verify.remote.probe_script`), then
   ``@@gpufleet-slurm end NODE``; ``--label`` prefixes every line with its task number, so interleaved output of

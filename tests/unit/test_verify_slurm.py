@@ -23,6 +23,7 @@ from gpufleet.verify import evaluate_host
 from gpufleet.verify import slurm as vslurm
 from gpufleet.verify.bundle import VerifyError
 from gpufleet.verify.expected import expected_state
+from tests import upstream
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "verify"
 PROBE = json.loads((FIXTURES / "probe-rtx4090-1.json").read_text())
@@ -72,6 +73,11 @@ def test_srun_command_line_one_task_per_node_bounded_and_named():
         "--nodelist=node02,node03", "--time=2:00", "--immediate=30", "--label", "--kill-on-bad-exit=0",
         "--input=all", "sh", "-c", "SCRIPT"]
     assert slurm.time_limit(900) == "15:00" and slurm.time_limit(75) == "1:15"
+    # srun(1): --input=all broadcasts srun's stdin to every task (the bundle, the exporters' endpoints); named on the
+    # command line, which overrides a SLURM_STDINMODE in the caller's environment
+    srun_man = upstream.recorded("slurm/doc/man/man1/srun.1")["statements"]
+    assert srun_man["input_all"]["value"].startswith("all: stdin is broadcast to all remote tasks")
+    assert "override" in srun_man["command_line_overrides_env"]["value"]
 
 
 @pytest.mark.parametrize(("via", "prefix"), [
