@@ -150,7 +150,7 @@ def exporters_header(endpoints: Mapping[str, Mapping[str, Any] | None]) -> bytes
 
 # Reads the header line by line (the shell's ``read`` takes one byte at a time from a pipe: ``tar`` gets the
 # stream from the bundle's first byte): ``gfx`` holds the node's JSON line, in the shell's memory only (not
-# exported: no process's environment or arguments show it); a missing header leaves ``{}`` (nothing scraped).
+# exported: no process's environment or arguments show it); a node named on no line gets the ``*`` line.
 _READ_EXPORTERS = (
     "gfd='{}'; gfn=; while IFS= read -r gfl; do case \"$gfl\" in "
     f'"{EXPORTERS_END}") break;; '

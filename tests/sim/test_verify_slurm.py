@@ -5,9 +5,11 @@ packages are the cached .debs of tests/sim/test_rollout_slurm.py.
 
 Judged by Slurm's own state and output (``scontrol show node``, ``sinfo``, the sim hosts' files) and by the SSH
 engine's report of the same fleet: verify through one srun gives every host the same check results as verify over
-SSH; a drained node and a node whose slurmd is down are reported unreachable with Slurm's reason, without waiting;
-the gres stage writes a gres.conf that slurmd accepts (the node registers its GPUs, ``Gres=`` in scontrol) and a
-second run changes nothing.
+SSH, the exporter checks passing (the probe is given the exporters' credentials on srun's stdin, and the password
+shows in no command line, environment, Slurm job record or file on the node while the job runs); a drained node
+and a node whose slurmd is down are reported unreachable with Slurm's reason, without waiting; the gres stage
+writes a gres.conf that slurmd accepts (the node registers its GPUs, ``Gres=`` in scontrol) and a second run
+changes nothing.
 
 The placeholder /dev/nvidiaN device nodes Slurm's GRES needs (the simulator has no kernel driver) are created by
 this module's set-up only, as in the reference recipe.
