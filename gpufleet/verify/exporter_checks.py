@@ -60,7 +60,7 @@ def check_exporters(add, probe: Mapping[str, Any], expected: Mapping[str, Any] |
         check = f"config.exporter.{name}"
         if observed is None:
             add(check, SKIP, "the probe did not scrape the exporters (it was not given their addresses and "
-                "credentials: the Slurm engine, or an older probe)", "")
+                "credentials: an older probe)", "")
             continue
         entry = observed.get(name) or {}
         if entry.get("status") != "ok":

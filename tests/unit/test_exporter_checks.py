@@ -61,7 +61,7 @@ def test_stage_off_or_exporter_none_is_not_checked():
     both = {"status": "ok", "error": None, "gpus": {"DCGM_FI_DEV_GPU_TEMP": ["0", "1"]}}
     assert run(probe_doc(both), {"gpufleet_stages": ["driver"]}) == []
     assert [c for c, *_ in run(probe_doc(both), {"gpufleet_exporters_gpu": "none"})] == ["config.exporter.node"]
-    # a probe not given the endpoints (Slurm engine) scraped nothing: skipped, saying why
+    # a probe not given the endpoints (an older probe) scraped nothing: skipped, saying why
     found = run({"gpus": [], "exporters": None})
     assert [(c, v) for c, v, _ in found] == [("config.exporter.gpu", "skip"), ("config.exporter.node", "skip")]
     assert "credentials" in found[0][2]
