@@ -86,6 +86,7 @@ def seed_learned(cache: Path, recorded: dict, names: list[str]) -> None:
 
 
 def record(path: Path) -> None:
+    from gpufleet.config import GPU_EXPORTER_PORT, NODE_EXPORTER_PORT  # noqa: PLC0415
     from gpufleet.sim import hosts  # noqa: PLC0415 - only the recording needs the simulator
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -108,6 +109,11 @@ def record(path: Path) -> None:
             ssh_cpu = ssh_cost(inventory, [h.name for h in fleet.hosts], Path(tmp))
             data = {h.name: {k: v for k, v in hosts.inventory_host_data(fleet, h).items()
                              if not k.startswith(NOT_SETTINGS)} for h in fleet.hosts}
+            for h in fleet.hosts:  # the exporters' default listen address is the host's ssh_hostname, which a
+                address = hosts.inventory_host_data(fleet, h).get("ssh_hostname")  # fake host has not: given
+                if address:
+                    data[h.name].setdefault("gpufleet_exporters_gpu_listen", f"{address}:{GPU_EXPORTER_PORT}")
+                    data[h.name].setdefault("gpufleet_exporters_node_listen", f"{address}:{NODE_EXPORTER_PORT}")
             profiles = {h.name: h.profile for h in fleet.hosts}
         finally:
             hosts.down(log=lambda *_: None)

@@ -84,9 +84,11 @@ def _bcrypt_salt(seed: bytes) -> bytes:
 
 @functools.lru_cache(maxsize=4096)
 def bcrypt_hash(secret: str, context: str) -> str:
-    """The bcrypt hash (``$2b$05$...``) of ``secret``, its salt derived from ``secret`` and ``context`` (the host and
-    user): the same inputs give the same file on every run, so a converged host is not changed, as the
-    prometheus-community roles seed their salt with the host name. The salt reveals nothing the hash does not."""
+    """The bcrypt hash (``$2b$05$...``) of ``secret``, its salt derived from ``secret`` and ``context`` (the user):
+    the same inputs give the same file on every run, so a converged host is not changed (the prometheus-community
+    roles seed their salt with the host name; the host is left out here because every host holds the same
+    generated password, so a per-host salt protects nothing, and identical hosts then have identical files, which
+    the scale benchmark's fake hosts rely on). The salt reveals nothing the hash does not."""
     import bcrypt  # the pyca project's bcrypt (a gpufleet dependency): OpenBSD's algorithm, as Go's x/crypto/bcrypt
 
     seed = hmac.new(secret.encode(), context.encode(), hashlib.sha256).digest()

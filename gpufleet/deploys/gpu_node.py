@@ -213,7 +213,7 @@ def exporter_web_config(host_name: str, tls: dict | None = None) -> str:
         secret = web_auth.password("exporters")
     except UnsafePath as error:
         raise InputError(f"{host_name}: the monitoring credentials: {error}") from None
-    return web_auth.web_config({web_auth.USER: web_auth.bcrypt_hash(secret, f"{host_name}/{web_auth.USER}")},
+    return web_auth.web_config({web_auth.USER: web_auth.bcrypt_hash(secret, web_auth.USER)},
                                tls_server_config=tls)
 
 

@@ -191,7 +191,7 @@ def passwords() -> dict[str, str]:
 
 
 def _web_config(secret: str, tls: dict) -> str:
-    return web_auth.web_config({web_auth.USER: web_auth.bcrypt_hash(secret, f"{host.name}/{web_auth.USER}")},
+    return web_auth.web_config({web_auth.USER: web_auth.bcrypt_hash(secret, web_auth.USER)},
                                tls_server_config=dict(tls))
 
 
