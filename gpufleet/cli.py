@@ -94,10 +94,12 @@ def verify(inventory: str, pyinfra_args: PyinfraArgs, bench: str, out: str, via:
 @click.option("--dry", is_flag=True, help="validate, preflight and print the waves; drain and change nothing")
 @click.option("--out", type=click.Path(file_okay=False), default="gpufleet-rollout", show_default=True,
               help="directory for rollout.json, rollout-junit.xml, the state file and each wave's verify report")
+@click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True,
+              help="pyinfra worker processes for the whole-fleet pass and the waves (1: the rollout's own)")
 def rollout(inventory: str, deploy: str, pyinfra_args: PyinfraArgs, yes: bool, canary: int, waves: str | None,
             batch: str | None, max_unavailable: str | None, max_failures: str, verify_gate: str, drain: str,
             wait_for_jobs: float | None, on_timeout: str, state_file: str | None, resume: bool, dry: bool,
-            out: str) -> None:
+            out: str, jobs: int) -> None:
     """Roll DEPLOY out over INVENTORY: validation and preflight of every host, then the canary and the waves in
     inventory order, each host drained, converged, verified and returned.
 
@@ -133,7 +135,7 @@ def rollout(inventory: str, deploy: str, pyinfra_args: PyinfraArgs, yes: bool, c
     opts = run.RolloutOptions(inventory=inventory, deploy=deploy, canary=canary, waves=waves or batch or "25%",
                               max_unavailable=max_unavailable, max_failures=max_failures, verify=verify_gate,
                               drain=drain, wait_for_jobs=wait_for_jobs, on_timeout=on_timeout, state=state_file,
-                              resume=resume, dry=dry, out=out, pyinfra=pyinfra_args)
+                              resume=resume, dry=dry, out=out, jobs=jobs, pyinfra=pyinfra_args)
     sys.exit(run.main(opts, echo=click.echo, confirm=confirm))
 
 
