@@ -50,12 +50,15 @@ def _patch_for_gevent() -> None:
 @click.option("--via", default="ssh", show_default=True, metavar="ssh|slurm|slurm:PREFIX",
               help="how the probe reaches the nodes: SSH from here, or one Slurm job (srun) run here or through "
                    "PREFIX (e.g. slurm:ssh root@slurm-ctl)")
-def verify(inventory: str, pyinfra_args: PyinfraArgs, bench: str, out: str, via: str) -> None:
+@click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True,
+              help="over SSH: worker processes the hosts are spread over (connections and checks on N cores)")
+def verify(inventory: str, pyinfra_args: PyinfraArgs, bench: str, out: str, via: str, jobs: int) -> None:
     """Probe every GPU node of INVENTORY (a pyinfra inventory) in parallel, check it against its configuration and
     write the fleet report.
 
     Exit code: 0 nothing failed, 1 a check failed or a host was unreachable, 2 verify could not run (bad inventory
-    or configuration, no host reachable, bad usage).
+    or configuration, no host reachable, bad usage), 130/143/129 interrupted (no report written); the same with
+    any --jobs (the same report as one process).
     """
     _patch_for_gevent()
     from . import interruption  # noqa: PLC0415
@@ -63,7 +66,7 @@ def verify(inventory: str, pyinfra_args: PyinfraArgs, bench: str, out: str, via:
 
     interruption.catch_signals()  # SIGINT/SIGTERM/SIGHUP: exit 130/143/129 naming the hosts not finished
     sys.exit(run.main(inventory, limit=list(pyinfra_args.limit), bench=bench, out=out, echo=click.echo, via=via,
-                      override_data=pyinfra_args.override_data()))
+                      override_data=pyinfra_args.override_data(), jobs=jobs))
 
 
 @main.command()
