@@ -80,4 +80,3 @@ def test_ctrl_c_stops_every_worker_exit_130_naming_the_hosts_without_a_result(tm
     assert "probe not finished on: hang0, hang1, hang2, hang3; no report was written" in err
     assert "Traceback" not in err
     assert not (tmp_path / "gpufleet-verify").exists()
-
