@@ -89,6 +89,9 @@ class Workers(apply.Pool):
                 return PyinfraRun(rc=1, payload=None, stderr=log, seconds=time.monotonic() - start)
             ready = {w: part for w, part in parts.items() if not prepared[w]["unreachable"]}
             done = self._ask(ready, plan=False, refresh=False)
+            # one log per worker, preparation then execution, as one run's: a host that could not be connected to
+            # while preparing has its reason there
+            done = {w: {**a, "stderr": prepared[w]["stderr"] + a["stderr"]} for w, a in done.items()}
             unreachable = {w: prepared[w] for w in parts if w not in ready}
             return self._merged({**unreachable, **done}, parts, start)
         except KeyboardInterrupt as error:
