@@ -280,9 +280,11 @@ class Sliced:
         self.ended: set[int] = set()  # workers whose output ended
 
     def verify(self, names: list[str], progress: TextIO) -> list[HostRun]:
-        import gevent.queue  # noqa: PLC0415
+        import queue  # noqa: PLC0415
+        import threading  # noqa: PLC0415
 
-        self.messages = gevent.queue.Queue()
+        # a reader per worker: greenlets where the CLI patched the standard library for gevent, else threads
+        self.messages = queue.Queue()
         progress.write(f"gpufleet verify: {len(names)} host(s), bench {self.job['bench']}, {self.job['jobs']} "
                        "worker(s)\n")
         progress.flush()
@@ -294,7 +296,7 @@ class Sliced:
                                                                                           "index": index})],
                                         cwd=self.job["cwd"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
                 self.procs.append(proc)
-                gevent.spawn(self._read, index, proc)
+                threading.Thread(target=self._read, args=(index, proc), daemon=True).start()
             while len(verified | self.ended) < len(self.procs):
                 index, message = self.messages.get()
                 if message is None:
