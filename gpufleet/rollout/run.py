@@ -440,6 +440,10 @@ def open_engine(opts: RolloutOptions, progress: TextIO):
     process where :func:`inprocess.supported` says so (one start-up and one SSH connection per
     host for the whole rollout), else ``pyinfra --json`` as a subprocess per pass and wave. Raises BadInput when the
     inventory cannot be loaded."""
+    if opts.jobs > 1 and (reason := inprocess.workers_supported()) is not None:
+        progress.write(f"gpufleet rollout: --jobs {opts.jobs}: one process, pyinfra as a subprocess per pass and "
+                       f"wave ({reason})\n")
+        return converge.Subprocess(opts.inventory, opts.deploy, opts.pyinfra, progress)
     if opts.jobs > 1:  # the workers run the in-process engine each, on a slice of the hosts
         from . import workers  # noqa: PLC0415
 

@@ -18,7 +18,7 @@ import pytest
 
 from gpufleet import apply
 from gpufleet._pyinfra import inprocess
-from gpufleet.rollout import run
+from gpufleet.rollout import converge, run
 
 FAST = {"PYINFRA_PROGRESS": "off"}
 HOSTS = [f"@fake/hgx{i}" for i in range(3)] + [f"@fake/ws{i}" for i in range(3)]
@@ -196,3 +196,14 @@ def test_ctrl_c_over_workers_exits_130_naming_the_hosts_in_flight_as_one_process
         assert "Traceback" not in err
     assert _outcomes(one[2]) == _outcomes(two[2])
     assert two[2]["status"] == "interrupted" and two[2]["interruption"]["mid_change"] == ["@fake/hgx0"]
+
+
+def test_where_the_in_process_engine_is_off_jobs_runs_the_subprocess_fallback_and_says_so(monkeypatch):
+    """The workers run the in-process engine: where it is switched off (or pyinfra is not a version CI ran), the
+    rollout runs as without --jobs there, and says so."""
+    monkeypatch.setenv(inprocess.SWITCH, "off")
+    progress = io.StringIO()
+    engine = run.open_engine(run.RolloutOptions(inventory="inv.py", jobs=2), progress)
+    assert isinstance(engine, converge.Subprocess)
+    assert progress.getvalue() == ("gpufleet rollout: --jobs 2: one process, pyinfra as a subprocess per pass and "
+                                   "wave (GPUFLEET_ROLLOUT_INPROCESS is off)\n")
