@@ -106,6 +106,8 @@ class Workers(apply.Pool):
     def _ask(self, parts: dict[apply.Worker, list[str]], *, do: str = "run", plan: bool = False,
              keep_plan: bool = False, yes: bool = True, refresh: bool = False) -> dict[apply.Worker, dict]:
         """Each worker of ``parts`` told to run over its hosts; their answers (a worker that ended: a failed run)."""
+        for worker in self.workers:
+            worker.went = False  # told to execute: in this run (the interruption's report reads it)
         for worker, part in parts.items():
             worker.answer = None
             worker.went = do == "run" and not plan
