@@ -206,10 +206,12 @@ def time_limit(seconds: int) -> str:
 def srun_argv(nodes: Sequence[str], job_name: str, time_s: int, script: str, immediate_s: int = IMMEDIATE_S
               ) -> list[str]:
     """One task on each node of ``nodes`` running ``sh -c script``, bounded by ``time_s`` and by ``immediate_s``
-    to start, every output line labelled with its task number; one failing task does not end the others."""
+    to start, every output line labelled with its task number; one failing task does not end the others; srun's
+    stdin broadcast to every task (``--input=all``: srun's default, named so that a ``SLURM_STDINMODE`` in the
+    caller's environment cannot change it; a command-line option overrides the variable)."""
     return ["srun", f"--job-name={job_name}", f"--nodes={len(nodes)}", f"--ntasks={len(nodes)}",
             "--ntasks-per-node=1", f"--nodelist={','.join(nodes)}", f"--time={time_limit(time_s)}",
-            f"--immediate={immediate_s}", "--label", "--kill-on-bad-exit=0", "sh", "-c", script]
+            f"--immediate={immediate_s}", "--label", "--kill-on-bad-exit=0", "--input=all", "sh", "-c", script]
 
 
 def node_messages(stderr: str, node: str) -> list[str]:

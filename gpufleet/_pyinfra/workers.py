@@ -100,7 +100,7 @@ def _counter(pipe: _Pipe, hosts: set[str]):
 def _session_class():
     from pyinfra.api.exceptions import PyinfraError  # noqa: PLC0415
 
-    from gpufleet._pyinfra import _signals  # noqa: PLC0415
+    from gpufleet._pyinfra._signals import mid_change  # noqa: PLC0415
     from gpufleet._pyinfra.inprocess import Session  # noqa: PLC0415
 
     class SliceSession(Session):
@@ -125,7 +125,7 @@ def _session_class():
                 raise
 
         def _stop(self, state) -> None:
-            self.mid_change = _signals.mid_change(state)  # before the greenlets are killed
+            self.mid_change = mid_change(state)  # before the greenlets are killed
             self.executing = bool(state.is_executing)
             super()._stop(state)
 

@@ -31,16 +31,20 @@ def expected_exporters(config: NodeConfig) -> dict[str, bool] | None:
 
 def exporter_endpoints(config: NodeConfig) -> dict[str, dict[str, str]] | None:
     """What the probe scrapes on the node (``{name: {"url", "user", "password"}}``): each exporter at its listen
-    address (``0.0.0.0`` read as 127.0.0.1) as the ``exporters`` account (gpufleet.web_auth, generated on first
+    address (``0.0.0.0`` read as 127.0.0.1), over HTTPS where it serves TLS (its own certificate or the fleet CA's),
+    as the ``exporters`` account (gpufleet.web_auth, generated on first
     use); None when the stage is off."""
     if not config.stage_enabled("exporters"):
         return None
     secret = web_auth.password("exporters")
+    settings = config.exporters
     out = {}
-    for name, listen in (("gpu", config.exporters.gpu_listen), ("node", config.exporters.node_listen)):
+    for name, listen, tls in (("gpu", settings.gpu_listen, settings.gpu_tls),
+                              ("node", settings.node_listen, settings.node_tls)):
         address, port = listen.rsplit(":", 1)
-        out[name] = {"url": f"http://{_ANY_ADDRESS.get(address, address)}:{port}/metrics", "user": web_auth.USER,
-                     "password": secret}
+        scheme = "https" if tls or settings.tls_fleet_ca else "http"  # as the exporters stage serves it
+        out[name] = {"url": f"{scheme}://{_ANY_ADDRESS.get(address, address)}:{port}/metrics",
+                     "user": web_auth.USER, "password": secret}
     return out
 
 
@@ -60,7 +64,7 @@ def check_exporters(add, probe: Mapping[str, Any], expected: Mapping[str, Any] |
         check = f"config.exporter.{name}"
         if observed is None:
             add(check, SKIP, "the probe did not scrape the exporters (it was not given their addresses and "
-                "credentials: the Slurm engine, or an older probe)", "")
+                "credentials: an older probe)", "")
             continue
         entry = observed.get(name) or {}
         if entry.get("status") != "ok":

@@ -451,10 +451,21 @@ def _verify_all_slurm(hosts: list[Any], configs: Mapping[str, NodeConfig], setti
     names = [h.name for h in hosts]
     progress.write(f"gpufleet verify: {len(names)} host(s), bench {bench}, via Slurm (job {slurm.job_name})\n")
     progress.flush()
+    # the exporters' endpoints and credentials of each node, as verify_host gives them over SSH; a node whose endpoints
+    # cannot be had (the credentials directory is not private) fails its probe with the reason, as over SSH
+    endpoints: dict[str, Any] = {}
+    refused: dict[str, str] = {}
+    for name in names:
+        try:
+            endpoints[name] = exporter_endpoints(configs[name])
+        except Exception as exc:  # noqa: BLE001 - one host's surprise must not stop the fleet's verify
+            refused[name] = f"{type(exc).__name__}: {exc}"
+    job = [n for n in names if n not in refused]
     try:
-        results = slurm.probe(names, bundle, {n: settings[n].python for n in names}, bench)
+        results = slurm.probe(job, bundle, {n: settings[n].python for n in job}, bench, exporters=endpoints) \
+            if job else {}
     except KeyboardInterrupt as error:
-        error.in_flight = names  # one job probes them all
+        error.in_flight = job  # one job probes them all
         # its srun was ended here; through a prefix (ssh) the remote srun may not know yet: the job is cancelled
         # by its name (bounded by the runner's timeout), so that nothing of this verify goes on in the cluster
         with contextlib.suppress(Exception):
@@ -462,8 +473,11 @@ def _verify_all_slurm(hosts: list[Any], configs: Mapping[str, NodeConfig], setti
         raise
     runs = []
     for done, name in enumerate(names, start=1):
-        run = HostRun(name=name, result=slurm_host_result(results[name], configs[name]),
-                      seconds=0.0 if results[name].unreachable and name not in slurm.states else slurm.job_seconds)
+        if name in refused:
+            run = HostRun(name=name, result=probe_failed_host(name, refused[name]))
+        else:
+            run = HostRun(name=name, result=slurm_host_result(results[name], configs[name]),
+                          seconds=0.0 if results[name].unreachable and name not in slurm.states else slurm.job_seconds)
         runs.append(run)
         progress.write(_progress_line(run, done, len(names)) + "\n")
     progress.flush()

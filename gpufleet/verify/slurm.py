@@ -9,7 +9,7 @@ checks and reports as over SSH.
   job now (down, drained or draining, failing, not responding ``*``, every CPU in a job, ...), is reported
   ``unreachable`` with Slurm's state and reason and left out of the job: a job naming it would wait or be refused.
 * **The job**: ``srun --job-name=gpufleet-verify-<id> -N n --ntasks-per-node=1 -w LIST --time=T --immediate=S
-  --label --kill-on-bad-exit=0 sh -c TASK``. ``--time`` bounds the job by the probe's own timeout
+  --label --kill-on-bad-exit=0 --input=all sh -c TASK``. ``--time`` bounds the job by the probe's own timeout
   (:data:`gpufleet.verify.remote.PROBE_TIMEOUT_S`), ``--immediate`` gives up when Slurm cannot start it soon, and
   the srun command itself is killed (and the job cancelled by name) when it outlives both: never a hang.
 * **How the probe reaches the nodes**: the probe bundle (the same files SSH verify installs, :mod:`.bundle`) is
@@ -17,6 +17,13 @@ checks and reports as over SSH.
   ``mktemp -d`` directory, runs the probe there and removes it. No shared filesystem is assumed (many clusters have
   none for root, and Slurm's ``sbcast``/``--bcast`` moves one executable file only, which would have to be copied
   to the Slurm client first); nothing is left on the node; it works as any user that may run srun.
+* **The exporters' credentials**: the probe scrapes the node's exporters as over SSH, given their URLs, user and
+  password on its stdin (``--exporters-stdin``). They travel on the same srun stdin, before the bundle
+  (:func:`exporters_header`); the task reads its node's line into an unexported shell variable and pipes it into
+  the probe with the shell's ``printf`` builtin. So the password is on no command line (srun's, the task's: ``ps``),
+  in no environment (srun exports the caller's to the job), in no Slurm record (``scontrol show job``, the job's
+  submit line; an srun job has no batch script) and in no file on the node (a file, even 0600 in the job's own
+  directory, outlives a task killed at its time limit).
 * **The output**: each task prints ``@@gpufleet-slurm begin NODE`` (``$SLURMD_NODENAME``), the PCI section and the
   probe's section (the SSH engine's own script, :func:`gpufleet.verify.remote.probe_script`), then
   ``@@gpufleet-slurm end NODE``; ``--label`` prefixes every line with its task number, so interleaved output of
@@ -38,6 +45,7 @@ from __future__ import annotations
 import base64
 import binascii
 import io
+import json
 import re
 import secrets
 import shlex
@@ -123,18 +131,50 @@ def python_assignment(pythons: Mapping[str, str]) -> str:
     return f'case "$SLURMD_NODENAME" in {arms} *) py={shlex.quote(common)};; esac'
 
 
+EXPORTERS_MARK = f"{NODE_MARK} exporters"
+EXPORTERS_END = f"{NODE_MARK} exporters-end"
+
+
+def exporters_header(endpoints: Mapping[str, Mapping[str, Any] | None]) -> bytes:
+    """The lines before the bundle on the job's stdin: what each node's probe scrapes (``{node: {name: {"url",
+    "user", "password"}}}``, None: the exporters stage is off), one JSON line per distinct value: the most common
+    one for every node (``*``), the others by node name; then :data:`EXPORTERS_END`. The password is the same on
+    every node (one ``exporters`` account), so a node reading the others' lines learns nothing more."""
+    values = {node: json.dumps(dict(value or {}), sort_keys=True, separators=(",", ":"))
+              for node, value in endpoints.items()}
+    common = max(sorted(set(values.values())), key=list(values.values()).count) if values else "{}"
+    lines = [f"{EXPORTERS_MARK} * {common}"]
+    lines += [f"{EXPORTERS_MARK} {node} {value}" for node, value in sorted(values.items()) if value != common]
+    return ("\n".join([*lines, EXPORTERS_END]) + "\n").encode("utf-8")
+
+
+# Reads the header line by line (the shell's ``read`` takes one byte at a time from a pipe: ``tar`` gets the
+# stream from the bundle's first byte): ``gfx`` holds the node's JSON line, in the shell's memory only (not
+# exported: no process's environment or arguments show it); a node named on no line gets the ``*`` line.
+_READ_EXPORTERS = (
+    "gfd='{}'; gfn=; while IFS= read -r gfl; do case \"$gfl\" in "
+    f'"{EXPORTERS_END}") break;; '
+    f'"{EXPORTERS_MARK} * "*) gfd=${{gfl#"{EXPORTERS_MARK} * "}};; '
+    f'"{EXPORTERS_MARK} $SLURMD_NODENAME "*) gfn=${{gfl#"{EXPORTERS_MARK} $SLURMD_NODENAME "}};; '
+    'esac; done; gfx=${gfn:-$gfd}'
+)
+
+
 def task_script(bundle: ProbeBundle, pythons: Mapping[str, str], bench: str) -> str:
-    """What each task runs (``sh -c``): markers, the bundle from stdin into a temporary directory, the SSH engine's
-    probe script there (``check_bundle=False``: the bundle was just unpacked)."""
-    script = probe_script(bundle, python="$py", bench=bench, remote_dir=".", check_bundle=False)
+    """What each task runs (``sh -c``): markers, the exporters' endpoints from stdin (:func:`exporters_header`),
+    the bundle from stdin into a temporary directory, the SSH engine's probe script there (``check_bundle=False``:
+    the bundle was just unpacked), its probe given the node's endpoints on its stdin as over SSH
+    (``--exporters-stdin``) through a pipe from the shell's ``printf`` builtin: no file, no command line."""
+    script = probe_script(bundle, python="$py", bench=bench, remote_dir=".", check_bundle=False, exporters=True)
     script = script.replace(shlex.quote("$py"), '"$py"')  # probe_script quotes the word: the shell expands it here
     # (``gfdir``: the PCI section's sysfs loop uses ``d``)
     # The output goes through gzip | base64: srun cuts long lines (a probe document is one) into separately
     # labelled pieces, base64 lines are short; and 1000 nodes' output stays small.
     return (
         f'exec 2>&1; echo "{NODE_MARK} begin $SLURMD_NODENAME"; {{ {python_assignment(pythons)}; '
+        f"{_READ_EXPORTERS}; "
         'gfdir=$(mktemp -d "${TMPDIR:-/tmp}/gpufleet-probe.XXXXXX") || exit 1; '
-        'if tar -xzf - -C "$gfdir"; then cd "$gfdir" && { ' + script + "; }; "
+        'if tar -xzf - -C "$gfdir"; then cd "$gfdir" && { printf \'%s\\n\' "$gfx" | { ' + script + "; }; }; "
         f'else echo "{NODE_MARK} bundle-failed"; fi; '
         'cd /; rm -rf "$gfdir"; } 2>&1 | gzip -c | base64; '
         f'echo "{NODE_MARK} end $SLURMD_NODENAME"'
@@ -281,9 +321,11 @@ class SlurmVerify:
                               "--via slurm:PREFIX runs the Slurm commands through PREFIX)")
         return parse_sinfo_nodes(out)
 
-    def probe(self, nodes: Sequence[str], bundle: ProbeBundle, pythons: Mapping[str, str], bench: str
-              ) -> dict[str, NodeResult]:
-        """Every node's result: Slurm's state first, then one srun over the nodes that can take it."""
+    def probe(self, nodes: Sequence[str], bundle: ProbeBundle, pythons: Mapping[str, str], bench: str,
+              exporters: Mapping[str, Mapping[str, Any] | None] | None = None) -> dict[str, NodeResult]:
+        """Every node's result: Slurm's state first, then one srun over the nodes that can take it. ``exporters``:
+        each node's exporter endpoints with their credentials (:func:`~.exporter_checks.exporter_endpoints`), sent
+        on the job's stdin before the bundle (:func:`exporters_header`)."""
         self.states = self.node_states(nodes)
         results: dict[str, NodeResult] = {}
         usable = []
@@ -297,7 +339,8 @@ class SlurmVerify:
             else:
                 usable.append(node)
         time_s = self.time_s or PROBE_TIMEOUT_S[bench]
-        script, archive = task_script(bundle, pythons, bench), bundle_archive(bundle)
+        script = task_script(bundle, pythons, bench)
+        stdin = exporters_header({n: (exporters or {}).get(n) for n in usable}) + bundle_archive(bundle)
         start = time.monotonic()
         # A node whose slurmd does not take the task (dead, and Slurm has not noticed yet) aborts the whole job
         # step, the other nodes' tasks with it: once, the nodes without a result run again without it.
@@ -308,7 +351,7 @@ class SlurmVerify:
                 self.cancel()
                 self.wait_until_usable(usable, RETRY_WAIT_S)
             argv = srun_argv(usable, self.job_name, time_s, script, self.immediate_s)
-            code, out, err = self.run(argv, archive, time_s + self.immediate_s + SLACK_S)
+            code, out, err = self.run(argv, stdin, time_s + self.immediate_s + SLACK_S)
             if code is None:
                 self.cancel()
             found = gather(usable, code, out, err, time_s=time_s)

@@ -5,9 +5,11 @@ packages are the cached .debs of tests/sim/test_rollout_slurm.py.
 
 Judged by Slurm's own state and output (``scontrol show node``, ``sinfo``, the sim hosts' files) and by the SSH
 engine's report of the same fleet: verify through one srun gives every host the same check results as verify over
-SSH; a drained node and a node whose slurmd is down are reported unreachable with Slurm's reason, without waiting;
-the gres stage writes a gres.conf that slurmd accepts (the node registers its GPUs, ``Gres=`` in scontrol) and a
-second run changes nothing.
+SSH, the exporter checks passing (the probe is given the exporters' credentials on srun's stdin, and the password
+shows in no command line, environment, Slurm job record or file on the node while the job runs); a drained node
+and a node whose slurmd is down are reported unreachable with Slurm's reason, without waiting; the gres stage
+writes a gres.conf that slurmd accepts (the node registers its GPUs, ``Gres=`` in scontrol) and a second run
+changes nothing.
 
 The placeholder /dev/nvidiaN device nodes Slurm's GRES needs (the simulator has no kernel driver) are created by
 this module's set-up only, as in the reference recipe.
@@ -30,6 +32,7 @@ import pytest
 from conftest import BIN, REPO, bring_up, grand_total, ssh
 from slurm_sim import SLURM_CONF_COMMON, fetch_debs, stage_setup_files, wait_for
 
+from gpufleet import web_auth
 from gpufleet.sim import faults, hosts
 
 COMPUTE = ("node02", "node03", "node04")
@@ -42,7 +45,8 @@ PartitionName=gpu Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """
 INVENTORY = """from gpufleet.sim.inventory import sim_groups
 
-gpu_nodes = [(name, dict(data, gpufleet_stages=["slurm"], gpufleet_verify_textfile_dir={textfiles!r}))
+gpu_nodes = [(name, dict(data, gpufleet_stages=["exporters", "slurm"], gpufleet_exporters_gpu="nvml",
+                         gpufleet_verify_textfile_dir={textfiles!r}))
              for name, data in sim_groups({{}})["gpu_nodes"] if name != "node01"]
 """
 TEXTFILES = "/var/tmp/gpufleet-textfiles"
@@ -142,10 +146,10 @@ def checks_by_host(report: Path) -> dict[str, list[tuple]]:
 def test_gres_stage_writes_what_slurmd_accepts_and_a_second_run_changes_nothing(fleet):
     first, second = fleet.gres_runs
     assert first.returncode == 0, first.stdout
-    assert grand_total(first.stdout)["success"] == "3", first.stdout
+    assert grand_total(first.stdout)["success"] == "12", first.stdout  # gres.conf and the exporters stage's three
     assert second.returncode == 0, second.stdout
     total = grand_total(second.stdout)
-    assert (total["success"], total["error"], total["no_change"]) == ("-", "-", "6"), second.stdout  # idempotent
+    assert (total["success"], total["error"], total["no_change"]) == ("-", "-", "15"), second.stdout  # idempotent
     # before: slurmd without gres.conf registered no GPU, so Slurm refused the node's registration (0 < 8 GPUs)
     assert all("INVALID_REG" in fleet.before_gres[n]["State"] for n in COMPUTE), fleet.before_gres
     text = ssh(fleet, "node02", "cat /etc/slurm/gres.conf").stdout
@@ -160,11 +164,49 @@ def test_gres_stage_writes_what_slurmd_accepts_and_a_second_run_changes_nothing(
     print(f"\nSlurm cluster + gres stage set-up: {fleet.setup_seconds:.1f} s")
 
 
+def while_probing(fleet, node: str) -> dict[str, str]:
+    """What anyone on the cluster could read while the verify job runs (its probe held on ``node`` by a gate): every
+    command line on the Slurm client (srun's) and on ``node`` (the task's shell, the probe), every process's
+    environment on ``node``, Slurm's record of the job and its batch script, the files of ``node``'s /tmp and
+    slurmd's spool directory."""
+    job = ssh(fleet, "node01", "squeue -h -o %A").stdout.split()
+    seen = {f"ps {name}": ssh(fleet, name, "ps -eww -o user=,args=").stdout for name in ("node01", node)}
+    seen["environ"] = ssh(fleet, node, "for f in /proc/[0-9]*/environ; do tr '\\0' '\\n' < $f; done 2>/dev/null; true",
+                          ).stdout
+    seen["scontrol"] = ssh(fleet, "node01", f"scontrol show job -dd {job[0]}").stdout
+    seen["batch_script"] = ssh(fleet, "node01", f"scontrol write batch_script {job[0]} - 2>&1", check=False).stdout
+    root = fleet.host(node).dir / "root"
+    for directory in ("tmp", "var/lib/slurm/slurmd"):
+        for path in (root / directory).rglob("*"):
+            if path.is_file():
+                seen[f"file {path}"] = path.read_text(errors="replace")
+    return seen
+
+
 def test_verify_via_slurm_gives_the_same_checks_as_over_ssh(fleet, tmp_path):
+    """... and the exporter checks pass: the probe was given the exporters' credentials, which no command line,
+    environment, Slurm record or file on the node shows while the job runs."""
     ssh_run = verify(fleet, tmp_path / "ssh")
+    faults.close_gate(fleet.host("node03"), "python3", "probe")
     start = time.monotonic()
-    slurm_run = verify(fleet, tmp_path / "slurm", "--via", via_slurm(fleet))
-    seconds = time.monotonic() - start
+    run = subprocess.Popen([str(BIN / "gpufleet"), "verify", str(fleet.gpu_inventory), "--out", str(tmp_path / "slurm"),
+                            "--via", via_slurm(fleet)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True)
+    try:
+        wait_for("the probe task on node03", lambda: faults.gate_reached(fleet.host("node03"), "python3")
+                 or run.poll() is not None, timeout=120)
+        assert run.poll() is None, run.communicate()
+        held = time.monotonic()
+        seen = while_probing(fleet, "node03")
+        gated = time.monotonic() - held
+    finally:
+        faults.open_gate(fleet.host("node03"), "python3")
+    out, err = run.communicate(timeout=300)
+    slurm_run = subprocess.CompletedProcess(run.args, run.returncode, out, err)
+    seconds = time.monotonic() - start - gated
+    secret = web_auth.password("exporters")
+    assert [where for where, text in seen.items() if secret in text] == []
+    assert "gpufleet-verify-" in seen["scontrol"] and "--exporters-stdin" in seen["ps node03"], seen
     assert slurm_run.returncode == ssh_run.returncode, slurm_run.stdout + slurm_run.stderr
     by_ssh = checks_by_host(tmp_path / "ssh" / "report.json")
     by_slurm = checks_by_host(tmp_path / "slurm" / "report.json")
@@ -173,6 +215,11 @@ def test_verify_via_slurm_gives_the_same_checks_as_over_ssh(fleet, tmp_path):
               for h in COMPUTE if by_ssh[h] != by_slurm[h]}
     assert not differ, differ
     assert sum(len(c) for c in by_slurm.values()) > 30  # the probe ran: GPU checks on 10 GPUs, not just host.*
+    # the probe scraped each node's exporters with the exporters account (as over SSH, compared above)
+    exporter_checks = {h: sorted((c[0], c[2]) for c in by_slurm[h] if c[0].startswith("config.exporter."))
+                       for h in COMPUTE}
+    assert exporter_checks == dict.fromkeys(COMPUTE, [("config.exporter.gpu", "pass"),
+                                                      ("config.exporter.node", "pass")]), exporter_checks
     report = json.loads((tmp_path / "slurm" / "report.json").read_text())
     assert report["meta"]["via"] == "slurm" and report["meta"]["slurm_job"].startswith("gpufleet-verify-")
     for name in ("report.html", "report.md", "junit.xml", "gpufleet_verify.prom"):

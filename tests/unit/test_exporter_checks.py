@@ -61,7 +61,7 @@ def test_stage_off_or_exporter_none_is_not_checked():
     both = {"status": "ok", "error": None, "gpus": {"DCGM_FI_DEV_GPU_TEMP": ["0", "1"]}}
     assert run(probe_doc(both), {"gpufleet_stages": ["driver"]}) == []
     assert [c for c, *_ in run(probe_doc(both), {"gpufleet_exporters_gpu": "none"})] == ["config.exporter.node"]
-    # a probe not given the endpoints (Slurm engine) scraped nothing: skipped, saying why
+    # a probe not given the endpoints (an older probe) scraped nothing: skipped, saying why
     found = run({"gpus": [], "exporters": None})
     assert [(c, v) for c, v, _ in found] == [("config.exporter.gpu", "skip"), ("config.exporter.node", "skip")]
     assert "credentials" in found[0][2]
@@ -76,6 +76,17 @@ def test_the_probe_scrapes_each_exporter_at_its_listen_address_with_the_exporter
         "gpu": {"url": "http://10.0.0.7:9400/metrics", "user": "gpufleet", "password": secret},
         "node": {"url": "http://127.0.0.1:9101/metrics", "user": "gpufleet", "password": secret}}
     assert exporter_endpoints(load_node_config("n1", {"gpufleet_stages": ["driver"]})) is None
+
+
+def test_the_probe_scrapes_an_exporter_serving_tls_over_https(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPUFLEET_CREDENTIALS_DIR", str(tmp_path / "credentials"))
+    own = {"cert_file": "/etc/ssl/node.pem", "key_file": "/etc/ssl/node.key"}
+    urls = {name: e["url"] for name, e in exporter_endpoints(load_node_config(
+        "n1", {"ssh_hostname": "10.0.0.7", "gpufleet_exporters_node_tls_server_config": own})).items()}
+    assert urls == {"gpu": "http://10.0.0.7:9400/metrics", "node": "https://10.0.0.7:9100/metrics"}
+    urls = {name: e["url"] for name, e in exporter_endpoints(load_node_config(
+        "n1", {"ssh_hostname": "10.0.0.7", "gpufleet_exporters_tls_fleet_ca": True})).items()}
+    assert urls == {"gpu": "https://10.0.0.7:9400/metrics", "node": "https://10.0.0.7:9100/metrics"}
 
 
 def test_the_probe_sends_basic_auth_and_reads_its_endpoints_from_stdin(tmp_path):

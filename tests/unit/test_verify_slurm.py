@@ -23,6 +23,7 @@ from gpufleet.verify import evaluate_host
 from gpufleet.verify import slurm as vslurm
 from gpufleet.verify.bundle import VerifyError
 from gpufleet.verify.expected import expected_state
+from tests import upstream
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "verify"
 PROBE = json.loads((FIXTURES / "probe-rtx4090-1.json").read_text())
@@ -55,6 +56,14 @@ def labelled(tasks: dict[int, list[str]]) -> str:
     return "\n".join(out) + "\n"
 
 
+def split_stdin(stdin: bytes) -> tuple[list[str], bytes]:
+    """The probe job's stdin: the exporters' header lines (its end marker left out) and the bundle's tar.gz."""
+    end = f"{vslurm.EXPORTERS_END}\n".encode()
+    header, found, archive = stdin.partition(end)
+    assert found, stdin[:200]
+    return header.decode().splitlines(), archive
+
+
 # ------------------------------------------------------------------------------------------ command lines
 
 
@@ -62,8 +71,13 @@ def test_srun_command_line_one_task_per_node_bounded_and_named():
     assert slurm.srun_argv(["node02", "node03"], "gpufleet-verify-0a1b2c3d", 120, "SCRIPT") == [
         "srun", "--job-name=gpufleet-verify-0a1b2c3d", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1",
         "--nodelist=node02,node03", "--time=2:00", "--immediate=30", "--label", "--kill-on-bad-exit=0",
-        "sh", "-c", "SCRIPT"]
+        "--input=all", "sh", "-c", "SCRIPT"]
     assert slurm.time_limit(900) == "15:00" and slurm.time_limit(75) == "1:15"
+    # srun(1): --input=all broadcasts srun's stdin to every task (the bundle, the exporters' endpoints); named on the
+    # command line, which overrides a SLURM_STDINMODE in the caller's environment
+    srun_man = upstream.recorded("slurm/doc/man/man1/srun.1")["statements"]
+    assert srun_man["input_all"]["value"].startswith("all: stdin is broadcast to all remote tasks")
+    assert "override" in srun_man["command_line_overrides_env"]["value"]
 
 
 @pytest.mark.parametrize(("via", "prefix"), [
@@ -144,7 +158,9 @@ def test_nodes_slurm_cannot_run_on_are_left_out_of_the_job_with_slurms_reason():
     srun, stdin, timeout = fake.calls[1]
     assert srun[:10] == slurm.srun_argv(["node02"], "gpufleet-verify-test", 120, "")[:10]
     assert timeout == 120 + 30 + 60
-    with tarfile.open(fileobj=io.BytesIO(stdin), mode="r:gz") as tar:  # the bundle is the job's stdin
+    header, archive = split_stdin(stdin)
+    assert header == [f"{vslurm.EXPORTERS_MARK} * {{}}"]  # no endpoints given: nothing to scrape
+    with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as tar:  # then the bundle
         assert sorted(tar.getnames()) == sorted(vbundle.probe_bundle().names)
     assert results["node02"].probe == PROBE and results["node02"].pci["gpus"][0]["address"] == "0000:01:00.0"
     assert results["node03"].unreachable == "Slurm node state drained (reason: admin: bad DIMM)"
@@ -256,19 +272,70 @@ def test_results_get_the_same_checks_as_over_ssh():
 # ------------------------------------------------------------------------------------------ the task script
 
 
-def test_task_script_unpacks_the_bundle_from_stdin_runs_the_probe_and_leaves_nothing(tmp_path):
-    """The job's command, run here by sh as srun runs it on a node: the bundle on stdin, a fake probe.py in it."""
+SECRET = "s3cr3t-Password_0123456789abcdefghijkl"
+
+
+def endpoints(url_host: str) -> dict:
+    return {"gpu": {"url": f"http://{url_host}:9400/metrics", "user": "gpufleet", "password": SECRET},
+            "node": {"url": "http://127.0.0.1:9100/metrics", "user": "gpufleet", "password": SECRET}}
+
+
+# A fake probe.py: what it was given (arguments, the endpoints line on its stdin) and whether the password is in its
+# environment or any process's command line it can see (ps)
+FAKE_PROBE = f"""import json, os, subprocess, sys
+stdin = sys.stdin.readline() if "--exporters-stdin" in sys.argv else None
+ps = subprocess.run(["ps", "-eww", "-o", "args="], capture_output=True, text=True).stdout
+print(json.dumps({{"schema": "gpufleet.probe", "cwd": os.getcwd(), "argv": sys.argv[1:], "stdin": stdin,
+                  "rest": sys.stdin.read(), "in_env": any({SECRET!r} in v for v in os.environ.values()),
+                  "in_ps": {SECRET!r} in ps, "files": sorted(os.listdir("."))}}))
+"""
+
+
+def run_task(tmp_path: Path, node: str, stdin: bytes) -> vslurm.NodeResult:
+    """The job's command, run here by sh as srun runs it on a node (``stdin``: srun's, broadcast)."""
     probe = tmp_path / "probe.py"
-    probe.write_text("import json, os\nprint(json.dumps({'schema': 'gpufleet.probe', 'cwd': os.getcwd()}))\n")
+    probe.write_text(FAKE_PROBE)
     fake = vbundle.ProbeBundle(files=(vbundle.BundleFile("probe.py", str(probe), "0" * 64),))
     script = vslurm.task_script(fake, {"node02": "python3", "node03": "python3"}, "none")
-    env = dict(os.environ, SLURMD_NODENAME="node02", TMPDIR=str(tmp_path))
-    proc = subprocess.run(["sh", "-c", script], input=vslurm.bundle_archive(fake), capture_output=True, env=env,
-                          timeout=30, check=True)
-    result = vslurm.gather(["node02"], 0, labelled({0: proc.stdout.decode().splitlines()}), "", time_s=120)["node02"]
+    assert SECRET not in script
+    env = dict(os.environ, SLURMD_NODENAME=node, TMPDIR=str(tmp_path))
+    proc = subprocess.run(["sh", "-c", script], input=stdin + vslurm.bundle_archive(fake), capture_output=True,
+                          env=env, timeout=30, check=True)
+    return vslurm.gather([node], 0, labelled({0: proc.stdout.decode().splitlines()}), "", time_s=120)[node]
+
+
+def test_task_script_unpacks_the_bundle_from_stdin_runs_the_probe_and_leaves_nothing(tmp_path):
+    result = run_task(tmp_path, "node02", vslurm.exporters_header({"node02": None}))
     assert result.probe["schema"] == "gpufleet.probe"
     assert result.probe["cwd"].startswith(str(tmp_path / "gpufleet-probe."))
+    assert result.probe["files"] == ["probe.py"]  # the bundle unpacked whole, after the header
+    assert (result.probe["argv"], result.probe["stdin"]) == (["--bench", "none", "--exporters-stdin"], "{}\n")
     assert not list(tmp_path.glob("gpufleet-probe.*"))  # removed after the run
+
+
+def test_exporters_header_one_line_for_most_nodes_and_one_per_other_node():
+    header = vslurm.exporters_header({"node02": endpoints("10.0.0.2"), "node03": endpoints("10.0.0.3"),
+                                      "node04": endpoints("10.0.0.2"), "node05": None})
+    lines = header.decode().splitlines()
+    assert [line.split(" ", 3)[:3] for line in lines[:-1]] == [
+        [vslurm.NODE_MARK, "exporters", "*"], [vslurm.NODE_MARK, "exporters", "node03"],
+        [vslurm.NODE_MARK, "exporters", "node05"]]
+    assert json.loads(lines[0].split(" ", 3)[3]) == endpoints("10.0.0.2")
+    assert json.loads(lines[1].split(" ", 3)[3]) == endpoints("10.0.0.3")
+    assert lines[2].endswith(" {}") and lines[-1] == vslurm.EXPORTERS_END
+
+
+@pytest.mark.parametrize(("node", "want"), [("node02", endpoints("10.0.0.2")), ("node03", endpoints("10.0.0.3")),
+                                            ("node05", {})])
+def test_each_task_gives_its_probe_its_own_nodes_endpoints_on_stdin_only(tmp_path, node, want):
+    """The password reaches the probe through its stdin only: not the task's command, the probe's arguments or
+    environment, or any command line (ps), and no file beside the probe."""
+    header = vslurm.exporters_header({"node02": endpoints("10.0.0.2"), "node03": endpoints("10.0.0.3"),
+                                      "node04": endpoints("10.0.0.2"), "node05": None})
+    probe = run_task(tmp_path, node, header).probe
+    assert json.loads(probe["stdin"]) == want and probe["rest"] == ""
+    assert probe["argv"] == ["--bench", "none", "--exporters-stdin"]
+    assert (probe["in_env"], probe["in_ps"], probe["files"]) == (False, False, ["probe.py"])
 
 
 def test_task_script_chooses_each_nodes_python():
@@ -323,3 +390,35 @@ def test_bad_via_stops_verify_with_exit_code_2_before_anything(tmp_path):
     assert vrun.main(str(tmp_path / "missing.py"), via="slurmm", progress=progress) == 2
     assert progress.getvalue() == ("gpufleet verify: --via 'slurmm': allowed: ssh, slurm, slurm:PREFIX (e.g. "
                                    "slurm:ssh root@slurm-ctl)\n")
+
+
+def test_fleet_run_via_slurm_sends_the_exporters_credentials_on_the_jobs_stdin_only(tmp_path, monkeypatch):
+    """What verify gives the Slurm job: each node's endpoints (the exporters stage's listen addresses, the
+    ``exporters`` account's password) on srun's stdin, before the bundle; the password on no command line (srun's,
+    sinfo's, the task's script) and not in the environment srun is started with (it exports it to the job)."""
+    from gpufleet import web_auth  # noqa: PLC0415
+    from gpufleet.verify import run as vrun  # noqa: PLC0415
+
+    monkeypatch.setenv("GPUFLEET_CREDENTIALS_DIR", str(tmp_path / "credentials"))
+    (tmp_path / "inventory.py").write_text(
+        'gpu_nodes = [("node02", {"ssh_hostname": "10.0.0.2", "gpufleet_stages": ["exporters"]}),\n'
+        '             ("node03", {"ssh_hostname": "10.0.0.3", "gpufleet_stages": ["driver"],\n'
+        '                         "gpufleet_verify_textfile_dir": False})]\n')
+    probe = labelled({0: task_lines("node02", probe_output(PROBE)), 1: task_lines("node03", probe_output(PROBE))})
+    fake = FakeSlurm("node02|idle|none\nnode03|idle|none\n", (0, probe, ""), (0, "", ""))
+    environments = []
+    monkeypatch.setattr(vrun, "bounded_runner", lambda prefix: (lambda *a: environments.append(dict(os.environ))
+                                                                 or fake(*a)))
+    vrun.run_verify(str(tmp_path / "inventory.py"), out=tmp_path / "out", via="slurm", progress=io.StringIO(),
+                    cwd=str(tmp_path))
+    secret = web_auth.password("exporters")
+    srun, stdin, _timeout = next(c for c in fake.calls if c[0][0] == "srun")
+    header, archive = split_stdin(stdin)
+    lines = dict(line[len(vslurm.EXPORTERS_MARK) + 1:].split(" ", 1) for line in header)
+    sent = {node: json.loads(lines.get(node, lines["*"])) for node in ("node02", "node03")}
+    assert sent == {"node02": {"gpu": {"url": "http://10.0.0.2:9400/metrics", "user": "gpufleet", "password": secret},
+                               "node": {"url": "http://10.0.0.2:9100/metrics", "user": "gpufleet", "password": secret}},
+                    "node03": {}}  # its exporters stage is off
+    assert tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz").getnames()
+    assert [argv for argv, _stdin, _timeout in fake.calls if any(secret in word for word in argv)] == []
+    assert [env for env in environments if any(secret in value for value in env.values())] == []
