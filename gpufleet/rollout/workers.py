@@ -62,7 +62,6 @@ class Workers(apply.Pool):
             raise WorkersError("\n".join(problems))
         self.hosts = next(m["order"] for w in self.workers for m in w.messages
                           if m["type"] == "slice" and m.get("order") is not None)
-        self.owner = {h: w for w in self.workers for h in self.progress.slices[w.index]}
 
     def order(self) -> tuple[list[str], str | None]:
         return list(self.hosts), None
