@@ -10,6 +10,8 @@ driver/power/nccl) applies a new power limit each time, so every run has the sam
   own cost: the state file, the reports; the wave's own run is the whole-fleet validation);
 * rollout, canary + waves: ``--canary 1 --waves 25%`` (pyinfra in the rollout's process: the whole-fleet pass, then
   five waves, each planned again and executed over the connections the pass made);
+* the same, 2 workers: ``--jobs 2`` (the whole-fleet pass and each wave spread over 2 pyinfra worker processes,
+  :mod:`gpufleet.rollout.workers`); the multi-worker line compares it with the one-process run above;
 * the same, subprocess: ``GPUFLEET_ROLLOUT_INPROCESS=off`` (the fallback: ``pyinfra debug-inventory``, the
   whole-fleet ``--dry`` pass, then a ``pyinfra`` process per wave, each connecting to its hosts), for comparison.
 
@@ -90,6 +92,7 @@ def main() -> int:
     print(f"{args.hosts} simulated hosts up in {time.perf_counter() - t0:.1f} s; load average "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} (the machine may be shared: runs are interleaved)")
     results: dict[str, list[tuple[float, float]]] = {"plain": [], "rollout-1-wave": [], "rollout-canary-waves": [],
+                                                     "rollout-canary-waves-jobs2": [],
                                                      "rollout-canary-waves-subprocess": []}
     watts = 300
     try:
@@ -110,7 +113,8 @@ def main() -> int:
                     shape = ["--canary", "0", "--waves", "100%"] if kind == "rollout-1-wave" else \
                         ["--canary", "1", "--waves", "25%"]
                     argv = [str(BIN / "gpufleet"), "rollout", "-y", str(inv), "deploys/gpu_node.py", *shape, "--verify",
-                            "none", "--drain", "none", "--out", str(work / f"out-{kind}-{run}")]
+                            "none", "--drain", "none", "--out", str(work / f"out-{kind}-{run}"),
+                            *(["--jobs", "2"] if kind.endswith("-jobs2") else [])]
                 env = dict(os.environ, GPUFLEET_ROLLOUT_INPROCESS="off") if kind.endswith("-subprocess") else None
                 wall, cpu, proc = timed(argv, env)
                 assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
@@ -134,10 +138,15 @@ def main() -> int:
     linear = {k: round(v[0] / args.hosts * 1000 / 60, 1) for k, v in med.items()}
     summary["projected_1000_hosts_min_cpu_bound"] = projected
     summary["projected_1000_hosts_min_linear_wall"] = linear
+    one, two = med["rollout-canary-waves"], med["rollout-canary-waves-jobs2"]
+    summary["jobs2_speedup_x"] = round(one[0] / two[0], 2)
     print(json.dumps(summary, indent=1))
     print(f"overhead over plain pyinfra: one wave {summary['overhead_x']['rollout-1-wave']}x, canary + 25% waves "
           f"{summary['overhead_x']['rollout-canary-waves']}x (target <= 1.3x); the same with pyinfra subprocesses "
           f"(the fallback) {summary['overhead_x']['rollout-canary-waves-subprocess']}x")
+    print(f"multi-worker: canary + 25% waves with --jobs 2 {two[0]:.1f} s wall, {two[1]:.1f} s CPU vs --jobs 1 "
+          f"{one[0]:.1f} s wall, {one[1]:.1f} s CPU: {one[0] / two[0]:.2f}x faster (wall), {two[1] / one[1]:.2f}x "
+          f"the CPU, on {cores} core(s) (a shared machine's figures are noisy; the simulated hosts run here too)")
     print(f"PROJECTION (not measured) for 1000 hosts, from the measured per-host cost: controller CPU on {cores} "
           f"core(s) (a lower bound): plain {projected['plain']} min, rollout one wave {projected['rollout-1-wave']} "
           f"min, canary + 25% waves {projected['rollout-canary-waves']} min; wall time scaled linearly (an upper "

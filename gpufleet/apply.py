@@ -40,7 +40,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TextIO
 
-from gpufleet.pyinfra_args import DEFAULT_DEPLOY, PyinfraArgs
+# slice_hosts: how the workers cut the hosts, in pyinfra_args since gpufleet verify (a lower layer) cuts them too
+from gpufleet.pyinfra_args import DEFAULT_DEPLOY, PyinfraArgs, slice_hosts  # noqa: F401
 
 WORKER_MODULE = "gpufleet._pyinfra.workers"
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -84,20 +85,6 @@ def default_jobs() -> int:
 
 
 # ------------------------------------------------------------------------------------------------ slicing
-
-
-def slice_hosts(hosts: Sequence[tuple[str, Iterable[str]]], jobs: int) -> list[list[str]]:
-    """``hosts`` ((name, groups) in inventory order) cut into ``jobs`` slices that each hold a mix of the fleet:
-    round robin over the hosts sorted by their groups (then name). A fleet of 40 HGX nodes and 40 workstations in
-    2 slices gives each slice 20 of each, where contiguous blocks would give one slice all HGX nodes (the slow
-    stages all in one worker). Each host is in exactly one slice; a slice may be empty when hosts < jobs."""
-    if jobs < 1:
-        raise ValueError(f"jobs must be >= 1, not {jobs}")
-    ordered = sorted(hosts, key=lambda h: (tuple(sorted(h[1])), h[0]))
-    slices: list[list[str]] = [[] for _ in range(jobs)]
-    for i, (name, _groups) in enumerate(ordered):
-        slices[i % jobs].append(name)
-    return slices
 
 
 # ------------------------------------------------------------------------------------------------ merging
@@ -257,14 +244,18 @@ class Worker:
     """One worker process: its job on the command line, its messages (JSON lines) on a pipe of its own, its
     orders (``go`` / ``stop``) on its standard input."""
 
-    def __init__(self, index: int, opts: ApplyOptions, cwd: str, command: Sequence[str] | None = None) -> None:
+    def __init__(self, index: int, opts: ApplyOptions, cwd: str, command: Sequence[str] | None = None,
+                 mode: str = "apply") -> None:
+        """``mode``: ``apply`` (prepare, wait at the barrier, execute once) or ``session`` (the rollout's: runs on
+        order, one at a time, until the end of input; see :mod:`gpufleet._pyinfra.workers`)."""
         self.index = index
         self.messages: list[dict] = []
         self.finished: dict | None = None  # the last message: prepared(failed)/done/interrupted/error
         self.prepared: dict | None = None
+        self.answer: dict | None = None  # session mode: the answer to the latest order (ran, dropped)
         read, write = os.pipe()
         spec = {"inventory": opts.inventory, "deploy": opts.deploy, "index": index, "jobs": opts.jobs,
-                "yes": opts.yes, "diff": opts.diff, "cwd": cwd, "fd": write,
+                "yes": opts.yes, "diff": opts.diff, "cwd": cwd, "fd": write, "mode": mode,
                 "args": {"limit": list(opts.pyinfra.limit), "data": list(opts.pyinfra.data),
                          "verbosity": opts.pyinfra.verbosity, "ssh_user": opts.pyinfra.ssh_user,
                          "ssh_port": opts.pyinfra.ssh_port, "ssh_key": opts.pyinfra.ssh_key}}
@@ -307,19 +298,148 @@ class Outcome:
     interrupted: str | None = None
 
 
-class Coordinator:
-    """Runs the workers through the barrier (see the module docstring)."""
+class Pool:
+    """``opts.jobs`` worker processes, each on its slice of the hosts, and the plumbing to talk to them: their
+    messages read as they come (:meth:`_wait`), orders, the check that their slices hold each host once, the
+    report of an interruption, their end. Used by ``gpufleet apply`` (:class:`Coordinator`: one barrier, one
+    execution) and by ``gpufleet rollout --jobs`` (:mod:`gpufleet.rollout.workers`: a barrier per wave)."""
 
-    def __init__(self, opts: ApplyOptions, *, err: TextIO, confirm: Callable[[str], bool] | None = None,
-                 worker_command: Sequence[str] | None = None) -> None:
+    mode = "apply"
+
+    def __init__(self, opts: ApplyOptions, *, err: TextIO, worker_command: Sequence[str] | None = None) -> None:
         self.opts = opts
         self.err = err
-        self.confirm = confirm
         self.worker_command = worker_command
         self.workers: list[Worker] = []
         self.progress = Progress(opts.jobs)
         self.view = _View(err)
         self.selector = selectors.DefaultSelector()
+
+    def _start(self) -> None:
+        cwd = os.getcwd()
+        for index in range(self.opts.jobs):
+            worker = Worker(index, self.opts, cwd, self.worker_command, mode=self.mode)
+            self.workers.append(worker)
+            self.selector.register(worker.pipe, selectors.EVENT_READ, worker)
+
+    def _check_slices(self) -> str | None:
+        """Why the workers' slices cannot be trusted, or None. Each worker loaded the inventory itself and cut the
+        same host list: an inventory that loads differently each time (random, time-dependent) would give
+        overlapping slices."""
+        seen: dict[str, int] = {}
+        selected = {m["selected"] for w in self.workers for m in w.messages if m["type"] == "slice"}
+        for index, hosts in self.progress.slices.items():
+            for host in hosts:
+                if host in seen:
+                    return (f"host {host} is in the slices of workers {seen[host]} and {index}: the inventory did "
+                            "not load the same way in every worker; nothing was changed")
+                seen[host] = index
+        if len(selected) > 1:
+            return ("the workers loaded different hosts from the inventory: it did not load the same way in every "
+                    "worker; nothing was changed")
+        return None
+
+    def _stop_report(self, signum: int) -> tuple[int, str]:
+        """Stop every worker (each names its hosts mid-change); the exit status and where the run stopped."""
+        for worker in self.workers:
+            worker.signal(signum)  # also when the signal came to this process only (kill PID)
+        deadline = time.monotonic() + STOP_GRACE_S
+        with contextlib.suppress(KeyboardInterrupt):
+            self._wait(lambda w: w.finished is not None, deadline=deadline)
+        reports = [w.finished for w in self.workers if w.finished and w.finished["type"] == "interrupted"]
+        mid = sorted((h, s) for m in reports for h, s in m["mid_change"])
+        # a worker that was told to execute and did not answer may have been mid-change
+        executing = any(m["executing"] for m in reports) or any(
+            w.went and (w.finished is None or w.finished["type"] != "interrupted") for w in self.workers)
+        name = signal.Signals(signum).name
+        status = exit_status(signum)
+        if not executing:
+            text = f"gpufleet: interrupted by {name} before executing anything: no host was changed (exit {status})"
+        else:
+            lines = [f"gpufleet: interrupted by {name} while executing (exit {status})."]
+            if mid:
+                lines.append("Hosts mid-change (stage):")
+                lines += [f"  {host}: {stage}" for host, stage in mid]
+                lines.append("Commands already sent run to their end on those hosts (their gpufleet lock is held "
+                             "until then); run the same command again to converge them.")
+            else:
+                lines.append("No host was mid-change (stopped between stages); run the same command again to finish.")
+            silent = [w.index for w in self.workers if w.finished is None or w.finished["type"] != "interrupted"]
+            if silent:
+                lines.append(f"Workers that did not answer in {STOP_GRACE_S} s (killed): {silent}")
+            text = "\n".join(lines)
+        return status, text
+
+    # ---------------------------------------------------------------------------------------- plumbing
+
+    def _order_all(self, word: str) -> None:
+        for worker in self.workers:
+            if worker.finished is None:
+                worker.went = word.startswith("go")
+                worker.order(word)
+
+    def _wait(self, ready: Callable[[Worker], bool], deadline: float | None = None) -> None:
+        """Read the workers' messages until ``ready`` holds for every worker (a worker that ended counts as
+        finished)."""
+        while not all(ready(w) for w in self.workers):
+            timeout = 0.25 if deadline is None else max(0.0, min(0.25, deadline - time.monotonic()))
+            if deadline is not None and time.monotonic() >= deadline:
+                return
+            for key, _ in self.selector.select(timeout):
+                worker: Worker = key.data
+                chunk = os.read(worker.pipe.fileno(), 1 << 16)
+                for message in worker.feed(chunk):
+                    self._take(worker, message)
+                if worker.closed:
+                    self.selector.unregister(worker.pipe)
+                    worker.process.wait()
+                    if worker.finished is None:  # ended without its last word (killed, crashed)
+                        worker.finished = {"type": "lost", "log": ""}
+            self.view.draw(self.progress)
+
+    def _take(self, worker: Worker, message: dict) -> None:
+        worker.messages.append(message)
+        kind = message["type"]
+        if kind == "slice":
+            self.progress.slices[worker.index] = message["hosts"]
+        elif kind == "progress":
+            self.progress.counters[worker.index] = message["counters"]
+        elif kind == "prepared":
+            worker.prepared = message
+            self.progress.prepared[worker.index] = message["ok"]
+            if not message["ok"]:
+                worker.finished = message
+        elif kind in ("ran", "dropped"):
+            worker.answer = message
+        elif kind in ("done", "interrupted", "error"):
+            worker.finished = message
+            if "counters" in message:
+                self.progress.counters[worker.index] = message["counters"]
+
+    def _reap(self) -> None:
+        for worker in self.workers:
+            with contextlib.suppress(OSError, ValueError):
+                worker.process.stdin.close()
+        deadline = time.monotonic() + STOP_GRACE_S
+        for worker in self.workers:
+            try:
+                worker.process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                worker.process.kill()
+                worker.process.wait()
+            with contextlib.suppress(KeyError, ValueError):
+                self.selector.unregister(worker.pipe)
+            worker.pipe.close()
+        self.selector.close()
+
+
+class Coordinator(Pool):
+    """Runs the workers through the barrier (see the module docstring)."""
+
+    def __init__(self, opts: ApplyOptions, *, err: TextIO, confirm: Callable[[str], bool] | None = None,
+                 worker_command: Sequence[str] | None = None) -> None:
+        super().__init__(opts, err=err, worker_command=worker_command)
+        self.confirm = confirm
 
     def run(self) -> Outcome:
         try:
@@ -332,11 +452,7 @@ class Coordinator:
     # ---------------------------------------------------------------------------------------- phases
 
     def _run(self) -> Outcome:
-        cwd = os.getcwd()
-        for index in range(self.opts.jobs):
-            worker = Worker(index, self.opts, cwd, self.worker_command)
-            self.workers.append(worker)
-            self.selector.register(worker.pipe, selectors.EVENT_READ, worker)
+        self._start()
         # Phase 1: every worker validated, preflighted and prepared its slice (or failed to)
         self._wait(lambda w: w.prepared is not None or w.finished is not None)
         usage = [w.finished for w in self.workers if w.finished and w.finished["type"] == "error"]
@@ -393,113 +509,9 @@ class Coordinator:
         rc = EXIT_FAILED if missing or results["failed_hosts"] or any(m.get("rc") for m in done) else EXIT_OK
         return Outcome(rc, payload={"plan": plan, "results": results}, errors=errors)
 
-    def _check_slices(self) -> str | None:
-        """Why the workers' slices cannot be trusted, or None. Each worker loaded the inventory itself and cut the
-        same host list: an inventory that loads differently each time (random, time-dependent) would give
-        overlapping slices."""
-        seen: dict[str, int] = {}
-        selected = {m["selected"] for w in self.workers for m in w.messages if m["type"] == "slice"}
-        for index, hosts in self.progress.slices.items():
-            for host in hosts:
-                if host in seen:
-                    return (f"host {host} is in the slices of workers {seen[host]} and {index}: the inventory did "
-                            "not load the same way in every worker; nothing was changed")
-                seen[host] = index
-        if len(selected) > 1:
-            return ("the workers loaded different hosts from the inventory: it did not load the same way in every "
-                    "worker; nothing was changed")
-        return None
-
     def _interrupted(self, signum: int) -> Outcome:
-        """Stop every worker (each names its hosts mid-change), then say where the run stopped."""
-        for worker in self.workers:
-            worker.signal(signum)  # also when the signal came to this process only (kill PID)
-        deadline = time.monotonic() + STOP_GRACE_S
-        with contextlib.suppress(KeyboardInterrupt):
-            self._wait(lambda w: w.finished is not None, deadline=deadline)
-        reports = [w.finished for w in self.workers if w.finished and w.finished["type"] == "interrupted"]
-        mid = sorted((h, s) for m in reports for h, s in m["mid_change"])
-        # a worker that was told to execute and did not answer may have been mid-change
-        executing = any(m["executing"] for m in reports) or any(
-            w.went and (w.finished is None or w.finished["type"] != "interrupted") for w in self.workers)
-        name = signal.Signals(signum).name
-        status = exit_status(signum)
-        if not executing:
-            text = f"gpufleet: interrupted by {name} before executing anything: no host was changed (exit {status})"
-        else:
-            lines = [f"gpufleet: interrupted by {name} while executing (exit {status})."]
-            if mid:
-                lines.append("Hosts mid-change (stage):")
-                lines += [f"  {host}: {stage}" for host, stage in mid]
-                lines.append("Commands already sent run to their end on those hosts (their gpufleet lock is held "
-                             "until then); run the same command again to converge them.")
-            else:
-                lines.append("No host was mid-change (stopped between stages); run the same command again to finish.")
-            silent = [w.index for w in self.workers if w.finished is None or w.finished["type"] != "interrupted"]
-            if silent:
-                lines.append(f"Workers that did not answer in {STOP_GRACE_S} s (killed): {silent}")
-            text = "\n".join(lines)
+        status, text = self._stop_report(signum)
         return Outcome(status, interrupted=text)
-
-    # ---------------------------------------------------------------------------------------- plumbing
-
-    def _order_all(self, word: str) -> None:
-        for worker in self.workers:
-            if worker.finished is None:
-                worker.went = word.startswith("go")
-                worker.order(word)
-
-    def _wait(self, ready: Callable[[Worker], bool], deadline: float | None = None) -> None:
-        """Read the workers' messages until ``ready`` holds for every worker (a worker that ended counts as
-        finished)."""
-        while not all(ready(w) for w in self.workers):
-            timeout = 0.25 if deadline is None else max(0.0, min(0.25, deadline - time.monotonic()))
-            if deadline is not None and time.monotonic() >= deadline:
-                return
-            for key, _ in self.selector.select(timeout):
-                worker: Worker = key.data
-                chunk = os.read(worker.pipe.fileno(), 1 << 16)
-                for message in worker.feed(chunk):
-                    self._take(worker, message)
-                if worker.closed:
-                    self.selector.unregister(worker.pipe)
-                    worker.process.wait()
-                    if worker.finished is None:  # ended without its last word (killed, crashed)
-                        worker.finished = {"type": "lost", "log": ""}
-            self.view.draw(self.progress)
-
-    def _take(self, worker: Worker, message: dict) -> None:
-        worker.messages.append(message)
-        kind = message["type"]
-        if kind == "slice":
-            self.progress.slices[worker.index] = message["hosts"]
-        elif kind == "progress":
-            self.progress.counters[worker.index] = message["counters"]
-        elif kind == "prepared":
-            worker.prepared = message
-            self.progress.prepared[worker.index] = message["ok"]
-            if not message["ok"]:
-                worker.finished = message
-        elif kind in ("done", "interrupted", "error"):
-            worker.finished = message
-            if "counters" in message:
-                self.progress.counters[worker.index] = message["counters"]
-
-    def _reap(self) -> None:
-        for worker in self.workers:
-            with contextlib.suppress(OSError, ValueError):
-                worker.process.stdin.close()
-        deadline = time.monotonic() + STOP_GRACE_S
-        for worker in self.workers:
-            try:
-                worker.process.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                worker.process.kill()
-                worker.process.wait()
-            with contextlib.suppress(KeyError, ValueError):
-                self.selector.unregister(worker.pipe)
-            worker.pipe.close()
-        self.selector.close()
 
 
 def _error_lines(log: str) -> list[str]:

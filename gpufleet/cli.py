@@ -50,12 +50,15 @@ def _patch_for_gevent() -> None:
 @click.option("--via", default="ssh", show_default=True, metavar="ssh|slurm|slurm:PREFIX",
               help="how the probe reaches the nodes: SSH from here, or one Slurm job (srun) run here or through "
                    "PREFIX (e.g. slurm:ssh root@slurm-ctl)")
-def verify(inventory: str, pyinfra_args: PyinfraArgs, bench: str, out: str, via: str) -> None:
+@click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True,
+              help="over SSH: worker processes the hosts are spread over (connections and checks on N cores)")
+def verify(inventory: str, pyinfra_args: PyinfraArgs, bench: str, out: str, via: str, jobs: int) -> None:
     """Probe every GPU node of INVENTORY (a pyinfra inventory) in parallel, check it against its configuration and
     write the fleet report.
 
     Exit code: 0 nothing failed, 1 a check failed or a host was unreachable, 2 verify could not run (bad inventory
-    or configuration, no host reachable, bad usage).
+    or configuration, no host reachable, bad usage), 130/143/129 interrupted (no report written); the same with
+    any --jobs (the same report as one process).
     """
     _patch_for_gevent()
     from . import interruption  # noqa: PLC0415
@@ -63,7 +66,7 @@ def verify(inventory: str, pyinfra_args: PyinfraArgs, bench: str, out: str, via:
 
     interruption.catch_signals()  # SIGINT/SIGTERM/SIGHUP: exit 130/143/129 naming the hosts not finished
     sys.exit(run.main(inventory, limit=list(pyinfra_args.limit), bench=bench, out=out, echo=click.echo, via=via,
-                      override_data=pyinfra_args.override_data()))
+                      override_data=pyinfra_args.override_data(), jobs=jobs))
 
 
 @main.command()
@@ -94,20 +97,26 @@ def verify(inventory: str, pyinfra_args: PyinfraArgs, bench: str, out: str, via:
 @click.option("--dry", is_flag=True, help="validate, preflight and print the waves; drain and change nothing")
 @click.option("--out", type=click.Path(file_okay=False), default="gpufleet-rollout", show_default=True,
               help="directory for rollout.json, rollout-junit.xml, the state file and each wave's verify report")
+@click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True,
+              help="pyinfra worker processes for the whole-fleet pass and the waves (1: the rollout's own)")
 def rollout(inventory: str, deploy: str, pyinfra_args: PyinfraArgs, yes: bool, canary: int, waves: str | None,
             batch: str | None, max_unavailable: str | None, max_failures: str, verify_gate: str, drain: str,
             wait_for_jobs: float | None, on_timeout: str, state_file: str | None, resume: bool, dry: bool,
-            out: str) -> None:
+            out: str, jobs: int) -> None:
     """Roll DEPLOY out over INVENTORY: validation and preflight of every host, then the canary and the waves in
     inventory order, each host drained, converged, verified and returned.
 
     DEPLOY: a deploy file (FILE.py) or a deploy function (package.module.function), as pyinfra takes it; default
     gpufleet.deploys.gpu_node.gpu_node. Without -y the plan (waves, what changes on which host) is shown and
     Enter asked for before the first drain or change, as pyinfra does; without a terminal, -y is required.
+    --jobs N: the whole-fleet pass and the waves in N pyinfra worker processes (each wave still validated on all
+    its hosts before any of them changes); the state file, drains, gates and summary stay in this process.
 
     Exit code: 0 every host done, 1 stopped by failures or a host failed, 2 bad input or usage, or the plan not
     confirmed (nothing drained or changed), 130/143/129 interrupted by SIGINT/SIGTERM/SIGHUP (continue with
-    --resume; at the confirmation prompt nothing was drained or changed).
+    --resume; at the confirmation prompt nothing was drained or changed); the same with any --jobs (a bad setting
+    on a host of any worker: 2, nothing drained or changed; interrupted: every worker stopped, hosts in flight
+    named).
     """
     if waves and batch:
         raise click.UsageError("--waves and --batch: give one of them")
@@ -133,7 +142,7 @@ def rollout(inventory: str, deploy: str, pyinfra_args: PyinfraArgs, yes: bool, c
     opts = run.RolloutOptions(inventory=inventory, deploy=deploy, canary=canary, waves=waves or batch or "25%",
                               max_unavailable=max_unavailable, max_failures=max_failures, verify=verify_gate,
                               drain=drain, wait_for_jobs=wait_for_jobs, on_timeout=on_timeout, state=state_file,
-                              resume=resume, dry=dry, out=out, pyinfra=pyinfra_args)
+                              resume=resume, dry=dry, out=out, jobs=jobs, pyinfra=pyinfra_args)
     sys.exit(run.main(opts, echo=click.echo, confirm=confirm))
 
 

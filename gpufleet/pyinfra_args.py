@@ -107,6 +107,20 @@ class PyinfraArgs:
         return out
 
 
+def slice_hosts(hosts: Sequence[tuple[str, Iterable[str]]], jobs: int) -> list[list[str]]:
+    """``hosts`` ((name, groups) in inventory order) cut into ``jobs`` slices that each hold a mix of the fleet:
+    round robin over the hosts sorted by their groups (then name). A fleet of 40 HGX nodes and 40 workstations in
+    2 slices gives each slice 20 of each, where contiguous blocks would give one slice all HGX nodes (the slow
+    stages all in one worker). Each host is in exactly one slice; a slice may be empty when hosts < jobs."""
+    if jobs < 1:
+        raise ValueError(f"jobs must be >= 1, not {jobs}")
+    ordered = sorted(hosts, key=lambda h: (tuple(sorted(h[1])), h[0]))
+    slices: list[list[str]] = [[] for _ in range(jobs)]
+    for i, (name, _groups) in enumerate(ordered):
+        slices[i % jobs].append(name)
+    return slices
+
+
 def check_deploy(spec: str) -> str | None:
     """Why ``spec`` is no deploy pyinfra could run, or None: a ``.py`` file that exists, or a module path that
     imports to a callable."""

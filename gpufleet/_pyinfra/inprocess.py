@@ -124,6 +124,13 @@ def supported(version: str | None = None) -> str | None:
     return None
 
 
+def workers_supported(version: str | None = None) -> str | None:
+    """Why ``gpufleet rollout --jobs N`` cannot run this Session in worker processes here, or None. The workers
+    patch their own standard library for gevent (:mod:`gpufleet._pyinfra.workers`); what remains is the switch and
+    the pyinfra version (the names :func:`supported` checks are read by the workers' Session as by this one)."""
+    return plain_path(SWITCH, version)
+
+
 class _Log(logging.Handler):
     """pyinfra's log of the run in progress, as the lines its CLI prints on stderr (without colours); also written
     to ``echo`` as it comes (``-v``)."""

@@ -180,6 +180,37 @@ def _failed(session) -> list[str]:
     return sorted(h.name for h in session.state.failed_hosts) if getattr(session, "state", None) else []
 
 
+def _serve(session, pipe: _Pipe) -> int:
+    """Session mode (``gpufleet rollout --jobs``, :mod:`gpufleet.rollout.workers`): pyinfra runs of hosts of this
+    worker's slice on the coordinator's orders (JSON lines on stdin), one at a time, each answered with what
+    ``pyinfra --json`` would print (``ran``: the Session's run), until the end of input. ``drop``: forget a kept
+    plan that will not execute (another worker's hosts failed their preparation)."""
+    while True:
+        order = _wait_order()
+        if not order.startswith("{"):
+            return 0
+        run = json.loads(order)
+        if run["do"] == "drop":
+            if session._planned is not None:
+                session._disconnect(session._planned[0])
+                session._planned = None
+            pipe.send(type="dropped")
+            continue
+        hosts, absent = run["hosts"], []
+        if not run["plan"] and session._planned is not None:
+            # a host the plan could not connect to is not in it: it failed there (its reason is in that run's log)
+            planned = {h.name for h in session._planned[0].activated_hosts}
+            hosts, absent = [h for h in hosts if h in planned], [h for h in hosts if h not in planned]
+        session.yes = run["yes"]
+        if hosts:
+            done = session.run(hosts, plan=run["plan"], keep_plan=run["keep_plan"], refresh=run["refresh"])
+            rc, payload, log, seconds = done.rc, done.payload, done.stderr, done.seconds
+        else:
+            rc, payload, log, seconds = 1, {"plan": [], "results": None}, "", 0.0
+        pipe.send(type="ran", rc=rc, payload=payload, stderr=log, seconds=seconds, absent=absent,
+                  unreachable=bool(run["plan"] and payload is None and getattr(session, "unreachable", False)))
+
+
 def main(argv: list[str]) -> int:
     job = json.loads(argv[1])
     pipe = _Pipe(job["fd"])
@@ -212,6 +243,8 @@ def main(argv: list[str]) -> int:
         selected = hashlib.sha256("\n".join(session.hosts).encode()).hexdigest()  # the same in every worker
         pipe.send(type="slice", hosts=mine, total=len(session.hosts), selected=selected,
                   order=session.hosts if job["index"] == 0 else None)  # the inventory's order, once
+        if job.get("mode") == "session":
+            return _serve(session, pipe)
         if not mine:  # more workers than hosts: nothing to do (an empty limit would mean every host to pyinfra)
             pipe.send(type="prepared", ok=True, unreachable=False, plan=[], failed_hosts=[], log="")
             if _wait_order().startswith("go"):
@@ -243,7 +276,7 @@ def main(argv: list[str]) -> int:
                   executing=bool(getattr(session, "executing", False)) if session else False)
         sys.stdout.flush()
         sys.stderr.flush()
-        # at once, as pyinfra's CLI under gpufleet (gpufleet._pyinfra._signals.install): the commands in flight are
+        # at once, as pyinfra's CLI under gpufleet (gpufleet.interruption.install): the commands in flight are
         # what the user interrupted; the kernel closes the SSH connections
         os._exit(interruption.status_of(error))
     finally:

@@ -74,6 +74,7 @@ class RolloutOptions:
     dry: bool = False
     out: str = DEFAULT_OUT
     poll_s: float = 2.0
+    jobs: int = 1  # pyinfra worker processes for the pass and the waves (gpufleet.rollout.workers); 1: this one
     pyinfra: PyinfraArgs = field(default_factory=PyinfraArgs)  # --limit, --data, -v, SSH options
 
     def state_path(self) -> Path:
@@ -111,6 +112,8 @@ def parse_options(opts: RolloutOptions) -> Parsed:
         raise BadInput(f"--verify {opts.verify}: allowed: {', '.join(VERIFY_GATES)}")
     if opts.on_timeout not in ON_TIMEOUT:
         raise BadInput(f"--on-timeout {opts.on_timeout}: allowed: {', '.join(ON_TIMEOUT)}")
+    if opts.jobs < 1:
+        raise BadInput(f"--jobs {opts.jobs}: must be 1 or more worker processes")
     if opts.wait_for_jobs is not None and opts.wait_for_jobs < 0:
         raise BadInput(f"--wait-for-jobs {opts.wait_for_jobs}: must be 0 seconds or more")
     problem = pyinfra_args.check_deploy(opts.deploy)
@@ -433,9 +436,21 @@ def _preflight(engine, records: list[dict[str, Any]], hosts: list[str] | None, p
 
 
 def open_engine(opts: RolloutOptions, progress: TextIO):
-    """pyinfra in this process where :func:`inprocess.supported` says so (one start-up and one SSH connection per
+    """``--jobs N`` > 1: pyinfra in N worker processes (:mod:`gpufleet.rollout.workers`); else pyinfra in this
+    process where :func:`inprocess.supported` says so (one start-up and one SSH connection per
     host for the whole rollout), else ``pyinfra --json`` as a subprocess per pass and wave. Raises BadInput when the
     inventory cannot be loaded."""
+    if opts.jobs > 1 and (reason := inprocess.workers_supported()) is not None:
+        progress.write(f"gpufleet rollout: --jobs {opts.jobs}: one process, pyinfra as a subprocess per pass and "
+                       f"wave ({reason})\n")
+        return converge.Subprocess(opts.inventory, opts.deploy, opts.pyinfra, progress)
+    if opts.jobs > 1:  # the workers run the in-process engine each, on a slice of the hosts
+        from . import workers  # noqa: PLC0415
+
+        try:
+            return workers.Workers(opts.inventory, opts.deploy, opts.jobs, opts.pyinfra, err=progress)
+        except workers.WorkersError as error:
+            raise BadInput(str(error)) from None
     reason = inprocess.supported()
     if reason is not None:
         progress.write(f"gpufleet rollout: pyinfra runs as a subprocess per pass and wave ({reason})\n")

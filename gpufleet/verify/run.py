@@ -25,8 +25,10 @@ run (bad inventory, bad configuration, no host reachable).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections import Counter
@@ -240,20 +242,124 @@ def _progress_line(run: HostRun, done: int, total: int) -> str:
 
 def run_verify(inventory_arg: str, *, limit: Iterable[str] | str | None = None, bench: str = "none",
                out: str | Path = DEFAULT_OUT, progress: TextIO | None = None, cwd: str | None = None,
-               write_textfiles: bool = True, via: str = "ssh", override_data: Mapping[str, Any] | None = None
-               ) -> VerifyRun:
+               write_textfiles: bool = True, via: str = "ssh", override_data: Mapping[str, Any] | None = None,
+               jobs: int = 1) -> VerifyRun:
     """The whole ``gpufleet verify``; raises VerifyError when it cannot run (exit 2). ``via``: ``ssh``, or
     ``slurm`` / ``slurm:PREFIX`` (:mod:`gpufleet.verify.slurm`: the probe as one Slurm job); ``override_data``: see
-    :func:`load_inventory`."""
+    :func:`load_inventory`; ``jobs`` > 1 (over SSH): the hosts spread over that many worker processes
+    (:mod:`gpufleet.verify.workers`), the same report."""
     start = time.monotonic()
     if bench not in BENCH_PROFILES:
         raise VerifyError(f"--bench {bench}: allowed: {', '.join(BENCH_PROFILES)}")
     slurm_engine = _slurm_engine(via)
     progress = progress if progress is not None else sys.stderr
     state, hosts = load_inventory(inventory_arg, limit, cwd=cwd, override_data=override_data)
+    sliced = None
+    if jobs > 1 and slurm_engine is None:
+        sliced = Sliced({"inventory": inventory_arg, "limit": split_limit(limit), "cwd": cwd or os.getcwd(),
+                         "override_data": dict(override_data or {}), "bench": bench, "jobs": jobs})
     with ctx_state.use(state), ctx_config.use(state.config), ctx_inventory.use(state.inventory):
         return _run_verify(state, hosts, inventory_arg, limit=limit, bench=bench, out=out, progress=progress,
-                           write_textfiles=write_textfiles, start=start, slurm_engine=slurm_engine)
+                           write_textfiles=write_textfiles, start=start, slurm_engine=slurm_engine, sliced=sliced)
+
+
+class Sliced:
+    """``gpufleet verify --jobs N`` over SSH: the hosts spread over N worker processes (``python -m
+    gpufleet.verify.workers``), each connecting to and probing its slice of the hosts (an SSH connection and a
+    host's checks cost the controller's CPU: ~90 ms a host on one core), their results merged into the one report.
+    Each worker keeps its hosts' connections until the report is written, then writes their node textfiles
+    (:meth:`finish`). A host whose worker ended without its result is a failed probe that says so."""
+
+    WORKER_MODULE = "gpufleet.verify.workers"
+    STOP_GRACE_S = 15
+
+    def __init__(self, job: dict[str, Any]) -> None:
+        self.job = job
+        self.procs: list[subprocess.Popen] = []
+        self.messages: Any = None
+        self.ended: set[int] = set()  # workers whose output ended
+
+    def verify(self, names: list[str], progress: TextIO) -> list[HostRun]:
+        import queue  # noqa: PLC0415
+        import threading  # noqa: PLC0415
+
+        # a reader per worker: greenlets where the CLI patched the standard library for gevent, else threads
+        self.messages = queue.Queue()
+        progress.write(f"gpufleet verify: {len(names)} host(s), bench {self.job['bench']}, {self.job['jobs']} "
+                       "worker(s)\n")
+        progress.flush()
+        runs: dict[str, HostRun] = {}
+        verified: set[int] = set()
+        try:
+            for index in range(self.job["jobs"]):
+                proc = subprocess.Popen([sys.executable, "-m", self.WORKER_MODULE, json.dumps({**self.job,
+                                                                                          "index": index})],
+                                        cwd=self.job["cwd"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+                self.procs.append(proc)
+                threading.Thread(target=self._read, args=(index, proc), daemon=True).start()
+            while len(verified | self.ended) < len(self.procs):
+                index, message = self.messages.get()
+                if message is None:
+                    self.ended.add(index)
+                elif message["type"] == "verified":
+                    verified.add(index)
+                elif message["type"] == "host":
+                    run = HostRun(name=message["name"], result=HostResult.from_dict(message["result"]),
+                                  seconds=message["seconds"], uploaded=message["uploaded"],
+                                  connected=message["connected"])
+                    runs[run.name] = run
+                    progress.write(_progress_line(run, len(runs), len(names)) + "\n")
+                    progress.flush()
+        except KeyboardInterrupt as error:  # a signal: every worker stopped, the hosts without a result named
+            error.in_flight = [n for n in names if n not in runs]
+            self._stop(getattr(error, "signum", signal.SIGINT))
+            raise
+        for name in names:
+            if name not in runs:
+                runs[name] = HostRun(name=name, result=probe_failed_host(
+                    name, "its verify worker ended without its result (its error is above)"))
+        return [runs[name] for name in names]
+
+    def finish(self, runs: list[HostRun], fleet: FleetResult | None) -> None:
+        """The workers write their hosts' textfiles from the fleet's report (None: none), then end."""
+        line = (json.dumps(fleet.to_dict()) + "\n").encode() if fleet is not None else b""
+        for index, proc in enumerate(self.procs):
+            with contextlib.suppress(OSError, ValueError):
+                if index not in self.ended:
+                    proc.stdin.write(line)
+                proc.stdin.close()
+        by_name = {run.name: run for run in runs}
+        try:
+            while len(self.ended) < len(self.procs):
+                index, message = self.messages.get()
+                if message is None:
+                    self.ended.add(index)
+                elif message["type"] == "textfile" and message["name"] in by_name:
+                    by_name[message["name"]].textfile = message["textfile"]
+                    by_name[message["name"]].textfile_error = message["error"]
+        finally:
+            self._stop(None)
+
+    def _read(self, index: int, proc: subprocess.Popen) -> None:
+        for line in proc.stdout:
+            if line.strip():
+                self.messages.put((index, json.loads(line)))
+        self.messages.put((index, None))
+
+    def _stop(self, signum: int | None) -> None:
+        """Every worker ended: passed ``signum`` (a terminal sent it to them already; a ``kill`` to this process
+        did not), given :data:`STOP_GRACE_S`, killed after."""
+        for proc in self.procs:
+            if signum is not None and proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(signum)
+        deadline = time.monotonic() + self.STOP_GRACE_S
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
 
 def _slurm_engine(via: str) -> SlurmVerify | None:
@@ -264,20 +370,12 @@ def _slurm_engine(via: str) -> SlurmVerify | None:
 
 def _run_verify(state: Any, hosts: list[Any], inventory_arg: str, *, limit: Iterable[str] | str | None, bench: str,
                 out: str | Path, progress: TextIO, write_textfiles: bool, start: float,
-                slurm_engine: SlurmVerify | None = None) -> VerifyRun:
-    try:
-        configs = validate_pyinfra_inventory(state.inventory)
-        settings = validate_verify_inventory((h.name, h.data.dict()) for h in state.inventory)
-    except ConfigErrors as error:
-        raise VerifyError(f"invalid configuration, no host was contacted:\n{error}") from None
+                slurm_engine: SlurmVerify | None = None, sliced: Sliced | None = None) -> VerifyRun:
+    configs, settings, skipped, targets = _targets(state, hosts)
     bundle = probe_bundle()
-    skipped = {h.name: "no gpufleet stages (gpufleet_stages is empty): not a GPU node" for h in hosts
-               if not configs[h.name].stages}
-    targets = [h for h in hosts if h.name not in skipped]
-    if not targets:
-        raise VerifyError(f"no GPU node to verify among {', '.join(h.name for h in hosts)} (every host has an "
-                          "empty gpufleet_stages)")
-    if slurm_engine is None:
+    if sliced is not None:
+        runs = sliced.verify([h.name for h in targets], progress)
+    elif slurm_engine is None:
         runs = _verify_all(state, targets, configs, settings, bundle, bench, progress)
     else:
         runs = _verify_all_slurm(targets, configs, settings, bundle, bench, progress, slurm_engine)
@@ -290,7 +388,9 @@ def _run_verify(state: Any, hosts: list[Any], inventory_arg: str, *, limit: Iter
         meta["slurm_job"] = slurm_engine.job_name
     fleet = build_fleet_result([r.result for r in runs], bench_profile=bench, meta=meta)
     paths = write_reports(fleet, out)
-    if write_textfiles and slurm_engine is None:
+    if sliced is not None:
+        sliced.finish(runs, fleet if write_textfiles else None)
+    elif write_textfiles and slurm_engine is None:
         _write_textfiles(state, runs, settings, fleet, {h.name: h for h in targets})
     elif write_textfiles:
         _write_textfiles_slurm(slurm_engine, runs, settings, fleet)
@@ -303,19 +403,40 @@ def _run_verify(state: Any, hosts: list[Any], inventory_arg: str, *, limit: Iter
     return VerifyRun(fleet=fleet, hosts=runs, paths=paths, skipped=skipped, seconds=time.monotonic() - start)
 
 
+def _targets(state: Any, hosts: list[Any]) -> tuple[dict, dict, dict[str, str], list[Any]]:
+    """(configs, verify settings, {skipped host: why}, hosts to verify) of the validated inventory; VerifyError when
+    it is invalid (no host contacted) or has no GPU node."""
+    try:
+        configs = validate_pyinfra_inventory(state.inventory)
+        settings = validate_verify_inventory((h.name, h.data.dict()) for h in state.inventory)
+    except ConfigErrors as error:
+        raise VerifyError(f"invalid configuration, no host was contacted:\n{error}") from None
+    skipped = {h.name: "no gpufleet stages (gpufleet_stages is empty): not a GPU node" for h in hosts
+               if not configs[h.name].stages}
+    targets = [h for h in hosts if h.name not in skipped]
+    if not targets:
+        raise VerifyError(f"no GPU node to verify among {', '.join(h.name for h in hosts)} (every host has an "
+                          "empty gpufleet_stages)")
+    return configs, settings, skipped, targets
+
+
 def _verify_all(state: Any, hosts: list[Any], configs: Mapping[str, NodeConfig],
-                settings: Mapping[str, VerifySettings], bundle: ProbeBundle, bench: str, progress: TextIO
-                ) -> list[HostRun]:
+                settings: Mapping[str, VerifySettings], bundle: ProbeBundle, bench: str, progress: TextIO,
+                done: Callable[[HostRun], None] | None = None) -> list[HostRun]:
+    """Every host verified in parallel (greenlets); ``done``: called with each host's run as it ends (a worker of
+    :mod:`gpufleet.verify.workers` sends it on)."""
     progress.write(f"gpufleet verify: {len(hosts)} host(s), bench {bench}\n")
     progress.flush()
     greenlets = {_pyinfra.host_pool(state).spawn(verify_host, h, configs[h.name], settings[h.name], bundle, bench): h
                  for h in hosts}
     runs = []
     try:
-        for done, greenlet in enumerate(gevent.iwait(list(greenlets)), start=1):
+        for count, greenlet in enumerate(gevent.iwait(list(greenlets)), start=1):
             run = greenlet.get()
             runs.append(run)
-            progress.write(_progress_line(run, done, len(hosts)) + "\n")
+            if done is not None:
+                done(run)
+            progress.write(_progress_line(run, count, len(hosts)) + "\n")
             progress.flush()
     except KeyboardInterrupt as error:  # a signal (gpufleet.interruption): no probe starts or goes on from here
         error.in_flight = [h.name for g, h in greenlets.items() if not g.ready()]
@@ -420,12 +541,12 @@ def summary_text(run: VerifyRun, out: str | Path) -> str:
 
 def main(inventory_arg: str, *, limit: Iterable[str] | str | None = None, bench: str = "none",
          out: str | Path = DEFAULT_OUT, echo: Callable[[str], Any] = print, progress: TextIO | None = None,
-         via: str = "ssh", override_data: Mapping[str, Any] | None = None) -> int:
+         via: str = "ssh", override_data: Mapping[str, Any] | None = None, jobs: int = 1) -> int:
     """``gpufleet verify``: run, print the summary, return the exit code (0, 1 or 2)."""
     progress = progress if progress is not None else sys.stderr
     try:
         run = run_verify(inventory_arg, limit=limit, bench=bench, out=out, progress=progress, via=via,
-                         override_data=override_data)
+                         override_data=override_data, jobs=jobs)
     except VerifyError as error:
         progress.write(f"gpufleet verify: {error}\n")
         progress.flush()

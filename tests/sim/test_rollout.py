@@ -226,3 +226,20 @@ def test_without_drain_after_a_gate_each_wave_reads_its_hosts_again_and_converge
     assert "changed (4): node01, node02, node03, node04" in result.stdout
     # the rollout's one connection per host, the verify gate's own, and the query
     assert {n: ssh_logins(fleet, n) for n in NODES} == {n: before[n] + 3 for n in NODES}
+
+
+
+def test_over_two_workers_each_drained_wave_converges_over_one_connection_per_host(fleet, tmp_path):
+    """``--jobs 2``: the whole-fleet pass and each wave (planned again after its drain, behind the workers'
+    barrier) over 2 pyinfra workers: every host changed, each over the one SSH connection its worker made in the
+    pass, the hook called per host as with one process."""
+    ro = Rollout(tmp_path, 370)
+    before = {n: ssh_logins(fleet, n) for n in NODES}
+    result = ro.run("--canary", "1", "--waves", "100%", "--verify", "none", "--jobs", "2")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert [power_w(fleet, n) for n in NODES] == [370] * 4
+    assert "changed (4): node01, node02, node03, node04" in result.stdout
+    assert [w["hosts"] for w in ro.report()["waves"]] == [["node01"], ["node02", "node03", "node04"]]
+    assert sorted(ro.hook_calls()) == sorted(f"{action} {n}" for n in NODES for action in ("drain", "drained",
+                                                                                          "resume"))
+    assert {n: ssh_logins(fleet, n) for n in NODES} == {n: before[n] + 2 for n in NODES}

@@ -51,8 +51,9 @@ def captured(monkeypatch):
         seen["apply"] = (opts, confirm)
         return 0
 
-    def verify_main(inventory, *, limit, bench, out, echo, via, override_data):
+    def verify_main(inventory, *, limit, bench, out, echo, via, override_data, jobs):
         seen["verify"] = (inventory, limit, override_data)
+        seen["verify_jobs"] = jobs
         return 0
 
     monkeypatch.setattr(rollout_run, "main", rollout_main)
@@ -88,6 +89,10 @@ def test_rollout_takes_pyinfras_options(runner, captured):
     long = runner.invoke(cli.main, ["rollout", "inv.py", "deploys/gpu_node.py", "--ssh-user", "ops", "--yes"])
     assert long.exit_code == 0, long.output
     assert captured["rollout"][0].pyinfra.ssh_user == "ops" and captured["rollout"][0].deploy == "deploys/gpu_node.py"
+    assert captured["rollout"][0].jobs == 1  # one process unless asked
+    assert runner.invoke(cli.main, ["rollout", "inv.py", "-y", "--jobs", "4"]).exit_code == 0
+    assert captured["rollout"][0].jobs == 4
+    assert runner.invoke(cli.main, ["rollout", "inv.py", "-y", "--jobs", "0"]).exit_code == 2
 
 
 def test_drift_and_verify_take_pyinfras_options(runner, captured):
@@ -98,6 +103,10 @@ def test_drift_and_verify_take_pyinfras_options(runner, captured):
     result = runner.invoke(cli.main, ["verify", "inv.py", "--limit", "gpu", "--data", "x=true", "--user", "ops"])
     assert result.exit_code == 0, result.output
     assert captured["verify"] == ("inv.py", ["gpu"], {"x": True, "ssh_user": "ops"})
+    assert captured["verify_jobs"] == 1  # one process unless asked
+    assert runner.invoke(cli.main, ["verify", "inv.py", "--jobs", "3"]).exit_code == 0
+    assert captured["verify_jobs"] == 3
+    assert runner.invoke(cli.main, ["verify", "inv.py", "--jobs", "0"]).exit_code == 2
 
 
 def test_apply_takes_pyinfras_options_and_jobs(runner, captured, monkeypatch):

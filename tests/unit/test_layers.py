@@ -58,6 +58,7 @@ LAYERS: dict[str, int] = {
     #    thresholds and the reports' regressions, and the monitoring host's deploy built from it
     "gpufleet.verify.run": 8,
     "gpufleet.verify.pyinfra_entry": 8,
+    "gpufleet.verify.workers": 8,
     "gpufleet.monitoring": 8,
     "gpufleet.deploys.monitoring": 8,
     # 9: commands on top: rollout (runs verify; its in-process pyinfra runs), drift, the settings table of every
