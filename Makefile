@@ -13,11 +13,18 @@ demo: deps
 
 # The end-to-end modules run on 2 pytest-xdist workers, a module per worker at a time (each worker has its own
 # simulated fleet: tests/sim/conftest.py): they mostly wait on SSH and systemd, so 2 workers on 2 cores halve the wall
-# time (serial: 13 min for tests/sim on this project's 2-core machines).
+# time (serial: 13 min for tests/sim on this project's 2-core machines). The unit tests (CPU-bound, 2-2.5 min) run
+# beside them for the same reason; their output is printed when both are done, and either failing fails the target.
 test: deps
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/pytest -q tests/unit
-	$(VENV)/bin/pytest -q -n 2 --dist loadfile --durations=12 tests/sim
+	@mkdir -p $(BUILD); \
+	$(VENV)/bin/pytest -q tests/unit > $(BUILD)/unit-tests.log 2>&1 & unit=$$!; \
+	$(VENV)/bin/pytest -q -n 2 --dist loadfile --durations=12 tests/sim; sim=$$?; \
+	wait $$unit; unit_status=$$?; \
+	echo "---------------- tests/unit (ran beside tests/sim): $(BUILD)/unit-tests.log"; \
+	grep -v '^[.sxFE]*  *\[ *[0-9]*%\]$$' $(BUILD)/unit-tests.log; \
+	echo "tests/sim exit $$sim, tests/unit exit $$unit_status"; \
+	[ $$sim -eq 0 ] && [ $$unit_status -eq 0 ]
 
 unit: deps
 	$(VENV)/bin/pytest -q tests/unit
