@@ -124,3 +124,13 @@ def host_certificate(host: str, addresses: list[str], dns_names: list[str]) -> t
     write_atomic(directory / f"{base}.key", key_pem, mode=0o600)
     write_atomic(directory / f"{base}.crt", cert_pem, mode=0o600)
     return cert_pem, key_pem
+
+
+def address_certificate(host: str, address: str) -> tuple[str, str]:
+    """:func:`host_certificate` for the address the host is reached at (an IP address or a DNS name) and for
+    loopback (127.0.0.1, localhost)."""
+    try:
+        ipaddress.ip_address(address)
+    except ValueError:
+        return host_certificate(host, ["127.0.0.1"], [address, "localhost"])
+    return host_certificate(host, [address, "127.0.0.1"], ["localhost"])

@@ -16,8 +16,6 @@ read on a host are read ahead in one remote command per host.
 
 from __future__ import annotations
 
-import ipaddress
-
 from pyinfra import host, inventory, logger
 from pyinfra.api import deploy, operation
 from pyinfra.operations import python
@@ -181,9 +179,8 @@ def fleet_certificate(node_exporter: bool) -> None:
     /etc/gpufleet/tls: for the address Prometheus scrapes (``ssh_hostname``, else the inventory name) and loopback.
     The key is 0640 root:prometheus where node_exporter (Debian's User=prometheus) reads it, else 0600."""
     address = host.data.get("ssh_hostname") or host.name
-    ips, names = (([address], []) if _is_ip(address) else ([], [address]))
     try:
-        cert, key = fleet_ca.host_certificate(host.name, [*ips, "127.0.0.1"], [*names, "localhost"])
+        cert, key = fleet_ca.address_certificate(host.name, address)
         ca_cert, _ = fleet_ca.ca()
     except UnsafePath as error:
         raise InputError(f"{host.name}: the fleet CA: {error}") from None
@@ -196,14 +193,6 @@ def fleet_certificate(node_exporter: bool) -> None:
     files.managed_file(name="this host's fleet certificate", path=FLEET_TLS["cert_file"], content=cert)
     files.secret_file(name="this host's fleet certificate key", path=FLEET_TLS["key_file"], content=key, mode=mode,
                       group=group)
-
-
-def _is_ip(address: str) -> bool:
-    try:
-        ipaddress.ip_address(address)
-    except ValueError:
-        return False
-    return True
 
 
 def exporter_web_config(host_name: str, tls: dict | None = None) -> str:

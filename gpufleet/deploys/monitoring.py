@@ -11,7 +11,6 @@ packaged files left as shipped; gpufleet's settings are ``GF_*`` overrides in a 
 
 from __future__ import annotations
 
-import ipaddress
 import posixpath
 import shlex
 import shutil
@@ -338,9 +337,7 @@ def fleet_files(settings: MonitoringSettings) -> str | None:
         ca_cert, _ = fleet_ca.ca()
         if FLEET_TLS["cert_file"] in (settings.prometheus_tls.get("cert_file"),
                                       settings.alertmanager_tls.get("cert_file")):
-            ip = _is_ip(address)
-            cert, key = fleet_ca.host_certificate(host.name, [*([address] if ip else []), "127.0.0.1"],
-                                                  [*([] if ip else [address]), "localhost"])
+            cert, key = fleet_ca.address_certificate(host.name, address)
             _put("this host's fleet certificate", cert, FLEET_TLS["cert_file"])
             secret_file(name="this host's fleet certificate key", path=FLEET_TLS["key_file"], content=key,
                         mode="640", group=ALERTMANAGER_GROUP)
@@ -348,11 +345,3 @@ def fleet_files(settings: MonitoringSettings) -> str | None:
         raise InputError(f"{host.name}: the fleet CA: {error}") from None
     _put("fleet CA certificate", ca_cert, FLEET_CA_FILE)
     return ca_cert if FLEET_TLS["cert_file"] == settings.prometheus_tls.get("cert_file") else None
-
-
-def _is_ip(address: str) -> bool:
-    try:
-        ipaddress.ip_address(address)
-    except ValueError:
-        return False
-    return True

@@ -72,3 +72,15 @@ def test_the_fleet_ca_turns_the_listeners_to_https_against_it():
     datasource = yaml.safe_load(render.grafana_datasource("https://10.0.0.9:9090", "pw", "CA PEM"))["datasources"][0]
     assert datasource["jsonData"] == {"tlsAuthWithCACert": True}
     assert datasource["secureJsonData"] == {"basicAuthPassword": "pw", "tlsCACert": "CA PEM"}
+
+
+@pytest.mark.parametrize("address, ips, names", [
+    ("10.0.0.5", {"10.0.0.5", "127.0.0.1"}, {"localhost"}),
+    ("gpu01.example.org", {"127.0.0.1"}, {"gpu01.example.org", "localhost"}),
+])
+def test_an_address_certificate_names_the_address_as_ip_or_dns_and_loopback(address, ips, names):
+    cert, _ = fleet_ca.address_certificate("gpu01", address)
+    san = x509.load_pem_x509_certificate(cert.encode()).extensions.get_extension_for_class(
+        x509.SubjectAlternativeName).value
+    assert {str(ip) for ip in san.get_values_for_type(x509.IPAddress)} == ips
+    assert set(san.get_values_for_type(x509.DNSName)) == names
