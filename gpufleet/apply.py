@@ -41,17 +41,15 @@ from dataclasses import dataclass, field
 from typing import TextIO
 
 # slice_hosts: how the workers cut the hosts, in pyinfra_args since gpufleet verify (a lower layer) cuts them too
+from gpufleet.interruption import SIGNALS, exit_status, stop_report
 from gpufleet.pyinfra_args import DEFAULT_DEPLOY, PyinfraArgs, slice_hosts  # noqa: F401
 
 WORKER_MODULE = "gpufleet._pyinfra.workers"
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 STOP_GRACE_S = 15  # how long interrupted workers get to name their hosts mid-change before they are killed
-SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-
 class Interrupted(KeyboardInterrupt):
-    """The coordinator received ``signum``. (As :class:`gpufleet.interruption.Interrupted`, which this module cannot
-    import: it imports pyinfra.)"""
+    """The coordinator received ``signum`` (its workers are stopped, not the coordinator's own children as
+    :class:`gpufleet.interruption.Interrupted` expects)."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
@@ -70,10 +68,6 @@ def catch_signals() -> None:
 
     for signum in SIGNALS:
         signal.signal(signum, handle)
-
-
-def exit_status(signum: int) -> int:
-    return 128 + signum
 
 
 def default_jobs() -> int:
@@ -351,24 +345,11 @@ class Pool:
         # a worker that was told to execute and did not answer may have been mid-change
         executing = any(m["executing"] for m in reports) or any(
             w.went and (w.finished is None or w.finished["type"] != "interrupted") for w in self.workers)
-        name = signal.Signals(signum).name
-        status = exit_status(signum)
-        if not executing:
-            text = f"gpufleet: interrupted by {name} before executing anything: no host was changed (exit {status})"
-        else:
-            lines = [f"gpufleet: interrupted by {name} while executing (exit {status})."]
-            if mid:
-                lines.append("Hosts mid-change (stage):")
-                lines += [f"  {host}: {stage}" for host, stage in mid]
-                lines.append("Commands already sent run to their end on those hosts (their gpufleet lock is held "
-                             "until then); run the same command again to converge them.")
-            else:
-                lines.append("No host was mid-change (stopped between stages); run the same command again to finish.")
-            silent = [w.index for w in self.workers if w.finished is None or w.finished["type"] != "interrupted"]
-            if silent:
-                lines.append(f"Workers that did not answer in {STOP_GRACE_S} s (killed): {silent}")
-            text = "\n".join(lines)
-        return status, text
+        lines = stop_report(signum, executing, mid)
+        silent = [w.index for w in self.workers if w.finished is None or w.finished["type"] != "interrupted"]
+        if executing and silent:
+            lines.append(f"Workers that did not answer in {STOP_GRACE_S} s (killed): {silent}")
+        return exit_status(signum), "\n".join(lines)
 
     # ---------------------------------------------------------------------------------------- plumbing
 

@@ -29,6 +29,23 @@ def exit_status(signum: int) -> int:
     return 128 + signum
 
 
+def stop_report(signum: int, executing: bool, mid_change: list[tuple[str, str]]) -> list[str]:
+    """The lines saying where a run stopped by ``signum`` left the hosts: nothing changed (not yet executing), or
+    the hosts mid-change with their stage, or none (stopped between stages)."""
+    name, status = signal.Signals(signum).name, exit_status(signum)
+    if not executing:
+        return [f"gpufleet: interrupted by {name} before executing anything: no host was changed (exit {status})"]
+    lines = [f"gpufleet: interrupted by {name} while executing (exit {status})."]
+    if mid_change:
+        lines.append("Hosts mid-change (stage):")
+        lines += [f"  {host}: {stage}" for host, stage in mid_change]
+        lines.append("Commands already sent run to their end on those hosts (their gpufleet lock is held until "
+                     "then); run the same command again to converge them.")
+    else:
+        lines.append("No host was mid-change (stopped between stages); run the same command again to finish.")
+    return lines
+
+
 # --------------------------------------------------------------------------------- gpufleet's own commands
 # A terminal sends SIGINT to its whole foreground process group: the command's children (ssh, sinfo, scontrol, srun,
 # a pyinfra process) die of it at the same moment as the command gets it. Their death (an exit status, 255 from

@@ -23,7 +23,7 @@ import weakref
 import gevent
 import pyinfra
 
-from gpufleet.interruption import SIGNALS, exit_status
+from gpufleet.interruption import SIGNALS, exit_status, stop_report
 
 _installed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -40,21 +40,7 @@ def mid_change(state) -> list[tuple[str, str]]:
 
 
 def report(state, signum: int) -> str:
-    name = signal.Signals(signum).name
-    status = exit_status(signum)
-    if not state.is_executing:
-        return (f"gpufleet: interrupted by {name} before executing anything: no host was changed "
-                f"(exit {status})")
-    lines = [f"gpufleet: interrupted by {name} while executing (exit {status})."]
-    hosts = mid_change(state)
-    if hosts:
-        lines.append("Hosts mid-change (stage):")
-        lines += [f"  {host}: {stage}" for host, stage in hosts]
-        lines.append("Commands already sent run to their end on those hosts (their gpufleet lock is held until "
-                     "then); run the same command again to converge them.")
-    else:
-        lines.append("No host was mid-change (stopped between stages); run the same command again to finish.")
-    return "\n".join(lines)
+    return "\n".join(stop_report(signum, bool(state.is_executing), mid_change(state) if state.is_executing else []))
 
 
 def install(state) -> bool:
