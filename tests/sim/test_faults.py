@@ -60,9 +60,9 @@ def inventory(fleet, power: str = "80%", mig=MIG_ON) -> str:
     return str(path)
 
 
-def start(inv: str, *extra: str) -> subprocess.Popen:
+def start(inv: str, *extra: str, command: tuple[str, ...] = ("pyinfra",)) -> subprocess.Popen:
     """The converge in a process group of its own, as a terminal's foreground job: signals go to the group."""
-    run = subprocess.Popen([str(BIN / "pyinfra"), "-y", *extra, inv, str(DEPLOY)], cwd=REPO,
+    run = subprocess.Popen([str(BIN / command[0]), *command[1:], "-y", *extra, inv, str(DEPLOY)], cwd=REPO,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     _started.append(run)
     return run
@@ -135,11 +135,12 @@ def assert_no_change(fleet, inv: str) -> None:
     assert changed_hosts(out) == set(), out + exporter_units(fleet, changed_hosts(out))
 
 
-def interrupt_at(fleet, inv: str, host: str, program: str, match: str, signum: int) -> tuple[int, str, float]:
-    """Run the converge, send ``signum`` to its process group once ``program`` (args containing ``match``) is about
-    to run on ``host``; return (exit status, output, seconds from the signal to the exit)."""
+def interrupt_at(fleet, inv: str, host: str, program: str, match: str, signum: int,
+                 command: tuple[str, ...] = ("pyinfra",)) -> tuple[int, str, float]:
+    """Run the converge (``command``), send ``signum`` to its process group once ``program`` (args containing
+    ``match``) is about to run on ``host``; return (exit status, output, seconds from the signal to the exit)."""
     faults.close_gate(fleet.host(host), program, match)
-    run = start(inv)
+    run = start(inv, command=command)
     try:
         wait_for(lambda: faults.gate_reached(fleet.host(host), program) or run.poll() is not None,
                  f"{program} {match} on {host}", timeout=300)
@@ -238,6 +239,21 @@ def test_sigint_at_the_power_stage_exits_130(fleet):
     assert "gpufleet: interrupted by SIGINT while executing (exit 130)." in out
     assert re.search(rf"^  {RTX}: .*GPU power limits", out, re.M), out
     assert_rerun_converges(fleet, inv, 72, mig_on=True)
+
+
+def test_ctrl_c_to_gpufleet_apply_with_workers_stops_every_worker_exit_130(fleet):
+    """``gpufleet apply --jobs 2`` (slices node01+node02 and node03): Ctrl-C to the group while node02's power
+    limit is about to be set: every worker stops, exit 130, node02 named mid-change; the rerun converges."""
+    inv = inventory(fleet, power="74%")
+    rc, out, seconds = interrupt_at(fleet, inv, RTX, "nvidia-smi", " -pl ", signal.SIGINT,
+                                    command=("gpufleet", "apply", "--jobs", "2"))
+    print(f"SIGINT to gpufleet apply --jobs 2 at the power stage: exit {rc} {seconds:.1f} s after the signal")
+    assert rc == 130, out
+    assert "gpufleet: interrupted by SIGINT while executing (exit 130)." in out
+    assert re.search(rf"^  {RTX}: .*GPU power limits", out, re.M), out
+    assert "Traceback" not in out and "killed" not in out, out  # every worker answered
+    assert not power_at(gpus(fleet, RTX), 74)  # the gated command never ran
+    assert_rerun_converges(fleet, inv, 74, mig_on=True)
 
 
 def test_sighup_at_the_power_stage_exits_129(fleet):
