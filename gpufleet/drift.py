@@ -18,6 +18,7 @@ from typing import Any, TextIO
 from gpufleet import interruption, pyinfra_args
 from gpufleet.pyinfra_args import PyinfraArgs
 from gpufleet.rollout import converge
+from gpufleet.rollout.report import abbreviated
 
 EXIT_IN_SYNC, EXIT_DRIFT, EXIT_UNKNOWN = 0, 1, 2
 DEFAULT_DEPLOY = pyinfra_args.DEFAULT_DEPLOY
@@ -93,7 +94,7 @@ def text(drift: Drift) -> str:
     for h, why in drift.unreachable.items():
         lines.append(f"  {h}: UNREACHABLE ({why})")
     if data["in_sync"]:
-        lines.append(f"in sync: {', '.join(data['in_sync'])}")
+        lines.append(f"in sync: {abbreviated(data['in_sync'])}")
     return "\n".join(lines)
 
 

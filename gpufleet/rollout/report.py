@@ -27,7 +27,8 @@ REPORT_SCHEMA = "gpufleet.rollout.report"
 REPORT_SCHEMA_VERSION = 1
 
 
-def _names(names: list[str], limit: int = 20) -> str:
+def abbreviated(names: list[str], limit: int = 20) -> str:
+    """The first ``limit`` names and how many more (a 10,000-host line helps nobody; the JSON lists every one)."""
     return ", ".join(names[:limit]) + (f" ... (+{len(names) - limit})" if len(names) > limit else "") or "none"
 
 
@@ -36,10 +37,10 @@ def dry_plan_text(state: RolloutState, need: list[str], unchanged: list[str], pl
     """The waves and what would change on each host: ``--dry``'s output, or the plan the rollout asks to confirm."""
     lines = [f"gpufleet rollout: {len(state.order)} host(s); the plan to confirm" if to_confirm else
              f"gpufleet rollout --dry: {len(state.order)} host(s); nothing is drained or changed",
-             f"already converged (no change planned): {_names(unchanged)}"]
+             f"already converged (no change planned): {abbreviated(unchanged)}"]
     for i, wave in enumerate(plan_waves(need, canary=canary, waves=waves), start=1):
         kind = "canary" if i == 1 and canary else "wave"
-        lines.append(f"wave {i} ({kind}): {_names(wave)}")
+        lines.append(f"wave {i} ({kind}): {abbreviated(wave)}")
     for name in need:
         lines.append(f"  {name}: " + "; ".join(op.split(" | ", 1)[-1] for op in planned[name]))
     return "\n".join(lines)
@@ -65,28 +66,28 @@ def summary_text(state: RolloutState, opts: Any) -> str:
     stopped_by = state.interruption if state.status == "interrupted" else None
     lines = [f"gpufleet rollout {state.rollout_id}: {state.status.upper()}"
              + (f" by {stopped_by['signal']}" if stopped_by else ""),
-             f"changed ({len(groups['changed'])}): {_names(groups['changed'])}",
-             f"already converged ({len(groups['unchanged'])}): {_names(groups['unchanged'])}",
-             f"failed ({len(groups['failed'])}): {_names(groups['failed'])}"]
+             f"changed ({len(groups['changed'])}): {abbreviated(groups['changed'])}",
+             f"already converged ({len(groups['unchanged'])}): {abbreviated(groups['unchanged'])}",
+             f"failed ({len(groups['failed'])}): {abbreviated(groups['failed'])}"]
     for n in groups["failed"]:
         lines.append(f"  {n}: {state.nodes[n].reason}")
     if groups["failed_not_drained"]:  # apart from the nodes left drained: these are in service
         lines.append(f"failed, NOT drained ({len(groups['failed_not_drained'])}): "
-                     + _names([f"{n} ({state.nodes[n].not_drained})" for n in groups["failed_not_drained"]]))
+                     + abbreviated([f"{n} ({state.nodes[n].not_drained})" for n in groups["failed_not_drained"]]))
     if groups["skipped"]:
-        lines.append(f"skipped ({len(groups['skipped'])}): {_names(groups['skipped'])}")
+        lines.append(f"skipped ({len(groups['skipped'])}): {abbreviated(groups['skipped'])}")
         lines += [f"  {n}: {state.nodes[n].reason}" for n in groups["skipped"]]
-    lines.append(f"untouched ({len(groups['untouched'])}): {_names(groups['untouched'])}")
+    lines.append(f"untouched ({len(groups['untouched'])}): {abbreviated(groups['untouched'])}")
     if groups["in_progress"]:
         lines.append(f"interrupted mid-phase ({len(groups['in_progress'])}): "
-                     + _names([f"{n} ({state.nodes[n].state})" for n in groups["in_progress"]]))
+                     + abbreviated([f"{n} ({state.nodes[n].state})" for n in groups["in_progress"]]))
     if groups["drained_by_rollout"]:
         lines.append(f"STILL DRAINED by this rollout ({len(groups['drained_by_rollout'])}): "
-                     f"{_names(groups['drained_by_rollout'])}")
+                     f"{abbreviated(groups['drained_by_rollout'])}")
     if groups["may_be_drained"]:
         lines.append(f"MAY BE DRAINED by this rollout ({len(groups['may_be_drained'])}: its drain command was cut "
                      f"off and could not be asked again; --resume drains and then resumes them): "
-                     f"{_names(groups['may_be_drained'])}")
+                     f"{abbreviated(groups['may_be_drained'])}")
     for w in state.waves:
         phases = ", ".join(f"{k} {v:.1f} s" for k, v in w["phases"].items())
         lines.append(f"wave {w['index']} ({w['kind']}, {len(w['hosts'])} host(s)): {phases}"
@@ -192,7 +193,7 @@ def html(state: RolloutState, out: str | Path) -> str:
                   raw=True)]
     if groups["drained_by_rollout"]:
         body.append(f'<p id="still-drained">{badge("fail", "still drained")} '
-                    f"{escape(_names(groups['drained_by_rollout']))}: out of the scheduler until someone "
+                    f"{escape(abbreviated(groups['drained_by_rollout']))}: out of the scheduler until someone "
                     "resumes them (or <code>--resume</code> passes them)</p>")
     body.append('<h2 id="failed">Failed and skipped hosts</h2>')
     bad = groups["failed"] + groups["skipped"]

@@ -535,6 +535,10 @@ def test_drift_summary_per_setting_and_host():
         "gpufleet drift: 2 of 3 host(s) differ from the configuration", "by setting:", "  GPU power limits: a",
         "  /etc/nccl.conf: a, c", "by host:", "  a: GPU power limits; /etc/nccl.conf", "  c: /etc/nccl.conf",
         "in sync: b"]
+    many = [f"n{i:02d}" for i in range(25)]  # a large fleet in sync: the first 20 named, the JSON has all
+    large = drift.drift_from_run(converge.PyinfraRun(0, {"plan": payload["plan"][2:], "results": None}, ""), many)
+    assert drift.text(large).splitlines()[-1] == f"in sync: {', '.join(many[:20])} ... (+5)"
+    assert large.to_dict()["in_sync"] == many
     clean = drift.drift_from_run(converge.PyinfraRun(0, {"plan": payload["plan"][2:], "results": None}, ""), ["a"])
     assert clean.exit_code == 0
     down = drift.drift_from_run(converge.PyinfraRun(0, {"plan": [], "results": None},
