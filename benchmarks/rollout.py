@@ -1,6 +1,6 @@
 """Rollout overhead on the simulated fleet.
 
-    .venv/bin/python benchmarks/rollout.py [--hosts 32] [--runs 1]
+    .venv/bin/python benchmarks/rollout.py [--hosts 32] [--runs 1] [--fake-hosts 1000]
 
 On N simulated RTX 4090 workstations (``--driver preinstalled``), the same deploy (deploys/gpu_node.py, stages
 driver/power/nccl) applies a new power limit each time, so every run has the same one change to make on every host:
@@ -16,6 +16,10 @@ driver/power/nccl) applies a new power limit each time, so every run has the sam
   whole-fleet ``--dry`` pass, then a ``pyinfra`` process per wave, each connecting to its hosts), for comparison.
 
 Each rollout's breakdown (its whole-fleet pass, each wave's converge) is printed from its own progress and report.
+
+At scale (``--fake-hosts N``, 0: none): the same canary + 25 % waves rollout over N ``@fake`` hosts (answering as
+the hosts benchmarks/scale.py recorded, every host's power limit changed so that every wave runs), ``--jobs 1`` and
+``--jobs 2``: the multi-worker line where the controller's CPU, not 32 simulated hosts, is the cost.
 
 Verify and drain waits are excluded (``--verify none --drain none``). Wall time and controller CPU (user + system of
 the command and its children: pyinfra runs on the controller) per host are measured; the time for 1000 hosts is
@@ -81,6 +85,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hosts", type=int, default=32)
     parser.add_argument("--runs", type=int, default=1, help="runs of each kind (median reported)")
+    parser.add_argument("--fake-hosts", type=int, default=1000, help="@fake hosts of the rollout at scale (0: none)")
     args = parser.parse_args()
     if os.geteuid() != 0:
         print("needs root (systemd-nspawn)")
@@ -152,7 +157,21 @@ def main() -> int:
           f"min, canary + 25% waves {projected['rollout-canary-waves']} min; wall time scaled linearly (an upper "
           f"bound while pyinfra's parallelism holds): plain {linear['plain']} min, one wave "
           f"{linear['rollout-1-wave']} min, canary + 25% waves {linear['rollout-canary-waves']} min")
+    if args.fake_hosts:
+        at_scale(args.fake_hosts, args.runs, work)
     return 0
+
+
+def at_scale(count: int, runs: int, work: Path) -> None:
+    """The multi-worker line at scale: the canary + waves rollout over ``count`` @fake hosts, --jobs 1 and 2."""
+    import scale  # noqa: PLC0415 - benchmarks/scale.py: the recorded hosts and the fleet-command runner
+
+    if scale.stale(scale.RECORDING):
+        scale.record(scale.RECORDING)
+    recorded = json.loads(scale.RECORDING.read_text())["hosts"]
+    env = {"GPUFLEET_CACHE_DIR": str(work / "fake-cache")}
+    found = scale.measure_jobs("rollout", work, [count], 2, runs, env, recorded)
+    scale.report_jobs("rollout", found, 2)
 
 
 if __name__ == "__main__":

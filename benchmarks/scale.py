@@ -1,7 +1,7 @@
 """The no-op converge at fleet scale, through pyinfra's ``@fake`` connector (needs root once, to record):
 
     .venv/bin/python benchmarks/scale.py [--hosts 100,300,1000] [--shards N] [--apply 1000,3000,10000] [--jobs J]
-                                         [--repeat R] [--record]
+                                         [--drift 3000] [--rollout 3000] [--repeat R] [--record]
 
 1. Record (once; cached in build/scale-recording.json; redone with ``--record``, or when the read-ahead command or
    the code of gpufleet's facts and operations changed): a few simulated hosts are brought up with a preinstalled
@@ -26,9 +26,13 @@
    and its workers, user + system), speed-up, and the controller's peak memory (the resident memory of the
    coordinator and all its workers together, sampled every 0.1 s) per host. Every run must change nothing.
 6. The per-host cost of a real SSH connection (recorded with the answers, step 1): a pyinfra run reading one
-   trivial fact (``server.Hostname``: connect + one command) on the simulated hosts, minus the same run on as
-   many ``@fake`` hosts, per host (the median of 3). With it and the measured per-host CPU of ``gpufleet apply``,
-   a PROJECTION (not a measurement) of a 10,000-host no-op's wall time on a 16-core controller.
+   trivial fact (``server.Hostname``: connect + one command) on the simulated hosts, each under 8 inventory names
+   (24 connections), minus the same run on as many ``@fake`` hosts, per connection (the median of 5). With it and
+   the measured per-host CPU of ``gpufleet apply``, a PROJECTION (not a measurement) of a 10,000-host no-op's wall
+   time on a 16-core controller.
+7. ``gpufleet drift`` (``--drift 3000``: a no-op) and ``gpufleet rollout`` (``--rollout 3000``: a canary and 25 %
+   waves, no verify or drain, changing every host's power limit so that its waves run) with ``--jobs 1`` and
+   ``--jobs J``, as step 5: wall, CPU per host, memory per host, speed-up.
 
 The pyinfra processes run with bytecode caching on (``PYTHONDONTWRITEBYTECODE`` removed), as an installed package
 runs.
@@ -58,7 +62,10 @@ PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
 GPUFLEET = str(Path(sys.executable).with_name("gpufleet"))
 RECORDING = REPO / "build" / "scale-recording.json"
 PROFILES = ["h100-sxm-8", "a100-40gb-1", "rtx4090-1"]
-NOT_SETTINGS = ("ssh_",)  # host data that belongs to the real connection, not to the fake host
+NOT_SETTINGS = ("ssh_",)
+# what the rollout changes on every fake host (its waves run only where a change is planned): the power limit
+# the recorded hosts do not have. A fake host keeps no state, so every run changes it again.
+CHANGED = {"gpufleet_power_limit": "90%"}  # host data that belongs to the real connection, not to the fake host
 
 
 def _pyinfra(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -106,7 +113,7 @@ def record(path: Path) -> None:
             if noop.returncode != 0 or _totals(noop.stdout)["success"] != "-":
                 raise SystemExit(f"the recorded run was not a no-op:\n{noop.stdout[-3000:]}")
             answers = json.loads(responses.read_text())
-            ssh_cpu = ssh_cost(inventory, [h.name for h in fleet.hosts], Path(tmp))
+            ssh_cpu = ssh_cost([h.name for h in fleet.hosts], Path(tmp))
             data = {h.name: {k: v for k, v in hosts.inventory_host_data(fleet, h).items()
                              if not k.startswith(NOT_SETTINGS)} for h in fleet.hosts}
             for h in fleet.hosts:  # the exporters' default listen address is the host's ssh_hostname, which a
@@ -126,17 +133,26 @@ def record(path: Path) -> None:
                                 "ssh_cpu_per_host": ssh_cpu}, indent=1))
 
 
-def ssh_cost(inventory: Path, names: list[str], tmp: Path, runs: int = 3) -> float:
+def ssh_cost(names: list[str], tmp: Path, runs: int = 5, aliases: int = 8) -> float:
     """Controller CPU seconds per host of a real SSH connection and one command: ``pyinfra INVENTORY fact
-    server.Hostname`` on the simulated hosts, minus the same on as many ``@fake`` hosts (pyinfra's start-up and
-    the fact's own cost), per host; the median of ``runs``."""
+    server.Hostname`` on the simulated hosts, each under ``aliases`` inventory names (so many connections per run
+    that pyinfra's start-up, the same in both, is no longer most of the figure; fewer than sshd's 10 unauthenticated
+    connections at once per host), minus the same on as many ``@fake`` hosts (pyinfra's start-up and the fact's own
+    cost), per connection; the median of ``runs``."""
+    real = tmp / "ssh_aliases.py"
+    real.write_text("from gpufleet.sim.inventory import sim_groups\n"
+                    f"hosts = [(f'{{name}}-c{{k}}', data) for name, data in sim_groups({{}})['gpu_nodes'] "
+                    f"for k in range({aliases})]\n")
     fake = tmp / "fake_floor.py"
-    fake.write_text(f"hosts = {[('@fake/' + n, {'fake_delay': 0, 'fake_delay_jitter': 0}) for n in names]!r}\n")
+    floor_hosts = [(f"@fake/{n}-c{k}", {"fake_delay": 0, "fake_delay_jitter": 0})
+                   for n in names for k in range(aliases)]
+    fake.write_text(f"hosts = {floor_hosts!r}\n")
+    connections = len(names) * aliases
     costs = []
     for _ in range(runs):
-        real = timed(str(inventory), "fact", "server.Hostname")[1]
+        on_hosts = timed(str(real), "fact", "server.Hostname")[1]
         floor = timed(str(fake), "fact", "server.Hostname")[1]
-        costs.append((real - floor) / len(names))
+        costs.append((on_hosts - floor) / connections)
     return sorted(costs)[len(costs) // 2]
 
 
@@ -153,10 +169,11 @@ def _read_ahead_shape() -> str:
     return f"{read_ahead_script(['COMMAND'])}\n# commands: {digest.hexdigest()}"
 
 
-def _stale(path: Path) -> bool:
+def stale(path: Path) -> bool:
+    """No recording at ``path``, or one made with other remote commands than today's."""
     try:
         return json.loads(path.read_text()).get("read_ahead") != _read_ahead_shape()
-    except (ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError):
         return True
 
 
@@ -168,13 +185,14 @@ def _totals(output: str) -> dict[str, str]:
     raise SystemExit(f"no result line in pyinfra's output:\n{output[-3000:]}")
 
 
-def write_inventory(path: Path, recording_path: Path, names: list[str]) -> None:
-    """An inventory of fake hosts ``names``, answering round robin as the recorded hosts."""
+def write_inventory(path: Path, recording_path: Path, names: list[str], settings: dict | None = None) -> None:
+    """An inventory of fake hosts ``names``, answering round robin as the recorded hosts; ``settings`` on every
+    host over the recorded host's."""
     path.write_text(
         "import json\n"
         f"_RECORDED = json.load(open({str(recording_path)!r}))['hosts']\n"
         "_SOURCES = sorted(_RECORDED)\n"
-        "_FAKE = {'fake_delay': 0, 'fake_delay_jitter': 0}\n"
+        f"_FAKE = {{'fake_delay': 0, 'fake_delay_jitter': 0, **{settings or {}!r}}}\n"
         f"_NAMES = {names!r}\n"
         "fleet = [(f'@fake/{name}', {**_RECORDED[_SOURCES[i % len(_SOURCES)]]['data'], **_FAKE,\n"
         "          'fake_responses': _RECORDED[_SOURCES[i % len(_SOURCES)]]['responses']})\n"
@@ -226,32 +244,58 @@ def _tree_rss(pid: int) -> int:
     return total
 
 
-def applied(inventory: Path, count: int, jobs: int, env: dict) -> tuple[float, float, int, float]:
-    """(wall, CPU of the coordinator and its workers, peak resident memory of them all together, CPU of the
-    busiest worker plus the coordinator's: the wall time on free cores, when CPU-bound) of
-    ``gpufleet apply -y --jobs JOBS INVENTORY deploys/gpu_node.py``, which must change nothing."""
+def command_argv(kind: str, inventory: Path, jobs: int, out: Path) -> list[str]:
+    """The fleet command ``kind`` (apply, drift, rollout) over ``inventory`` with ``--jobs JOBS``. The rollout: a
+    canary and 25 % waves, no verify or drain (their waits are not the controller's work), its state and reports
+    in ``out``."""
+    common = ["--jobs", str(jobs), str(inventory), "deploys/gpu_node.py"]
+    if kind == "apply":
+        return [GPUFLEET, "apply", "-y", *common]
+    if kind == "drift":
+        return [GPUFLEET, "drift", *common]
+    return [GPUFLEET, "rollout", "-y", *common, "--canary", "1", "--waves", "25%", "--verify", "none", "--drain",
+            "none", "--out", str(out)]
+
+
+def _check_noop(kind: str, out: str, count: int) -> None:
+    """The run did what it should, else the benchmark stops: apply and drift changed / found nothing (pyinfra's
+    result line; no host differs), the rollout changed every host (its waves ran: see CHANGED)."""
+    if kind == "apply":
+        _noop_ops(out, "gpufleet apply", count)
+    elif kind == "drift" and f"gpufleet drift: 0 of {count} host(s) differ" not in out:
+        raise SystemExit(f"gpufleet drift found drift on the fake hosts:\n{out[-3000:]}")
+    elif kind == "rollout" and not re.search(rf"^changed \({count}\)", out, re.M):
+        raise SystemExit(f"gpufleet rollout did not change every fake host:\n{out[-3000:]}")
+
+
+def fleet_command(kind: str, inventory: Path, count: int, jobs: int, env: dict) -> tuple[float, float, int, float]:
+    """(wall, CPU of the command and its workers, peak resident memory of them all together, CPU of the busiest
+    worker plus the coordinator's: the wall time on free cores when CPU-bound; ``gpufleet apply`` reports its
+    workers' CPU, the others do not: their CPU in all) of the fleet command ``kind`` with ``--jobs JOBS`` over
+    ``inventory``, which must change nothing."""
     environ = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    start = time.monotonic()
-    process = subprocess.Popen([GPUFLEET, "apply", "-y", "--jobs", str(jobs), str(inventory), "deploys/gpu_node.py"],
-                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               env={**environ, **env})
-    peak = [0]
+    with tempfile.TemporaryDirectory() as out_dir:
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        start = time.monotonic()
+        process = subprocess.Popen(command_argv(kind, inventory, jobs, Path(out_dir)), cwd=REPO,
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                   env={**environ, **env})
+        peak = [0]
 
-    def sample() -> None:
-        while process.poll() is None:
-            peak[0] = max(peak[0], _tree_rss(process.pid))
-            time.sleep(0.1)
+        def sample() -> None:
+            while process.poll() is None:
+                peak[0] = max(peak[0], _tree_rss(process.pid))
+                time.sleep(0.1)
 
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    out = process.communicate()[0]
-    wall = time.monotonic() - start
-    sampler.join()
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        out = process.communicate()[0]
+        wall = time.monotonic() - start
+        sampler.join()
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if process.returncode != 0:
-        raise SystemExit(f"gpufleet apply --jobs {jobs} on {count} hosts failed:\n{out[-3000:]}")
-    _noop_ops(out, "gpufleet apply", count)
+        raise SystemExit(f"gpufleet {kind} --jobs {jobs} on {count} hosts failed:\n{out[-3000:]}")
+    _check_noop(kind, out, count)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     workers = re.search(r"worker CPU ([\d.]+) s at most, ([\d.]+) s in all", out)
     # the longest chain of CPU work: the busiest worker, and the coordinator's own (all but the workers')
@@ -265,31 +309,56 @@ def _median(values: list[float]) -> float:
     return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
-def measure_apply(tmp: Path, sizes: list[int], jobs: int, repeat: int, env: dict, recorded: dict) -> dict:
-    """``gpufleet apply`` at each size with --jobs 1 and --jobs ``jobs``, ``repeat`` times each (interleaved); every
-    run printed. Returns {size: {jobs: [(wall, cpu per host, memory per host), ...]}}."""
-    print(f"\ngpufleet apply -y (no-op), --jobs 1 and --jobs {jobs}; CPU: coordinator + workers, user + system; "
-          "memory: peak resident memory of the coordinator and all its workers together")
-    print("speed-up: wall of --jobs 1 / wall; on free cores: CPU of --jobs 1 / (CPU of the busiest worker + the "
-          "coordinator's), what the speed-up is where every worker has a core of its own (this machine is shared)")
+def fake_fleet(tmp: Path, count: int, env: dict, recorded: dict, settings: dict | None = None) -> Path:
+    """An inventory of ``count`` fake hosts (answering as the recorded ones), their remembered reads seeded."""
+    names = [f"node{i:05d}" for i in range(count)]
+    seed_learned(Path(env["GPUFLEET_CACHE_DIR"]), recorded, names)
+    inventory = tmp / f"fake{count}.py"
+    write_inventory(inventory, RECORDING, names, settings)
+    return inventory
+
+
+def measure_jobs(kind: str, tmp: Path, sizes: list[int], jobs: int, repeat: int, env: dict,
+                 recorded: dict) -> dict:
+    """``gpufleet KIND`` (apply, drift: a no-op; rollout: a change on every host) at each size with --jobs 1 and
+    --jobs ``jobs``, ``repeat`` times each (interleaved); every run printed. Returns {size: {jobs: [(wall, CPU per
+    host, memory per host, critical CPU), ...]}}."""
+    what = f"every host's {', '.join(CHANGED)} changed" if kind == "rollout" else "no-op"
+    print(f"\ngpufleet {kind} ({what}), --jobs 1 and --jobs {jobs}; CPU: the command + its workers, user + system; "
+          "memory: peak resident memory of the command and all its workers together")
+    if kind == "apply":
+        print("speed-up: wall of --jobs 1 / wall; on free cores: CPU of --jobs 1 / (CPU of the busiest worker + the "
+              "coordinator's), what the speed-up is where every worker has a core of its own (this machine is "
+              "shared)")
     print(f"{'hosts':>6}  {'jobs':>4}  {'run':>3}  {'wall':>8}  {'CPU/host':>9}  {'mem/host':>9}  {'speed-up':>8}  "
-          f"{'on free cores':>13}")
+          f"{'on free cores' if kind == 'apply' else '':>13}")
     found: dict[int, dict[int, list]] = {}
     for count in sizes:
-        names = [f"node{i:05d}" for i in range(count)]
-        seed_learned(Path(env["GPUFLEET_CACHE_DIR"]), recorded, names)
-        inventory = tmp / f"apply{count}.py"
-        write_inventory(inventory, RECORDING, names)
         runs = found[count] = {1: [], jobs: []}
         for run in range(1, repeat + 1):
             for j in dict.fromkeys((1, jobs)):
-                wall, cpu, memory, critical = applied(inventory, count, j, env)
+                # seeded again for every run: a run that changed hosts remembers other reads than the recording's
+                inventory = fake_fleet(tmp, count, env, recorded, CHANGED if kind == "rollout" else None)
+                wall, cpu, memory, critical = fleet_command(kind, inventory, count, j, env)
                 runs[j].append((wall, cpu / count, memory / count, critical))
                 speedup = f"x{runs[1][-1][0] / wall:.2f}" if j != 1 else ""
-                free = f"x{runs[1][-1][1] * count / critical:.2f}" if j != 1 else ""
+                free = f"x{runs[1][-1][1] * count / critical:.2f}" if j != 1 and kind == "apply" else ""
                 print(f"{count:>6}  {j:>4}  {run:>3}  {wall:>6.2f} s  {cpu / count * 1000:>6.1f} ms  "
                       f"{memory / count / 1024:>6.1f} KiB  {speedup:>8}  {free:>13}", flush=True)
     return found
+
+
+def report_jobs(kind: str, found: dict, jobs: int) -> None:
+    """The medians of each size: how much faster ``--jobs JOBS`` is and what its CPU per host costs."""
+    if kind == "drift":
+        print("(drift --jobs 1 is one pyinfra --dry process after an inventory read of its own; --jobs N runs gpufleet "
+              "apply's workers, which read the inventory once each: part of the difference is that path)")
+    for count, runs in found.items():
+        w1, wj = _median([r[0] for r in runs[1]]), _median([r[0] for r in runs[jobs]])
+        c1, cj = _median([r[1] for r in runs[1]]), _median([r[1] for r in runs[jobs]])
+        print(f"gpufleet {kind} at {count} @fake hosts (median of {len(runs[1])}): --jobs {jobs} {wj:.1f} s vs "
+              f"--jobs 1 {w1:.1f} s: x{w1 / wj:.2f} faster; CPU/host {cj * 1000:.1f} vs {c1 * 1000:.1f} ms "
+              f"(x{cj / c1:.2f})")
 
 
 def report_apply(found: dict, jobs: int, ssh_cpu: float | None) -> None:
@@ -321,8 +390,8 @@ def report_apply(found: dict, jobs: int, ssh_cpu: float | None) -> None:
         duplicated = max(0.0, (cj - c1) / (jobs - 1))  # per host and extra worker: each loads the whole inventory
         ssh = ssh_cpu or 0.0
         if ssh < 0:  # 3 hosts against pyinfra's start-up: a cost below the noise of this measurement
-            print(f"SSH connection CPU/host measured {ssh * 1000:.1f} ms (below this measurement's noise: 3 simulated "
-                  "hosts beside pyinfra's start-up): counted as 0 ms in the projection")
+            print(f"SSH connection CPU/host measured {ssh * 1000:.1f} ms (below this measurement's noise): counted as "
+                  "0 ms in the projection")
             ssh = 0.0
         cores, fleet = 16, 10_000
         wall = fleet * (c1 + ssh) / cores + fleet * duplicated
@@ -360,11 +429,15 @@ def main() -> int:
                         help="processes for the sharded run of the largest fleet (1: none)")
     parser.add_argument("--apply", default="1000,3000,10000",
                         help="fleet sizes for gpufleet apply, comma-separated ('': none)")
-    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="gpufleet apply's --jobs besides 1")
+    parser.add_argument("--drift", default="3000", help="fleet sizes for gpufleet drift, comma-separated ('': none)")
+    parser.add_argument("--rollout", default="3000",
+                        help="fleet sizes for gpufleet rollout, comma-separated ('': none)")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                        help="--jobs of gpufleet apply, drift and rollout besides 1")
     parser.add_argument("--repeat", type=int, default=2, help="runs of gpufleet apply per size and --jobs")
     parser.add_argument("--record", action="store_true", help="record the answers again (needs root)")
     args = parser.parse_args()
-    if args.record or not RECORDING.exists() or _stale(RECORDING):
+    if args.record or stale(RECORDING):
         record(RECORDING)
     recording = json.loads(RECORDING.read_text())
     recorded = recording["hosts"]
@@ -420,8 +493,12 @@ def main() -> int:
                   f"(one process: {wall1:.2f} s, speed-up x{wall1 / wall:.2f}), {cpu / count * 1000:.1f} ms CPU/host")
         apply_sizes = [int(n) for n in args.apply.split(",") if n]
         if apply_sizes:
-            found = measure_apply(tmp, apply_sizes, args.jobs, args.repeat, env, recorded)
+            found = measure_jobs("apply", tmp, apply_sizes, args.jobs, args.repeat, env, recorded)
             report_apply(found, args.jobs, ssh_cpu)
+        for kind in ("drift", "rollout"):
+            sizes = [int(n) for n in getattr(args, kind).split(",") if n]
+            if sizes:
+                report_jobs(kind, measure_jobs(kind, tmp, sizes, args.jobs, args.repeat, env, recorded), args.jobs)
     return 0
 
 
