@@ -966,3 +966,7 @@ def test_https_with_the_sites_certificates_and_with_the_fleet_ca(mon, tmp_path):
     assert "PRIVATE KEY" in (web_auth.credentials_dir() / "fleet-ca" / "ca.key").read_text()
     assert ssh(mon, MON, "stat -c '%a %U %G' /etc/gpufleet/tls/key.pem").stdout.split() == ["640", "root",
                                                                                              "prometheus"]
+    # with TLS on, the second run of both deploys changes nothing (the certificates, keys and web configs kept)
+    for deploy in ("deploys/gpu_node.py", "deploys/monitoring.py"):
+        total = grand_total(run_pyinfra(inventory, deploy).stdout)
+        assert total["success"] == "-" and total["error"] == "-", (deploy, total)
