@@ -39,6 +39,14 @@ DCGM_WEB_CONFIG = "/etc/dcgm-exporter/web-config.yml"
 
 NVML_UNIT = "gpufleet-exporter.service"
 NVML_UNIT_PATH = posixpath.join(UNIT_DIR, NVML_UNIT)
+# systemd copies the exporter's certificate and key for its dynamic user at start (LoadCredential=), so a renewed
+# certificate (the fleet CA's yearly one, or a site's tool) is served only after a restart; a path unit watching
+# both files does it (systemd.path(5): PathChanged=, Unit=; facts in tests/reference/upstream/debian-systemd/)
+CERTIFICATE_WATCH_PATH_UNIT = "gpufleet-exporter-certificate.path"
+CERTIFICATE_WATCH_SERVICE = "gpufleet-exporter-certificate.service"
+CERTIFICATE_WATCH_PATHS = (posixpath.join(UNIT_DIR, CERTIFICATE_WATCH_PATH_UNIT),
+                           posixpath.join(UNIT_DIR, CERTIFICATE_WATCH_SERVICE))
+SYSTEMCTL = "/bin/systemctl"  # Debian's systemd package (also /usr/bin/systemctl on merged-/usr systems)
 NVML_BUNDLE_DIR = "/opt/gpufleet/exporter"
 NVML_BUNDLE = posixpath.join(NVML_BUNDLE_DIR, BUNDLE_NAME)
 NVML_SETTINGS = posixpath.join(SETTINGS_DIR, "exporter.json")  # written by earlier versions: removed
@@ -63,9 +71,9 @@ DCGM_DROP_IN = f"/etc/systemd/system/{DCGM_EXPORTER_UNIT}.d/gpufleet.conf"
 # written by earlier versions under a unit name NVIDIA's package does not have: removed
 OLD_DCGM_DROP_IN = "/etc/systemd/system/dcgm-exporter.service.d/gpufleet.conf"
 # the textfile directory is a setting: its default is read together with the other files
-read_together(NODE_EXPORTER_UNIT, NVML_UNIT, DCGM_UNIT, DCGM_EXPORTER_UNIT,
+read_together(NODE_EXPORTER_UNIT, NVML_UNIT, DCGM_UNIT, DCGM_EXPORTER_UNIT, CERTIFICATE_WATCH_PATH_UNIT,
               files=(NODE_EXPORTER_DEFAULTS, NODE_EXPORTER_WEB_CONFIG, NVML_WEB_CONFIG, DCGM_WEB_CONFIG, NVML_BUNDLE,
-                     NVML_SETTINGS, NVML_UNIT_PATH, DCGM_COUNTERS, DCGM_DROP_IN,
+                     NVML_SETTINGS, NVML_UNIT_PATH, *CERTIFICATE_WATCH_PATHS, DCGM_COUNTERS, DCGM_DROP_IN,
                      OLD_DCGM_DROP_IN, DEFAULT_TEXTFILE_DIR, posixpath.join(DEFAULT_TEXTFILE_DIR, DESIRED_TEXTFILE)))
 
 # The counters the alerts and dashboards need (dcgm-exporter's default file comments out ECC, Xid counts,
@@ -170,6 +178,35 @@ def nvml_unit_text(listen: str, web_config: bool = False, credentials: tuple[tup
                   settings_dir=SETTINGS_DIR,
                   web_config=(NVML_WEB_CREDENTIAL, NVML_WEB_CONFIG) if web_config else None,
                   credentials=sorted(credentials))
+
+
+def certificate_watch_texts(paths: tuple[str, ...]) -> tuple[str, str]:
+    """(the path unit, the service it starts): gpufleet's exporter restarted when a file of ``paths`` (its
+    certificate and key: validated absolute paths of letters, digits, ``. _ - /``) is written or replaced."""
+    path_unit = ("# Managed by gpufleet (stage exporters): gpufleet's exporter gets its TLS certificate and key at\n"
+                 "# start (LoadCredential=); when either changes (a renewal), it is restarted to serve the new one.\n"
+                 "[Unit]\nDescription=Restart gpufleet's GPU exporter when its TLS certificate or key changes\n\n"
+                 "[Path]\n" + "".join(f"PathChanged={path}\n" for path in paths)
+                 + f"Unit={CERTIFICATE_WATCH_SERVICE}\n\n[Install]\nWantedBy=multi-user.target\n")
+    service = ("# Managed by gpufleet (stage exporters): started by "
+               f"{CERTIFICATE_WATCH_PATH_UNIT}\n"
+               "[Unit]\nDescription=Restart gpufleet's GPU exporter for its changed TLS certificate\n\n"
+               f"[Service]\nType=oneshot\nExecStart={SYSTEMCTL} try-restart {NVML_UNIT}\n")
+    return path_unit, service
+
+
+def _certificate_watch(files: dict, units: dict, paths: tuple[str, ...]):
+    """The path unit watching ``paths`` (none: removed) enabled and running."""
+    unit = units[CERTIFICATE_WATCH_PATH_UNIT]
+    if not paths:
+        commands = list(_stop_and_disable(unit, CERTIFICATE_WATCH_PATH_UNIT))
+        for path in CERTIFICATE_WATCH_PATHS:
+            commands += remove_file(files[path], path)
+        return commands
+    changed = []
+    for path, text in zip(CERTIFICATE_WATCH_PATHS, certificate_watch_texts(paths), strict=True):
+        changed += put_file(files[path], path, text)
+    return [*changed, *_converge_service(unit, CERTIFICATE_WATCH_PATH_UNIT, bool(changed))]
 
 
 def dcgm_drop_in_text(listen: str, collect_interval_ms: int, web_config: bool = False) -> str:
@@ -326,7 +363,8 @@ def gpu_exporter(kind: str, listen: str = "0.0.0.0:9400", profiling: bool = Fals
     + web_config: the text of the exporter's web configuration file (exporter-toolkit's format: basic auth, TLS),
       passed as ``--web-config-file`` (dcgm-exporter's flag; gpufleet's exporter reads the same format); never shown
     + credentials: ``nvml``: (name, path) of the files its web configuration names relative to itself (TLS
-      certificate and key), handed to the exporter's dynamic user by ``LoadCredential=``
+      certificate and key), handed to the exporter's dynamic user by ``LoadCredential=``; a path unit
+      (``gpufleet-exporter-certificate.path``) restarts the exporter when one of them changes (a renewal)
 
     ``nvml``: uploads ``/opt/gpufleet/exporter/gpufleet-gpu-exporter.pyz`` (the exporter with nvidia-ml-py and
     prometheus-client: no pip, no internet on the node) and the hardened unit
@@ -346,8 +384,8 @@ def gpu_exporter(kind: str, listen: str = "0.0.0.0:9400", profiling: bool = Fals
         exporters.gpu_exporter(name="GPU exporter", kind="nvml", listen="0.0.0.0:9400")
     """
     managed = get_state(paths=(NVML_BUNDLE, NVML_SETTINGS, NVML_UNIT_PATH, DCGM_COUNTERS, DCGM_DROP_IN,
-                               OLD_DCGM_DROP_IN, NVML_WEB_CONFIG, DCGM_WEB_CONFIG),
-                        units=(NVML_UNIT, DCGM_UNIT, DCGM_EXPORTER_UNIT))
+                               OLD_DCGM_DROP_IN, NVML_WEB_CONFIG, DCGM_WEB_CONFIG, *CERTIFICATE_WATCH_PATHS),
+                        units=(NVML_UNIT, DCGM_UNIT, DCGM_EXPORTER_UNIT, CERTIFICATE_WATCH_PATH_UNIT))
     files, units = managed["files"], managed["units"]
     commands = []
     commands += remove_file(files[NVML_SETTINGS], NVML_SETTINGS)  # the desired values moved to a textfile
@@ -365,7 +403,8 @@ def gpu_exporter(kind: str, listen: str = "0.0.0.0:9400", profiling: bool = Fals
                             nvml_unit_text(listen, bool(web_config), tuple(credentials)))
         commands += changed
         commands += _converge_service(units[NVML_UNIT], NVML_UNIT, bool(changed))
-    elif kind == "dcgm":
+    commands += _certificate_watch(files, units, tuple(path for _, path in credentials) if kind == "nvml" else ())
+    if kind == "dcgm":
         if not (yield from _require_apt()):
             return
         yield from apt_lists.packages._inner(

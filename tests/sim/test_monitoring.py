@@ -14,6 +14,7 @@ import base64
 import hashlib
 import json
 import os
+import shlex
 import signal
 import ssl
 import subprocess
@@ -970,3 +971,23 @@ def test_https_with_the_sites_certificates_and_with_the_fleet_ca(mon, tmp_path):
     for deploy in ("deploys/gpu_node.py", "deploys/monitoring.py"):
         total = grand_total(run_pyinfra(inventory, deploy).stdout)
         assert total["success"] == "-" and total["error"] == "-", (deploy, total)
+    # the site renews the node's certificate (written beside, moved into place, as certbot or a CA's tool does):
+    # gpufleet's exporter, which got the old one at start (LoadCredential=), and node_exporter serve the new one
+    # without a deploy
+    renewed, renewed_key = fleet_ca.host_certificate("site-renewed", [node], [])
+    assert _served(node, 9400) == ssl.PEM_cert_to_DER_cert(cert) != ssl.PEM_cert_to_DER_cert(renewed)
+    ssh(mon, NVML_HOST, f"cd {TLS_DIR} && printf %s {shlex.quote(renewed_key)} > node.key.new && "
+                        "chown root:prometheus node.key.new && chmod 640 node.key.new && "
+                        f"printf %s {shlex.quote(renewed)} > node.crt.new && mv node.key.new node.key && "
+                        "mv node.crt.new node.crt")
+    for port in (9400, 9100):
+        wait_for(f"{NVML_HOST}:{port} serving the renewed certificate",
+                 lambda port=port: _served(node, port) == ssl.PEM_cert_to_DER_cert(renewed), timeout=60)
+
+
+def _served(address: str, port: int) -> bytes | None:
+    """The certificate the listener presents (DER), None while it does not answer."""
+    try:
+        return ssl.PEM_cert_to_DER_cert(ssl.get_server_certificate((address, port), timeout=5))
+    except OSError:
+        return None

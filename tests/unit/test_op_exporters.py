@@ -3,7 +3,9 @@ none) and desired_state for a fresh host, a converged host and a changed setting
 
 from __future__ import annotations
 
+import gzip
 import hashlib
+import re
 from datetime import datetime
 
 import pytest
@@ -17,14 +19,15 @@ from gpufleet.facts.files import ManagedState
 from gpufleet.facts.packages import DebInstalled
 from gpufleet.facts.system import Distribution
 from gpufleet.operations import apt_lists, exporters
+from tests import upstream
 
 UNIT = exporters.nvml_unit_text("0.0.0.0:9400")
 
 
 def nvml_state(bundle_bytes: bytes | None = None, unit_text: str | None = UNIT, settings: str | None = None,
-               units: dict | None = None):
-    fact = managed_state(files={exporters.NVML_SETTINGS: settings, exporters.NVML_UNIT_PATH: unit_text},
-                         units=units)
+               units: dict | None = None, files: dict | None = None):
+    fact = managed_state(files={exporters.NVML_SETTINGS: settings, exporters.NVML_UNIT_PATH: unit_text,
+                                **(files or {})}, units=units)
 
     def with_bundle(paths=(), read=(), units=()):
         out = fact(paths, read, units)
@@ -89,6 +92,62 @@ def test_none_stops_disables_and_removes_the_nvml_exporter():
         "systemctl disable gpufleet-exporter.service",
         "rm -f /etc/systemd/system/gpufleet-exporter.service",
     ]
+
+
+CERT, KEY = "/etc/gpufleet/tls/cert.pem", "/etc/gpufleet/tls/key.pem"
+CREDENTIALS = (("tls-cert.pem", CERT), ("tls-key.pem", KEY))
+WATCH_UNIT, WATCH_SERVICE = exporters.certificate_watch_texts((CERT, KEY))
+WATCH_FILES = dict(zip(exporters.CERTIFICATE_WATCH_PATHS, (WATCH_UNIT, WATCH_SERVICE), strict=True))
+WATCHING = {**RUNNING, exporters.CERTIFICATE_WATCH_PATH_UNIT: {"active_state": "active",
+                                                               "unit_file_state": "enabled"}}
+
+
+def test_nvml_with_a_certificate_gets_a_path_unit_that_restarts_it_when_the_certificate_changes():
+    """systemd copies the certificate for the dynamic user at start: a renewal needs a restart, which the path
+    unit (PathChanged= on the certificate and the key) gives whenever either file changes."""
+    unit = exporters.nvml_unit_text("0.0.0.0:9400", False, CREDENTIALS)
+    commands, _ = run_operation(exporters.gpu_exporter, facts={ManagedState: nvml_state(bundle(), unit, units=RUNNING)},
+                                kind="nvml", credentials=CREDENTIALS)
+    assert commands == [
+        "mkdir -p /etc/systemd/system",
+        f"upload /etc/systemd/system/gpufleet-exporter-certificate.path\n{WATCH_UNIT}",
+        "chown root:root /etc/systemd/system/gpufleet-exporter-certificate.path && chmod 644 "
+        "/etc/systemd/system/gpufleet-exporter-certificate.path",
+        "mkdir -p /etc/systemd/system",
+        f"upload /etc/systemd/system/gpufleet-exporter-certificate.service\n{WATCH_SERVICE}",
+        "chown root:root /etc/systemd/system/gpufleet-exporter-certificate.service && chmod 644 "
+        "/etc/systemd/system/gpufleet-exporter-certificate.service",
+        "systemctl daemon-reload",
+        "systemctl enable gpufleet-exporter-certificate.path",
+        "systemctl start gpufleet-exporter-certificate.path",
+    ]
+    assert WATCH_UNIT.splitlines()[-6:] == [f"PathChanged={CERT}", f"PathChanged={KEY}",
+                                            "Unit=gpufleet-exporter-certificate.service", "", "[Install]",
+                                            "WantedBy=multi-user.target"]
+    assert "ExecStart=/bin/systemctl try-restart gpufleet-exporter.service" in WATCH_SERVICE.splitlines()
+    converged = nvml_state(bundle(), unit, units=WATCHING, files=WATCH_FILES)
+    assert run_operation(exporters.gpu_exporter, facts={ManagedState: converged}, kind="nvml",
+                         credentials=CREDENTIALS)[0] == []
+    # TLS off (or another exporter): the watch goes with it
+    commands, _ = run_operation(exporters.gpu_exporter, facts={ManagedState: converged}, kind="nvml")
+    assert commands == ["systemctl stop gpufleet-exporter-certificate.path",
+                        "systemctl disable gpufleet-exporter-certificate.path",
+                        "rm -f /etc/systemd/system/gpufleet-exporter-certificate.path",
+                        "rm -f /etc/systemd/system/gpufleet-exporter-certificate.service"]
+
+
+def test_the_certificate_watch_uses_systemds_own_names():
+    """PathChanged=, Unit=, try-restart and systemctl's path as Debian's systemd package documents and ships them."""
+    systemd = "debian/bookworm/systemd"
+    path_page = gzip.decompress(upstream.path(f"{systemd}/usr/share/man/man5/systemd.path.5.gz").read_bytes()).decode()
+    options = re.findall(r"^\\fI(\w+=)\\fR$", path_page, re.M)  # the [Path] options systemd.path(5) defines
+    sections = {line.split("=", 1)[0] + "=" for line in WATCH_UNIT.splitlines() if "=" in line and line[0] != "#"}
+    assert sections - {"Description=", "WantedBy="} == {"PathChanged=", "Unit="} <= set(options), options
+    systemctl_page = gzip.decompress(upstream.path(f"{systemd}/usr/share/man/man1/systemctl.1.gz").read_bytes())
+    assert rb"\fBtry\-restart \fR" in systemctl_page
+    assert f"{exporters.SYSTEMCTL} try-restart " in WATCH_SERVICE
+    shipped = [line.split()[1] for line in upstream.read(f"{systemd}/DEBIAN/md5sums").splitlines()]
+    assert exporters.SYSTEMCTL.lstrip("/") in shipped
 
 
 def test_unit_is_hardened_and_binds_the_listen_address():
