@@ -86,6 +86,29 @@ def _names(cert) -> tuple[set[str], set[str]]:
             set(san.get_values_for_type(x509.DNSName)))
 
 
+def _pair(cert, key_pem: str) -> bool:
+    """The stored key is the certificate's (a run stopped between writing the two leaves a new key beside the old
+    certificate)."""
+    from cryptography.hazmat.primitives import serialization
+
+    try:
+        key = serialization.load_pem_private_key(key_pem.encode(), password=None)
+    except ValueError:
+        return False
+    return key.public_key() == cert.public_key()
+
+
+def _issued_by(cert, ca_cert) -> bool:
+    """Signed by the CA now in use (after the CA was made again, the old CA's certificates fail every check)."""
+    from cryptography.exceptions import InvalidSignature
+
+    try:
+        cert.verify_directly_issued_by(ca_cert)
+    except (InvalidSignature, ValueError, TypeError):  # another signature, or another issuer name or key type
+        return False
+    return True
+
+
 def host_certificate(host: str, addresses: list[str], dns_names: list[str]) -> tuple[str, str]:
     """(certificate PEM, key PEM) of ``host`` for these IP addresses and DNS names, signed by the fleet CA; the
     stored one while its names match and more than 30 days are left."""
@@ -101,12 +124,13 @@ def host_certificate(host: str, addresses: list[str], dns_names: list[str]) -> t
     names = set(dns_names)
     cert_pem = read_private(directory / f"{base}.crt", "fleet CA host certificate")
     key_pem = read_private(directory / f"{base}.key", "fleet CA host key")
+    ca_cert = x509.load_pem_x509_certificate(ca_cert_pem.encode())
     if cert_pem and key_pem:
         cert = x509.load_pem_x509_certificate(cert_pem.encode())
         left = cert.not_valid_after_utc - _now()
-        if _names(cert) == (ips, names) and left > datetime.timedelta(days=RENEW_DAYS):
+        if (_names(cert) == (ips, names) and left > datetime.timedelta(days=RENEW_DAYS)
+                and _pair(cert, key_pem) and _issued_by(cert, ca_cert)):
             return cert_pem, key_pem
-    ca_cert = x509.load_pem_x509_certificate(ca_cert_pem.encode())
     ca_key = serialization.load_pem_private_key(ca_key_pem.encode(), password=None)
     key = ec.generate_private_key(ec.SECP256R1())
     now = _now()

@@ -9,6 +9,7 @@ import ipaddress
 import pytest
 import yaml
 from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 
 from gpufleet import fleet_ca
 from gpufleet.config import FLEET_CA_FILE, FLEET_TLS, load_node_config
@@ -43,6 +44,24 @@ def test_a_host_certificate_is_signed_by_the_ca_for_its_names_and_kept_until_the
     # the same names: the same files (a converged host's files do not change)
     assert fleet_ca.host_certificate("gpu01", ["127.0.0.1", "10.0.0.5"], ["localhost"]) == (cert, key)
     assert fleet_ca.host_certificate("gpu01", ["10.0.0.6", "127.0.0.1"], ["localhost"])[0] != cert
+
+
+def test_a_certificate_without_its_key_or_of_another_ca_is_issued_again(credentials):
+    cert, key = fleet_ca.host_certificate("gpu01", ["10.0.0.5"], [])
+    hosts = credentials / "fleet-ca" / "hosts"
+    # a run stopped between the two writes: a new key beside the old certificate
+    (hosts / "gpu01.key").write_text(fleet_ca.host_certificate("gpu02", ["10.0.0.6"], [])[1])
+    again, again_key = fleet_ca.host_certificate("gpu01", ["10.0.0.5"], [])
+    assert again != cert
+    assert x509.load_pem_x509_certificate(again.encode()).public_key() == \
+        serialization.load_pem_private_key(again_key.encode(), password=None).public_key()
+    # the CA made again (its files removed): certificates of the old one are not handed out
+    for name in ("ca.crt", "ca.key"):
+        (credentials / "fleet-ca" / name).unlink()
+    renewed_ca = x509.load_pem_x509_certificate(fleet_ca.ca()[0].encode())
+    third, _ = fleet_ca.host_certificate("gpu01", ["10.0.0.5"], [])
+    assert third != again
+    x509.load_pem_x509_certificate(third.encode()).verify_directly_issued_by(renewed_ca)
 
 
 def test_a_certificate_near_its_end_is_issued_again(monkeypatch):
