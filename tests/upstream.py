@@ -243,6 +243,54 @@ def nvml_facts() -> dict:
     return json.loads(read("nvml/facts.json"))
 
 
+GRAFANA_PROVISIONING_FILES = {
+    "datasource_types": "grafana/pkg/services/provisioning/datasources/types.go",
+    "datasource_reader": "grafana/pkg/services/provisioning/datasources/config_reader.go",
+    "provider_types": "grafana/pkg/services/provisioning/dashboards/types.go",
+    "provider_reader": "grafana/pkg/services/provisioning/dashboards/config_reader.go",
+    "file_reader": "grafana/pkg/services/provisioning/dashboards/file_reader.go.head.excerpt.go",
+    "provisioning": "grafana/pkg/services/provisioning/provisioning.go",
+    "values": "grafana/pkg/services/provisioning/values/values.go",
+    "prometheus_plugin": "grafana/public/app/plugins/datasource/prometheus/plugin.json",
+    "http_settings": "grafana/grafana-plugin-sdk-go/backend/http_settings.go",
+    "sdk_common": "grafana/grafana-plugin-sdk-go/backend/common.go",
+}
+
+
+def grafana_provisioning() -> dict:
+    """What Grafana reads from its provisioning files, as its source parses them (recorded facts): the keys of a
+    datasource file (``datasource_file_keys``, each entry's ``datasource_keys``) and of a dashboard provider file
+    (``provider_file_keys``, ``provider_keys``, a file provider's ``provider_option_keys``) at apiVersion 1 (go-yaml
+    ignores any other key), the ``subdirectories`` of the provisioning path they are read from and the file
+    ``suffixes``, the Prometheus plugin's id (a datasource's ``type``), the ``json_data_keys`` and
+    ``secure_json_data_keys`` its HTTP client reads, which jsonData switches make it read ``tlsCACert``, its default
+    access, the provider type Grafana defaults to, and the literal-dollar escape of interpolated values."""
+    f = {name: recorded(relpath) for name, relpath in GRAFANA_PROVISIONING_FILES.items()}
+    api_version = f["datasource_types"]["api_version_key"]["value"]
+    suffixes = f["datasource_reader"]["file_suffixes"]["value"]
+    if f["provider_reader"]["file_suffixes"]["value"] != suffixes:
+        raise ValueError("datasource and dashboard provisioning files are read with different suffixes")
+    return {
+        "api_version_key": api_version,
+        "datasource_file_keys": {api_version, *f["datasource_types"]["file_keys_v1"]["keys"]},
+        "datasource_keys": set(f["datasource_types"]["datasource_keys_v1"]["keys"]),
+        "provider_file_keys": {f["provider_types"]["api_version_key"]["value"],
+                               *f["provider_types"]["file_keys_v1"]["keys"]},
+        "provider_keys": set(f["provider_types"]["provider_keys_v1"]["keys"]),
+        "provider_option_keys": set(f["file_reader"]["option_keys"]),
+        "default_provider_type": f["provider_reader"]["default_type"]["value"],
+        "subdirectories": set(f["provisioning"]["subdirectories"]),
+        "suffixes": tuple(suffixes),
+        "prometheus_type": f["prometheus_plugin"]["id"]["value"],
+        "json_data_keys": set(f["http_settings"]["json_data_keys"]),
+        "secure_json_data_keys": set(f["http_settings"]["secure_json_data_keys"]),
+        "tls_ca_cert_only_with": set(f["http_settings"]["tls_ca_cert_only_with"]["value"]),
+        "basic_auth_password_key": f["sdk_common"]["basic_auth_password"]["value"],
+        "default_access": f["http_settings"]["default_access"]["value"],
+        "literal_dollar": f["values"]["literal_dollar"]["value"],
+    }
+
+
 def _source_problems(where: str, source: dict) -> list[str]:
     problems = []
     kind = source.get("kind")

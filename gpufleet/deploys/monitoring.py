@@ -64,7 +64,9 @@ GRAFANA_PROVISIONING = "/etc/grafana/provisioning"  # PROVISIONING_CFG_DIR of th
 GRAFANA_SOURCE = "/etc/apt/sources.list.d/grafana.list"
 GRAFANA_KEY_FILE = "gpg-full.key"  # Grafana publishes its key at https://apt.grafana.com/gpg-full.key
 GRAFANA_DROPIN = "/etc/systemd/system/grafana-server.service.d/gpufleet.conf"
+# Grafana reads <provisioning>/datasources/*.yml and <provisioning>/dashboards/*.yml (tests/reference/upstream/grafana)
 GRAFANA_DATASOURCE = f"{GRAFANA_PROVISIONING}/datasources/gpufleet.yml"
+GRAFANA_DASHBOARD_PROVIDER = f"{GRAFANA_PROVISIONING}/dashboards/gpufleet.yml"
 GRAFANA_GROUP = "grafana"  # the packaged grafana-server's group
 
 _validated: dict[int, tuple[dict[str, NodeConfig], dict[str, MonitoringSettings], list[render.Target]]] = {}
@@ -261,6 +263,18 @@ def grafana_dropin(settings: MonitoringSettings) -> str:
     return "# Managed by gpufleet (deploys/monitoring.py)\n[Service]\n" + "\n".join(lines) + "\n"
 
 
+def grafana_provisioning(settings: MonitoringSettings) -> dict[str, str]:
+    """Grafana's provisioning files, {path on the monitoring host: text}: the Prometheus datasource (basic auth as
+    the ``prometheus`` account; with Prometheus on the fleet CA's certificate, that CA as the one its certificate
+    is checked against) and the provider of gpufleet's dashboards."""
+    scheme = "https" if settings.prometheus_tls else "http"
+    prometheus_url = f"{scheme}://{render.client_address(settings.prometheus_listen)}"
+    fleet_ca_cert = (fleet_ca.ca()[0] if settings.tls_ca_file == FLEET_CA_FILE
+                     and settings.prometheus_tls.get("cert_file") == FLEET_TLS["cert_file"] else None)
+    return {GRAFANA_DATASOURCE: render.grafana_datasource(prometheus_url, passwords()["prometheus"], fleet_ca_cert),
+            GRAFANA_DASHBOARD_PROVIDER: render.grafana_dashboard_provider()}
+
+
 def grafana_stage(settings: MonitoringSettings) -> None:
     url = settings.grafana_repo_url.split()[0].rstrip("/")
     key = grafana.repository_key(name="Grafana repository key", url=f"{url}/{GRAFANA_KEY_FILE}",
@@ -275,17 +289,12 @@ def grafana_stage(settings: MonitoringSettings) -> None:
                      _if=lambda: installed and (key.did_change() or source.did_change()))
     apt_lists.packages(name="Grafana", packages=["grafana"], no_recommends=False)  # a checked update first
     grafana.packaged_defaults(name="Grafana's packaged /etc/default/grafana-server")
-    scheme = "https" if settings.prometheus_tls else "http"
-    prometheus_url = f"{scheme}://{render.client_address(settings.prometheus_listen)}"
+    files = grafana_provisioning(settings)
     # the datasource holds the prometheus account's password: 0640 root:grafana, never shown
     provisioning = [
         secret_file(name="Grafana datasource", path=GRAFANA_DATASOURCE, mode="640", group=GRAFANA_GROUP,
-                    content=render.grafana_datasource(prometheus_url, passwords()["prometheus"],
-                                                      fleet_ca.ca()[0] if settings.tls_ca_file == FLEET_CA_FILE
-                                                      and settings.prometheus_tls.get("cert_file")
-                                                      == FLEET_TLS["cert_file"] else None)),
-        _put("Grafana dashboard provider", render.grafana_dashboard_provider(),
-             f"{GRAFANA_PROVISIONING}/dashboards/gpufleet.yml"),
+                    content=files[GRAFANA_DATASOURCE]),
+        _put("Grafana dashboard provider", files[GRAFANA_DASHBOARD_PROVIDER], GRAFANA_DASHBOARD_PROVIDER),
         *(_put(f"Grafana dashboard {name}", render.dashboard(name), f"{render.GRAFANA_DASHBOARD_DIR}/{name}")
           for name in render.DASHBOARDS),
     ]

@@ -109,6 +109,15 @@ def provisioned(cfg) -> tuple[list[dict], list[dict]]:
     return datasources, dashboards
 
 
+def datasource_answer(number: int, entry: dict) -> dict:
+    """One provisioned datasource as /api/datasources lists it, from the keys Grafana's provisioning reads
+    (upsertDataSourceFromConfigV1's yaml keys; tests/unit/test_grafana_provisioning_upstream.py holds them to it).
+    Provisioned datasources are read-only unless ``editable`` (createInsertCommand: ReadOnly = !Editable)."""
+    return {"id": number, "uid": entry.get("uid"), "name": entry.get("name"), "type": entry.get("type"),
+            "url": entry.get("url"), "access": entry.get("access"), "isDefault": entry.get("isDefault", False),
+            "readOnly": not entry.get("editable", False)}
+
+
 class Handler(BaseHTTPRequestHandler):
     cfg: dict = {}
 
@@ -151,9 +160,7 @@ class Handler(BaseHTTPRequestHandler):
             return
         datasources, dashboards = provisioned(self.cfg)
         if path == "/api/datasources":
-            self._send(200, [{"id": i + 1, "uid": d.get("uid"), "name": d.get("name"), "type": d.get("type"),
-                              "url": d.get("url"), "access": d.get("access"), "isDefault": d.get("isDefault", False),
-                              "readOnly": True} for i, d in enumerate(datasources)])
+            self._send(200, [datasource_answer(i + 1, entry) for i, entry in enumerate(datasources)])
         else:
             self._send(200, [{"id": i + 1, "uid": d["uid"], "title": d["title"], "type": "dash-db",
                               "folderTitle": d["folderTitle"], "tags": []} for i, d in enumerate(dashboards)])
