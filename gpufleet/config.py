@@ -918,6 +918,28 @@ def tls_server_config(value: Any) -> tuple[dict[str, str] | None, str | None]:
     return {k: value[k] for k in TLS_SERVER_KEYS if k in value}, None
 
 
+# people's own accounts beside gpufleet's (the prometheus-community roles' *_web_config.basic_auth_users): user name
+# to a bcrypt hash (exporter-toolkit checks bcrypt only; htpasswd -nBC 10 USER makes one)
+BASIC_AUTH_ALLOWED = ("{user: bcrypt hash}: user names of letters, digits, . _ @ - (not \"gpufleet\", gpufleet's own "
+                      "account), hashes $2a$/$2b$/$2y$ with cost 04-31 (htpasswd -nBC 10 USER)")
+_BASIC_AUTH_USER_RE = re.compile(r"^[A-Za-z0-9._@-]{1,64}\Z")
+_BCRYPT_RE = re.compile(r"^\$2[aby]\$(0[4-9]|[12][0-9]|3[01])\$[./A-Za-z0-9]{53}\Z")
+
+
+def basic_auth_users(value: Any, reserved: str) -> tuple[dict[str, str] | None, str | None]:
+    """(the validated ``{user: bcrypt hash}``, None) or (None, why it is refused: the user named, never the hash)."""
+    if not isinstance(value, Mapping):
+        return None, "not a mapping of user name to bcrypt hash"
+    for user, hashed in value.items():
+        if not isinstance(user, str) or not _BASIC_AUTH_USER_RE.match(user):
+            return None, f"user {user!r}: not a user name of letters, digits, . _ @ -"
+        if user == reserved:
+            return None, f"user {user!r}: gpufleet's own account (its password is generated)"
+        if not isinstance(hashed, str) or not _BCRYPT_RE.match(hashed):
+            return None, f"user {user!r}: its value is not a bcrypt hash"
+    return dict(sorted(value.items())), None
+
+
 FLEET_TLS_DIR = "/etc/gpufleet/tls"  # the fleet CA's files on a host
 FLEET_TLS = {"cert_file": f"{FLEET_TLS_DIR}/cert.pem", "key_file": f"{FLEET_TLS_DIR}/key.pem"}
 FLEET_CA_FILE = f"{FLEET_TLS_DIR}/ca.pem"

@@ -30,6 +30,8 @@ from gpufleet.monitoring import config as monitoring_config
 from gpufleet.verify import settings as verify_settings
 
 UNSET = "unset"
+# a bcrypt hash of a random password nobody knows (a copied example opens no account)
+_BCRYPT_EXAMPLE = '{"alice": "$2b$10$X4CP/UzQapI.c8X7Rm1yqOv0el456QV8uX5OP5HLD7EnZwFT7WGPq"}'
 
 
 @dataclass(frozen=True)
@@ -165,6 +167,13 @@ _DOCS: dict[str, tuple[str, str, str, str, str | None]] = {
     "gpufleet_monitoring_alertmanager_tls_server_config": (None, "monitoring", "Alertmanager serves HTTPS with "
                                                            "these files", '{"cert_file": "/etc/ssl/mon.crt", '
                                                            '"key_file": "/etc/ssl/private/mon.key"}', None),
+    "gpufleet_monitoring_prometheus_basic_auth_users": (None, "monitoring", "people's own accounts on "
+                                                        "Prometheus beside gpufleet's (the role's "
+                                                        "prometheus_web_config.basic_auth_users)",
+                                                        _BCRYPT_EXAMPLE, None),
+    "gpufleet_monitoring_alertmanager_basic_auth_users": (None, "monitoring", "people's own accounts on "
+                                                          "Alertmanager beside gpufleet's",
+                                                          _BCRYPT_EXAMPLE, None),
     "gpufleet_monitoring_tls_fleet_ca": (None, "monitoring", "HTTPS for Prometheus and Alertmanager without a "
                                          "*_tls_server_config of their own, with a certificate of gpufleet's fleet CA",
                                          "True", None),

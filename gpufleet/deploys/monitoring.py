@@ -191,8 +191,9 @@ def passwords() -> dict[str, str]:
         raise InputError(f"the monitoring credentials: {error}") from None
 
 
-def _web_config(secret: str, tls: dict) -> str:
-    return web_auth.web_config({web_auth.USER: web_auth.bcrypt_hash(secret, web_auth.USER)},
+def _web_config(secret: str, tls: dict, people: dict) -> str:
+    """gpufleet's account (its generated password's hash) and the people's accounts of ``*_basic_auth_users``."""
+    return web_auth.web_config({**people, web_auth.USER: web_auth.bcrypt_hash(secret, web_auth.USER)},
                                tls_server_config=dict(tls))
 
 
@@ -204,10 +205,12 @@ def prometheus_stage(settings: MonitoringSettings, targets) -> None:
     # basic auth and TLS on both (exporter-toolkit's web configuration: read again on every request, but HTTP or
     # HTTPS is decided at start, so a change restarts), and the passwords Prometheus sends to the exporters, itself
     # and Alertmanager: never shown, 0640 root:prometheus from the start
-    web = [secret_file(name=path, path=path, content=_web_config(secrets[account], tls), mode="640",
+    web = [secret_file(name=path, path=path, content=_web_config(secrets[account], tls, dict(people)), mode="640",
                        group=ALERTMANAGER_GROUP)
-           for path, account, tls in ((render.PROMETHEUS_WEB_CONFIG, "prometheus", settings.prometheus_tls),
-                                      (render.ALERTMANAGER_WEB_CONFIG, "alertmanager", settings.alertmanager_tls))]
+           for path, account, tls, people in (
+               (render.PROMETHEUS_WEB_CONFIG, "prometheus", settings.prometheus_tls, settings.prometheus_users),
+               (render.ALERTMANAGER_WEB_CONFIG, "alertmanager", settings.alertmanager_tls,
+                settings.alertmanager_users))]
     for account, path in render.PASSWORD_FILES.items():
         secret_file(name=path, path=path, content=secrets[account] + "\n", mode="640", group=ALERTMANAGER_GROUP)
     prom_args = (f"--web.listen-address={settings.prometheus_listen} "

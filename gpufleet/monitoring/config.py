@@ -22,12 +22,15 @@ gpufleet_monitoring_grafana_repo_key_fingerprint  the repository key's fingerpri
 gpufleet_monitoring_grafana_listen       ADDRESS:PORT                                               MGMT ``:3000``
 gpufleet_monitoring_prometheus_tls_server_config  {cert_file, key_file, ...}: HTTPS (files on the host)  (HTTP)
 gpufleet_monitoring_alertmanager_tls_server_config  {cert_file, key_file, ...}: HTTPS                    (HTTP)
+gpufleet_monitoring_prometheus_basic_auth_users  {user: bcrypt hash}: people's accounts beside gpufleet's   ``{}``
+gpufleet_monitoring_alertmanager_basic_auth_users  {user: bcrypt hash}                                    ``{}``
 gpufleet_monitoring_tls_ca_file          CA file on the monitoring host for HTTPS targets           system CAs
 ======================================== ========================================================== ==============
 
 MGMT: the host's management address, ``ssh_hostname`` when it is an IP address, else ``0.0.0.0``
 (:func:`gpufleet.config.management_address`). Prometheus and Alertmanager always ask for basic auth (the
-``prometheus`` and ``alertmanager`` accounts of :mod:`gpufleet.web_auth`).
+``prometheus`` and ``alertmanager`` accounts of :mod:`gpufleet.web_auth`, user ``gpufleet``, and the people's
+accounts of ``*_basic_auth_users``).
 
 Target keys (every GPU node): ``gpufleet_monitoring_cluster`` (the ``cluster`` label, default ``"default"``) and
 ``gpufleet_monitoring_gpu_model`` (the ``gpu_model`` label: a catalog key or GPU name; default: the catalog key of
@@ -44,9 +47,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpufleet import web_auth
 from gpufleet.config import (
+    BASIC_AUTH_ALLOWED,
     TLS_ALLOWED,
     ConfigError,
+    basic_auth_users,
     catalog_model,
     did_you_mean,
     listen_problem,
@@ -99,6 +105,8 @@ KEYS: dict[str, str] = {
                                                         "digits (spaces allowed)",
     "gpufleet_monitoring_prometheus_tls_server_config": TLS_ALLOWED,
     "gpufleet_monitoring_alertmanager_tls_server_config": TLS_ALLOWED,
+    "gpufleet_monitoring_prometheus_basic_auth_users": BASIC_AUTH_ALLOWED,
+    "gpufleet_monitoring_alertmanager_basic_auth_users": BASIC_AUTH_ALLOWED,
     "gpufleet_monitoring_tls_fleet_ca": "true or false",
     "gpufleet_monitoring_tls_ca_file": "an absolute path of a PEM file on the monitoring host (letters, digits, "
                                        ". _ - /)",
@@ -130,6 +138,8 @@ class MonitoringSettings:
     grafana_repo_key_fingerprint: str | None = None
     prometheus_tls: Mapping[str, str] = field(default_factory=dict)  # tls_server_config; empty: HTTP
     alertmanager_tls: Mapping[str, str] = field(default_factory=dict)
+    prometheus_users: Mapping[str, str] = field(default_factory=dict)  # people's accounts beside gpufleet's
+    alertmanager_users: Mapping[str, str] = field(default_factory=dict)
     tls_ca_file: str | None = None  # what Prometheus checks HTTPS targets against (None: the system's CAs)
     tls_fleet_ca: bool = False  # Prometheus/Alertmanager without their own tls_server_config: the fleet CA's
 
@@ -263,6 +273,16 @@ def load_monitoring_settings(host: str, data: Mapping[str, Any]) -> tuple[Monito
                 err.add(PREFIX + key, raw, reason)
             else:
                 values[field_name] = tls
+    for key, field_name in (("prometheus_basic_auth_users", "prometheus_users"),
+                            ("alertmanager_basic_auth_users", "alertmanager_users")):
+        raw = ours.get(PREFIX + key)
+        if raw is not None:
+            users, reason = basic_auth_users(raw, web_auth.USER)
+            if users is None:  # the hashes are not shown: only the user names
+                shown = {u: "<hash>" for u in raw} if isinstance(raw, Mapping) else raw
+                err.add(PREFIX + key, shown, reason)
+            else:
+                values[field_name] = users
     raw = ours.get(PREFIX + "tls_fleet_ca")
     if raw is not None:
         if not isinstance(raw, bool):

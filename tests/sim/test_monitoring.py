@@ -24,6 +24,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+import bcrypt
 import pytest
 from conftest import BIN, REPO, bring_up, gpufleet, grand_total, save_deb_cache, ssh
 
@@ -904,7 +905,9 @@ def test_https_with_the_sites_certificates_and_with_the_fleet_ca(mon, tmp_path):
     alerts to Alertmanager over HTTPS, plain HTTP is not served and HTTPS still asks for the credential."""
     node = mon.host(NVML_HOST).address
     tls = {"cert_file": f"{TLS_DIR}/node.crt", "key_file": f"{TLS_DIR}/node.key"}
-    monitoring = {**MONITORING_DATA, "gpufleet_monitoring_tls_fleet_ca": True}
+    alice = bcrypt.hashpw(b"alice-password", bcrypt.gensalt(4)).decode()  # a person's own Prometheus account
+    monitoring = {**MONITORING_DATA, "gpufleet_monitoring_tls_fleet_ca": True,
+                  "gpufleet_monitoring_prometheus_basic_auth_users": {"alice": alice}}
     nvml_tls = {"gpufleet_exporters_node_tls_server_config": tls, "gpufleet_exporters_gpu_tls_server_config": tls}
     inventory = write_inventory(tmp_path / "tls_inventory.py", mon.inventory, monitoring,
                                 dcgm_extra={"gpufleet_exporters_tls_fleet_ca": True}, nvml_extra=nvml_tls)
@@ -949,6 +952,18 @@ def test_https_with_the_sites_certificates_and_with_the_fleet_ca(mon, tmp_path):
                 for t in targets}
 
     wait_for("every target scraped over HTTPS", lambda: schemes() == dict.fromkeys(EXPECTED_TARGETS, ("https", "up")))
+    # a person's own account beside gpufleet's, checked by Prometheus itself
+    people = {}
+    for password in ("alice-password", "wrong"):
+        request = urllib.request.Request(
+            f"https://{mon.host(MON).address}:9090/api/v1/status/buildinfo",
+            headers={"Authorization": "Basic " + base64.b64encode(f"alice:{password}".encode()).decode()})
+        try:
+            with urllib.request.urlopen(request, timeout=10, context=trusting) as response:
+                people[password] = response.status
+        except urllib.error.HTTPError as error:
+            people[password] = error.code
+    assert people == {"alice-password": 200, "wrong": 401}, people
     assert [a["url"].split(":")[0] for a in get(9090, "/api/v1/alertmanagers")["data"]["activeAlertmanagers"]] == [
         "https"]
     for address in (node, mon.host(DCGM_HOST).address):

@@ -3,6 +3,7 @@ and amtool), scrape targets from the inventory, the dashboards' queries and the 
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import shutil
@@ -76,6 +77,49 @@ def test_defaults_need_a_grafana_password():
 def test_bad_settings_name_host_key_and_value(data, expected):
     found = messages(data)
     assert any(m.startswith(expected) for m in found), found
+
+
+ALICE_HASH = "$2b$04$" + "a" * 53  # the shape of a bcrypt hash; its password is not wanted here
+
+
+@pytest.mark.parametrize(("users", "expected"), [
+    ({"gpufleet": ALICE_HASH}, "{'gpufleet': '<hash>'}: user 'gpufleet': gpufleet's own account"),
+    ({"al:ice": ALICE_HASH}, "{'al:ice': '<hash>'}: user 'al:ice': not a user name of letters, digits"),
+    ({"alice": "s3cret-in-clear"}, "{'alice': '<hash>'}: user 'alice': its value is not a bcrypt hash"),
+    ({"alice": "$2b$03$" + "a" * 53}, "{'alice': '<hash>'}: user 'alice': its value is not a bcrypt hash"),
+    (["alice"], "['alice']: not a mapping of user name to bcrypt hash"),
+])
+def test_peoples_accounts_are_refused_naming_the_user_never_the_value(users, expected):
+    for key in ("gpufleet_monitoring_prometheus_basic_auth_users", "gpufleet_monitoring_alertmanager_basic_auth_users"):
+        found = messages({**OK, key: users})
+        assert any(m.startswith(f"mon1: {key}={expected}") and "; allowed: {user: bcrypt hash}" in m
+                   for m in found), found
+        assert not any("s3cret-in-clear" in m or "a" * 53 in m for m in found), found
+
+
+def test_peoples_accounts_join_gpufleets_in_the_web_configuration_and_log_in():
+    import bcrypt
+
+    from gpufleet import web_auth
+    from gpufleet.deploys import monitoring as monitoring_deploy
+    from gpufleet.exporter import web
+
+    hashed = bcrypt.hashpw(b"alice-password", bcrypt.gensalt(4)).decode()
+    settings, _, errors = load_monitoring_settings("mon1", {
+        **OK, "gpufleet_monitoring_prometheus_basic_auth_users": {"alice": hashed}})
+    assert errors == [] and settings.prometheus_users == {"alice": hashed} and settings.alertmanager_users == {}
+    text = monitoring_deploy._web_config("generated-password", {}, dict(settings.prometheus_users))
+    users = yaml.safe_load(text)["basic_auth_users"]
+    assert users == {"alice": hashed, web_auth.USER: web_auth.bcrypt_hash("generated-password", web_auth.USER)}
+    config = web.WebConfig(None)  # the users as exporter-toolkit checks them (gpufleet/exporter/web.py)
+    config.users = users
+
+    def basic(user, password):
+        return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+    assert config.authorized(basic("alice", "alice-password"))
+    assert config.authorized(basic(web_auth.USER, "generated-password"))
+    assert not config.authorized(basic("alice", "generated-password"))
 
 
 def test_retention_default_covers_every_rule_and_is_a_setting():
