@@ -208,11 +208,24 @@ MONITORING_POSITIONS = [
     *((M + f"{name}_tls_server_config", lambda v, name=name: {M + f"{name}_tls_server_config": {
         **TLS, "min_version": v}}, lambda s, name=name: _web_tls(getattr(s, f"{name}_tls"))["min_version"])
       for name in ("prometheus", "alertmanager")),
+    # people's accounts: user names and hashes both (every hostile string is refused: no user name or bcrypt hash)
+    *((M + f"{name}_basic_auth_users", lambda v, name=name: {M + f"{name}_basic_auth_users": {v: BCRYPT}},
+       lambda s, name=name: next(iter(_web_users(getattr(s, f"{name}_users")))))
+      for name in ("prometheus", "alertmanager")),
+    *((M + f"{name}_basic_auth_users", lambda v, name=name: {M + f"{name}_basic_auth_users": {"alice": BCRYPT + v}},
+       lambda s, name=name: _web_users(getattr(s, f"{name}_users"))["alice"].removeprefix(BCRYPT))
+      for name in ("prometheus", "alertmanager")),
     (M + "tls_ca_file", lambda v: {M + "tls_ca_file": "/etc/ssl/ca" + v},
      lambda s: yaml.safe_load(render.prometheus_config(s))["scrape_configs"][1]["tls_config"]["ca_file"]
      .removeprefix("/etc/ssl/ca")),
 ]
 TLS = {"cert_file": "/etc/ssl/a.crt", "key_file": "/etc/ssl/a.key"}
+BCRYPT = "$2b$04$" + "a" * 53
+
+
+def _web_users(users) -> dict:
+    """The people's accounts as the web configuration file on the host holds them, parsed back."""
+    return yaml.safe_load(web_auth.web_config(dict(users)))["basic_auth_users"]
 
 
 def _web_tls(tls) -> dict:
