@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import pwd
 import stat
@@ -77,6 +79,19 @@ def private_dir(path: str | os.PathLike, what: str = "fact cache directory") -> 
         raise UnsafePath(f"{path}: the {what} is not a directory")
     _check(path, info, what)
     return path
+
+
+@contextlib.contextmanager
+def directory_lock(directory: Path):
+    """Held by one process at a time (``flock`` on ``DIRECTORY/.lock``): what it creates on first use (a password,
+    the fleet CA, a host certificate) is created once when workers of one run (``gpufleet apply --jobs``) or two
+    runs ask for it at the same moment, and never read half written."""
+    fd = os.open(directory / ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def read_private(path: str | os.PathLike, what: str = "fact cache file") -> str | None:

@@ -16,7 +16,7 @@ import ipaddress
 import re
 from pathlib import Path
 
-from gpufleet.control_files import private_dir, read_private, write_atomic
+from gpufleet.control_files import directory_lock, private_dir, read_private, write_atomic
 from gpufleet.web_auth import credentials_dir
 
 CA_DAYS = 3650
@@ -47,16 +47,22 @@ def _cert_pem(cert) -> str:
 
 
 def ca() -> tuple[str, str]:
-    """(CA certificate PEM, CA key PEM), created on first use."""
+    """(CA certificate PEM, CA key PEM), created on first use (again where the key is not the certificate's: a
+    run stopped between the two writes)."""
+    directory = _directory()
+    with directory_lock(directory):  # the workers of one run asking at once: one CA
+        return _stored_or_new_ca(directory)
+
+
+def _stored_or_new_ca(directory: Path) -> tuple[str, str]:
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import NameOID
 
-    directory = _directory()
     cert, key = read_private(directory / "ca.crt", "fleet CA certificate"), read_private(directory / "ca.key",
                                                                                          "fleet CA key")
-    if cert and key:
+    if cert and key and _pair(x509.load_pem_x509_certificate(cert.encode()), key):
         return cert, key
     ca_key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "gpufleet fleet CA")])
@@ -93,7 +99,7 @@ def _pair(cert, key_pem: str) -> bool:
 
     try:
         key = serialization.load_pem_private_key(key_pem.encode(), password=None)
-    except ValueError:
+    except (ValueError, TypeError):  # not a PEM key, or one with a password
         return False
     return key.public_key() == cert.public_key()
 
@@ -112,13 +118,19 @@ def _issued_by(cert, ca_cert) -> bool:
 def host_certificate(host: str, addresses: list[str], dns_names: list[str]) -> tuple[str, str]:
     """(certificate PEM, key PEM) of ``host`` for these IP addresses and DNS names, signed by the fleet CA; the
     stored one while its names match and more than 30 days are left."""
+    ca_cert_pem, ca_key_pem = ca()
+    directory = private_dir(_directory() / "hosts", "fleet CA directory")
+    with directory_lock(directory):  # one certificate per host, whoever asks at the same moment
+        return _stored_or_new_host(directory, host, addresses, dns_names, ca_cert_pem, ca_key_pem)
+
+
+def _stored_or_new_host(directory: Path, host: str, addresses: list[str], dns_names: list[str], ca_cert_pem: str,
+                        ca_key_pem: str) -> tuple[str, str]:
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-    ca_cert_pem, ca_key_pem = ca()
-    directory = private_dir(_directory() / "hosts", "fleet CA directory")
     base = _HOST_FILE_RE.sub("_", host)
     ips = {str(ipaddress.ip_address(a)) for a in addresses}
     names = set(dns_names)

@@ -29,7 +29,7 @@ import secrets
 from collections.abc import Mapping
 from pathlib import Path
 
-from gpufleet.control_files import UnsafePath, private_dir, read_private
+from gpufleet.control_files import UnsafePath, directory_lock, private_dir, read_private, write_atomic
 
 USER = "gpufleet"
 ACCOUNTS = ("exporters", "prometheus", "alertmanager")
@@ -57,15 +57,9 @@ def password(account: str) -> str:
         raise ValueError(f"unknown monitoring account {account!r}; allowed: {', '.join(ACCOUNTS)}")
     directory = private_dir(credentials_dir(), "monitoring credentials directory")
     path = directory / f"{account}.password"
-    if not path.exists():
-        text = secrets.token_urlsafe(32)
-        try:  # O_EXCL: two deploys started together keep the first one's password
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        except FileExistsError:
-            pass
-        else:
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                handle.write(text + "\n")
+    with directory_lock(directory):  # workers of one run (or two runs) asking at once: one password, whole
+        if not path.exists():
+            write_atomic(path, secrets.token_urlsafe(32) + "\n", mode=0o600)
     if path.stat().st_mode & 0o077:
         raise UnsafePath(f"{path}: refused: the monitoring credential is readable by group or others (mode "
                          f"{path.stat().st_mode & 0o777:04o}): chmod 600 it (and change the password: others read it)")

@@ -103,3 +103,29 @@ def test_an_address_certificate_names_the_address_as_ip_or_dns_and_loopback(addr
         x509.SubjectAlternativeName).value
     assert {str(ip) for ip in san.get_values_for_type(x509.IPAddress)} == ips
     assert set(san.get_values_for_type(x509.DNSName)) == names
+
+
+def _first_use(args):
+    directory, barrier = args
+    import os
+
+    os.environ["GPUFLEET_CREDENTIALS_DIR"] = directory
+    barrier.wait()
+    from gpufleet import web_auth
+
+    return fleet_ca.ca(), fleet_ca.host_certificate("gpu01", ["10.0.0.5"], []), web_auth.password("exporters")
+
+
+def test_workers_asking_at_the_same_moment_get_one_ca_one_certificate_one_password(credentials):
+    """``gpufleet apply --jobs N``: every worker creates what its first host needs at the same moment."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    with context.Manager() as manager:
+        barrier = manager.Barrier(6)
+        with context.Pool(6) as pool:
+            found = pool.map(_first_use, [(str(credentials), barrier)] * 6)
+    assert all(result == found[0] for result in found), [r[2] for r in found]
+    (ca_cert, _), (cert, _), _ = found[0]
+    x509.load_pem_x509_certificate(cert.encode()).verify_directly_issued_by(
+        x509.load_pem_x509_certificate(ca_cert.encode()))
