@@ -41,12 +41,15 @@ NVML_UNIT = "gpufleet-exporter.service"
 NVML_UNIT_PATH = posixpath.join(UNIT_DIR, NVML_UNIT)
 # systemd copies the exporter's certificate and key for its dynamic user at start (LoadCredential=), so a renewed
 # certificate (the fleet CA's yearly one, or a site's tool) is served only after a restart; a path unit watching
-# both files does it (systemd.path(5): PathChanged=, Unit=; facts in tests/reference/upstream/debian-systemd/)
+# both files does it (systemd.path(5): PathChanged=, Unit=; tests/reference/upstream/debian/bookworm/systemd/)
 CERTIFICATE_WATCH_PATH_UNIT = "gpufleet-exporter-certificate.path"
 CERTIFICATE_WATCH_SERVICE = "gpufleet-exporter-certificate.service"
 CERTIFICATE_WATCH_PATHS = (posixpath.join(UNIT_DIR, CERTIFICATE_WATCH_PATH_UNIT),
                            posixpath.join(UNIT_DIR, CERTIFICATE_WATCH_SERVICE))
-SYSTEMCTL = "/bin/systemctl"  # Debian's systemd package (also /usr/bin/systemctl on merged-/usr systems)
+SYSTEMCTL = "/bin/systemctl"  # Debian 12's systemd package; /usr/bin/systemctl where /usr is merged (Debian 13,
+# RHEL 8+), reached through the /bin symlink those systems have
+SLEEP = "/bin/sleep"  # Debian 12's coreutils (the same /bin symlink elsewhere)
+CERTIFICATE_SETTLE_S = 5
 NVML_BUNDLE_DIR = "/opt/gpufleet/exporter"
 NVML_BUNDLE = posixpath.join(NVML_BUNDLE_DIR, BUNDLE_NAME)
 NVML_SETTINGS = posixpath.join(SETTINGS_DIR, "exporter.json")  # written by earlier versions: removed
@@ -182,16 +185,27 @@ def nvml_unit_text(listen: str, web_config: bool = False, credentials: tuple[tup
 
 def certificate_watch_texts(paths: tuple[str, ...]) -> tuple[str, str]:
     """(the path unit, the service it starts): gpufleet's exporter restarted when a file of ``paths`` (its
-    certificate and key: validated absolute paths of letters, digits, ``. _ - /``) is written or replaced."""
+    certificate and key: validated absolute paths of letters, digits, ``. _ - /``) or its directory changes. The
+    directories too: a symlink swapped there (certbot's ``live/``) or a file renamed into place changes the
+    directory, while a watch on the file itself follows the old target."""
+    watched = [*paths, *dict.fromkeys(posixpath.dirname(path) for path in paths)]
     path_unit = ("# Managed by gpufleet (stage exporters): gpufleet's exporter gets its TLS certificate and key at\n"
                  "# start (LoadCredential=); when either changes (a renewal), it is restarted to serve the new one.\n"
                  "[Unit]\nDescription=Restart gpufleet's GPU exporter when its TLS certificate or key changes\n\n"
-                 "[Path]\n" + "".join(f"PathChanged={path}\n" for path in paths)
+                 "[Path]\n" + "".join(f"PathChanged={path}\n" for path in watched)
                  + f"Unit={CERTIFICATE_WATCH_SERVICE}\n\n[Install]\nWantedBy=multi-user.target\n")
+    # A renewal is a burst of changes (key, certificate, temporary files, symlinks; a deploy writes the key and the
+    # certificate in two operations): one restart after it settles, not one per change, each of which could see a
+    # key without its certificate and all of which count against the exporter's start limit (measured: five
+    # restarts in 8 s left it failed). No start limit on this oneshot: a refused trigger leaves the path unit
+    # watching nothing. A restart that still sees half a renewal fails on the mismatched pair, and the exporter's
+    # Restart=on-failure starts it again 5 s later with both.
     service = ("# Managed by gpufleet (stage exporters): started by "
                f"{CERTIFICATE_WATCH_PATH_UNIT}\n"
-               "[Unit]\nDescription=Restart gpufleet's GPU exporter for its changed TLS certificate\n\n"
-               f"[Service]\nType=oneshot\nExecStart={SYSTEMCTL} try-restart {NVML_UNIT}\n")
+               "[Unit]\nDescription=Restart gpufleet's GPU exporter for its changed TLS certificate\n"
+               "StartLimitIntervalSec=0\n\n"
+               f"[Service]\nType=oneshot\nExecStartPre={SLEEP} {CERTIFICATE_SETTLE_S}\n"
+               f"ExecStart={SYSTEMCTL} try-restart {NVML_UNIT}\n")
     return path_unit, service
 
 
@@ -403,7 +417,8 @@ def gpu_exporter(kind: str, listen: str = "0.0.0.0:9400", profiling: bool = Fals
                             nvml_unit_text(listen, bool(web_config), tuple(credentials)))
         commands += changed
         commands += _converge_service(units[NVML_UNIT], NVML_UNIT, bool(changed))
-    commands += _certificate_watch(files, units, tuple(path for _, path in credentials) if kind == "nvml" else ())
+    watched = tuple(path for _, path in credentials) if kind == "nvml" and web_config else ()
+    commands += _certificate_watch(files, units, watched)
     if kind == "dcgm":
         if not (yield from _require_apt()):
             return

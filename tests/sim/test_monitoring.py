@@ -986,18 +986,28 @@ def test_https_with_the_sites_certificates_and_with_the_fleet_ca(mon, tmp_path):
     for deploy in ("deploys/gpu_node.py", "deploys/monitoring.py"):
         total = grand_total(run_pyinfra(inventory, deploy).stdout)
         assert total["success"] == "-" and total["error"] == "-", (deploy, total)
-    # the site renews the node's certificate (written beside, moved into place, as certbot or a CA's tool does):
-    # gpufleet's exporter, which got the old one at start (LoadCredential=), and node_exporter serve the new one
-    # without a deploy
-    renewed, renewed_key = fleet_ca.host_certificate("site-renewed", [node], [])
-    assert _served(node, 9400) == ssl.PEM_cert_to_DER_cert(cert) != ssl.PEM_cert_to_DER_cert(renewed)
-    ssh(mon, NVML_HOST, f"cd {TLS_DIR} && printf %s {shlex.quote(renewed_key)} > node.key.new && "
-                        "chown root:prometheus node.key.new && chmod 640 node.key.new && "
-                        f"printf %s {shlex.quote(renewed)} > node.crt.new && mv node.key.new node.key && "
-                        "mv node.crt.new node.crt")
-    for port in (9400, 9100):
-        wait_for(f"{NVML_HOST}:{port} serving the renewed certificate",
-                 lambda port=port: _served(node, port) == ssl.PEM_cert_to_DER_cert(renewed), timeout=60)
+    # the site renews the node's certificate: gpufleet's exporter, which got the old one at start
+    # (LoadCredential=), and node_exporter serve the new one without a deploy. First the key, then (2 s later, as two
+    # steps of a tool) the certificate, each written beside and moved into place; then certbot's way: the names are
+    # symlinks into an archive, swapped for new ones
+    def renew(name: str, symlinks: bool) -> str:
+        renewed, renewed_key = fleet_ca.host_certificate(name, [node], [])
+        assert _served(node, 9400) != ssl.PEM_cert_to_DER_cert(renewed)
+        key_file, cert_file = (f"archive/{name}.key", f"archive/{name}.crt") if symlinks else ("node.key", "node.crt")
+        ssh(mon, NVML_HOST, f"cd {TLS_DIR} && mkdir -p archive && printf %s {shlex.quote(renewed_key)} > k.new && "
+                            f"chown root:prometheus k.new && chmod 640 k.new && mv k.new {key_file}"
+            + (f" && ln -s {key_file} k.link && mv -T k.link node.key" if symlinks else ""))
+        time.sleep(2)
+        ssh(mon, NVML_HOST, f"cd {TLS_DIR} && printf %s {shlex.quote(renewed)} > c.new && mv c.new {cert_file}"
+            + (f" && ln -s {cert_file} c.link && mv -T c.link node.crt" if symlinks else ""))
+        return renewed
+
+    for name, symlinks in (("site-renewed", False), ("site-symlinked", True), ("site-symlinks-swapped", True)):
+        renewed = renew(name, symlinks)
+        for port in (9400, 9100):
+            wait_for(f"{NVML_HOST}:{port} serving the certificate {name}",
+                     lambda port=port, renewed=renewed: _served(node, port) == ssl.PEM_cert_to_DER_cert(renewed),
+                     timeout=60)
 
 
 def _served(address: str, port: int) -> bytes | None:

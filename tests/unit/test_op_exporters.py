@@ -96,18 +96,32 @@ def test_none_stops_disables_and_removes_the_nvml_exporter():
 
 CERT, KEY = "/etc/gpufleet/tls/cert.pem", "/etc/gpufleet/tls/key.pem"
 CREDENTIALS = (("tls-cert.pem", CERT), ("tls-key.pem", KEY))
+WEB_CONFIG = '{"basic_auth_users": {}, "tls_server_config": {"cert_file": "tls-cert.pem", "key_file": "tls-key.pem"}}\n'
+TLS_UNIT = exporters.nvml_unit_text("0.0.0.0:9400", True, CREDENTIALS)
 WATCH_UNIT, WATCH_SERVICE = exporters.certificate_watch_texts((CERT, KEY))
 WATCH_FILES = dict(zip(exporters.CERTIFICATE_WATCH_PATHS, (WATCH_UNIT, WATCH_SERVICE), strict=True))
 WATCHING = {**RUNNING, exporters.CERTIFICATE_WATCH_PATH_UNIT: {"active_state": "active",
                                                                "unit_file_state": "enabled"}}
 
 
+def tls_state(files: dict, units: dict):
+    """A host with the exporter on TLS: its web configuration 0600 (the other files 0644)."""
+    fact = nvml_state(bundle(), TLS_UNIT, units=units, files={exporters.NVML_WEB_CONFIG: WEB_CONFIG, **files})
+
+    def with_private_web_config(paths=(), read=(), units=()):
+        out = fact(paths, read, units)
+        if out["files"].get(exporters.NVML_WEB_CONFIG):
+            out["files"][exporters.NVML_WEB_CONFIG]["mode"] = "600"
+        return out
+
+    return with_private_web_config
+
+
 def test_nvml_with_a_certificate_gets_a_path_unit_that_restarts_it_when_the_certificate_changes():
     """systemd copies the certificate for the dynamic user at start: a renewal needs a restart, which the path
-    unit (PathChanged= on the certificate and the key) gives whenever either file changes."""
-    unit = exporters.nvml_unit_text("0.0.0.0:9400", False, CREDENTIALS)
-    commands, _ = run_operation(exporters.gpu_exporter, facts={ManagedState: nvml_state(bundle(), unit, units=RUNNING)},
-                                kind="nvml", credentials=CREDENTIALS)
+    unit (PathChanged= on the certificate, the key and their directory) gives whenever one of them changes."""
+    commands, _ = run_operation(exporters.gpu_exporter, facts={ManagedState: tls_state({}, RUNNING)}, kind="nvml",
+                                web_config=WEB_CONFIG, credentials=CREDENTIALS)
     assert commands == [
         "mkdir -p /etc/systemd/system",
         f"upload /etc/systemd/system/gpufleet-exporter-certificate.path\n{WATCH_UNIT}",
@@ -121,33 +135,59 @@ def test_nvml_with_a_certificate_gets_a_path_unit_that_restarts_it_when_the_cert
         "systemctl enable gpufleet-exporter-certificate.path",
         "systemctl start gpufleet-exporter-certificate.path",
     ]
-    assert WATCH_UNIT.splitlines()[-6:] == [f"PathChanged={CERT}", f"PathChanged={KEY}",
+    assert WATCH_UNIT.splitlines()[-7:] == [f"PathChanged={CERT}", f"PathChanged={KEY}",
+                                            "PathChanged=/etc/gpufleet/tls",
                                             "Unit=gpufleet-exporter-certificate.service", "", "[Install]",
                                             "WantedBy=multi-user.target"]
     assert "ExecStart=/bin/systemctl try-restart gpufleet-exporter.service" in WATCH_SERVICE.splitlines()
-    converged = nvml_state(bundle(), unit, units=WATCHING, files=WATCH_FILES)
+    assert "StartLimitIntervalSec=0" in WATCH_SERVICE.splitlines()
+    assert "ExecStartPre=/bin/sleep 5" in WATCH_SERVICE.splitlines()  # one restart per burst of changes
+    converged = tls_state(WATCH_FILES, WATCHING)
     assert run_operation(exporters.gpu_exporter, facts={ManagedState: converged}, kind="nvml",
-                         credentials=CREDENTIALS)[0] == []
-    # TLS off (or another exporter): the watch goes with it
-    commands, _ = run_operation(exporters.gpu_exporter, facts={ManagedState: converged}, kind="nvml")
-    assert commands == ["systemctl stop gpufleet-exporter-certificate.path",
-                        "systemctl disable gpufleet-exporter-certificate.path",
-                        "rm -f /etc/systemd/system/gpufleet-exporter-certificate.path",
-                        "rm -f /etc/systemd/system/gpufleet-exporter-certificate.service"]
+                         web_config=WEB_CONFIG, credentials=CREDENTIALS)[0] == []
+    # other certificate files: the watch follows them (rewritten, then restarted to watch the new paths)
+    other = (("tls-cert.pem", "/etc/ssl/site/node.crt"), ("tls-key.pem", "/etc/ssl/private/node.key"))
+    commands, _ = run_operation(exporters.gpu_exporter, facts={ManagedState: converged}, kind="nvml",
+                                web_config=WEB_CONFIG, credentials=other)
+    assert [c.splitlines()[0] for c in commands[-3:]] == [
+        "upload /etc/systemd/system/gpufleet-exporter-certificate.path", "systemctl daemon-reload",
+        "systemctl restart gpufleet-exporter-certificate.path"]
+    assert "PathChanged=/etc/ssl/site\nPathChanged=/etc/ssl/private\n" in exporters.certificate_watch_texts(
+        ("/etc/ssl/site/node.crt", "/etc/ssl/private/node.key"))[0]
+
+
+@pytest.mark.parametrize("change", [{"kind": "nvml"}, {"kind": "dcgm"}, {"kind": "none"}],
+                         ids=["tls-off", "dcgm", "none"])
+def test_the_certificate_watch_goes_with_tls_or_the_nvml_exporter(change):
+    facts = {**apt_host({}, DCGM_INSTALLED), ManagedState: tls_state(WATCH_FILES, WATCHING)}
+    commands, _ = run_operation(exporters.gpu_exporter, facts=facts, **change)
+    assert [c for c in commands if "certificate" in c] == [
+        "systemctl stop gpufleet-exporter-certificate.path",
+        "systemctl disable gpufleet-exporter-certificate.path",
+        "rm -f /etc/systemd/system/gpufleet-exporter-certificate.path",
+        "rm -f /etc/systemd/system/gpufleet-exporter-certificate.service"]
 
 
 def test_the_certificate_watch_uses_systemds_own_names():
-    """PathChanged=, Unit=, try-restart and systemctl's path as Debian's systemd package documents and ships them."""
+    """PathChanged=, Unit=, StartLimitIntervalSec=, try-restart and systemctl's path as Debian's systemd package
+    documents and ships them."""
     systemd = "debian/bookworm/systemd"
-    path_page = gzip.decompress(upstream.path(f"{systemd}/usr/share/man/man5/systemd.path.5.gz").read_bytes()).decode()
-    options = re.findall(r"^\\fI(\w+=)\\fR$", path_page, re.M)  # the [Path] options systemd.path(5) defines
-    sections = {line.split("=", 1)[0] + "=" for line in WATCH_UNIT.splitlines() if "=" in line and line[0] != "#"}
-    assert sections - {"Description=", "WantedBy="} == {"PathChanged=", "Unit="} <= set(options), options
-    systemctl_page = gzip.decompress(upstream.path(f"{systemd}/usr/share/man/man1/systemctl.1.gz").read_bytes())
-    assert rb"\fBtry\-restart \fR" in systemctl_page
+
+    def page(name):
+        return gzip.decompress(upstream.path(f"{systemd}/usr/share/man/{name}").read_bytes()).decode()
+
+    options = re.findall(r"^\\fI(\w+=)\\fR$", page("man5/systemd.path.5.gz"), re.M)  # systemd.path(5)'s [Path]
+    keys = {line.split("=", 1)[0] + "=" for line in WATCH_UNIT.splitlines() if "=" in line and line[0] != "#"}
+    assert keys - {"Description=", "WantedBy="} == {"PathChanged=", "Unit="} <= set(options), options
+    assert "may be used to watch a file or directory" in page("man5/systemd.path.5.gz")
+    assert "\\fIStartLimitIntervalSec=\\fR" in page("man5/systemd.unit.5.gz")
+    assert "may be set to 0 to disable any kind of rate limiting" in page("man5/systemd.unit.5.gz")
+    assert "\\fBtry\\-restart \\fR" in page("man1/systemctl.1.gz")
     assert f"{exporters.SYSTEMCTL} try-restart " in WATCH_SERVICE
     shipped = [line.split()[1] for line in upstream.read(f"{systemd}/DEBIAN/md5sums").splitlines()]
     assert exporters.SYSTEMCTL.lstrip("/") in shipped
+    coreutils = [line.split()[1] for line in upstream.read("debian/bookworm/coreutils/DEBIAN/md5sums").splitlines()]
+    assert exporters.SLEEP.lstrip("/") in coreutils and f"ExecStartPre={exporters.SLEEP} " in WATCH_SERVICE
 
 
 def test_unit_is_hardened_and_binds_the_listen_address():
