@@ -105,26 +105,38 @@ def test_an_address_certificate_names_the_address_as_ip_or_dns_and_loopback(addr
     assert set(san.get_values_for_type(x509.DNSName)) == names
 
 
-def _first_use(args):
-    directory, barrier = args
+_FIRST_USE = """
+import json, os, sys, time
+from pathlib import Path
+here = Path(sys.argv[1])
+(here / f"ready.{os.getpid()}").touch()
+while not (here / "go").exists():
+    time.sleep(0.001)
+from gpufleet import fleet_ca, web_auth
+print(json.dumps([fleet_ca.ca(), fleet_ca.host_certificate("gpu01", ["10.0.0.5"], []), web_auth.password("exporters")]))
+"""
+
+
+def test_workers_asking_at_the_same_moment_get_one_ca_one_certificate_one_password(credentials, tmp_path):
+    """``gpufleet apply --jobs N``: every worker creates what its first host needs at the same moment (6 processes
+    released together)."""
+    import json
     import os
+    import subprocess
+    import sys
+    import time
 
-    os.environ["GPUFLEET_CREDENTIALS_DIR"] = directory
-    barrier.wait()
-    from gpufleet import web_auth
-
-    return fleet_ca.ca(), fleet_ca.host_certificate("gpu01", ["10.0.0.5"], []), web_auth.password("exporters")
-
-
-def test_workers_asking_at_the_same_moment_get_one_ca_one_certificate_one_password(credentials):
-    """``gpufleet apply --jobs N``: every worker creates what its first host needs at the same moment."""
-    import multiprocessing
-
-    context = multiprocessing.get_context("fork")
-    with context.Manager() as manager:
-        barrier = manager.Barrier(6)
-        with context.Pool(6) as pool:
-            found = pool.map(_first_use, [(str(credentials), barrier)] * 6)
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    environ = {**os.environ, "GPUFLEET_CREDENTIALS_DIR": str(credentials)}
+    workers = [subprocess.Popen([sys.executable, "-c", _FIRST_USE, str(gate)], env=environ, stdout=subprocess.PIPE,
+                                text=True) for _ in range(6)]
+    deadline = time.monotonic() + 60
+    while len(list(gate.glob("ready.*"))) < len(workers):
+        assert time.monotonic() < deadline, "the workers did not start"
+        time.sleep(0.01)
+    (gate / "go").touch()
+    found = [json.loads(worker.communicate(timeout=60)[0]) for worker in workers]
     assert all(result == found[0] for result in found), [r[2] for r in found]
     (ca_cert, _), (cert, _), _ = found[0]
     x509.load_pem_x509_certificate(cert.encode()).verify_directly_issued_by(
