@@ -188,6 +188,17 @@ def _duration(err: _Errors, key: str, value: Any, low: float = 0.0, high: float 
     return value
 
 
+def _boolean(err: _Errors, ours: Mapping[str, Any], values: dict[str, Any], key: str) -> None:
+    """``values[key]`` from the setting ``PREFIX + key`` where it is given, a boolean."""
+    raw = ours.get(PREFIX + key)
+    if raw is None:
+        return
+    if isinstance(raw, bool):
+        values[key] = raw
+    else:
+        err.add(PREFIX + key, raw, "not a boolean")
+
+
 def _listen(err: _Errors, key: str, value: Any) -> str | None:
     m = _LISTEN_RE.match(value) if isinstance(value, str) else None
     if m is None or not 1 <= int(m.group(1)) <= 65535:
@@ -283,12 +294,7 @@ def load_monitoring_settings(host: str, data: Mapping[str, Any]) -> tuple[Monito
                 err.add(PREFIX + key, shown, reason)
             else:
                 values[field_name] = users
-    raw = ours.get(PREFIX + "tls_fleet_ca")
-    if raw is not None:
-        if not isinstance(raw, bool):
-            err.add(PREFIX + "tls_fleet_ca", raw, "not a boolean")
-        else:
-            values["tls_fleet_ca"] = raw
+    _boolean(err, ours, values, "tls_fleet_ca")
     raw = ours.get(PREFIX + "tls_ca_file")
     if raw is not None:
         if not isinstance(raw, str) or not _PATH_RE.match(raw) or ".." in raw.split("/"):
@@ -340,12 +346,7 @@ def load_monitoring_settings(host: str, data: Mapping[str, Any]) -> tuple[Monito
             if not bad:
                 routes.append({"receiver": route["receiver"], "matchers": dict(matchers)})
         values["routes"] = tuple(routes)
-    raw = ours.get(PREFIX + "grafana")
-    if raw is not None:
-        if not isinstance(raw, bool):
-            err.add(PREFIX + "grafana", raw, "not a boolean")
-        else:
-            values["grafana"] = raw
+    _boolean(err, ours, values, "grafana")
     raw = ours.get(PREFIX + "grafana_admin_password")
     if raw is not None:
         if not isinstance(raw, str) or len(raw) < 12 or raw.lower() in DEFAULT_PASSWORDS:

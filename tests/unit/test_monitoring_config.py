@@ -73,6 +73,10 @@ def test_defaults_need_a_grafana_password():
      "30d back); allowed: a Prometheus duration of at least 30d"),
     ({**OK, "gpufleet_monitoring_retention": "a month"},
      "mon1: gpufleet_monitoring_retention='a month': not a Prometheus duration"),
+    ({**OK, "gpufleet_monitoring_grafana": "yes"},
+     "mon1: gpufleet_monitoring_grafana='yes': not a boolean; allowed: true or false"),
+    ({**OK, "gpufleet_monitoring_tls_fleet_ca": 1},
+     "mon1: gpufleet_monitoring_tls_fleet_ca=1: not a boolean; allowed: true or false"),
 ])
 def test_bad_settings_name_host_key_and_value(data, expected):
     found = messages(data)
