@@ -57,9 +57,10 @@ def password(account: str) -> str:
         raise ValueError(f"unknown monitoring account {account!r}; allowed: {', '.join(ACCOUNTS)}")
     directory = private_dir(credentials_dir(), "monitoring credentials directory")
     path = directory / f"{account}.password"
-    with directory_lock(directory):  # workers of one run (or two runs) asking at once: one password, whole
-        if not path.exists():
-            write_atomic(path, secrets.token_urlsafe(32) + "\n", mode=0o600)
+    if not path.exists():  # the lock only to create it (asked per host): a written file is whole (write_atomic)
+        with directory_lock(directory):  # workers of one run (or two runs) asking at once: one password
+            if not path.exists():
+                write_atomic(path, secrets.token_urlsafe(32) + "\n", mode=0o600)
     if path.stat().st_mode & 0o077:
         raise UnsafePath(f"{path}: refused: the monitoring credential is readable by group or others (mode "
                          f"{path.stat().st_mode & 0o777:04o}): chmod 600 it (and change the password: others read it)")

@@ -16,6 +16,7 @@ import shlex
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
@@ -191,7 +192,7 @@ def passwords() -> dict[str, str]:
         raise InputError(f"the monitoring credentials: {error}") from None
 
 
-def _web_config(secret: str, tls: dict, people: dict) -> str:
+def _web_config(secret: str, tls: dict, people: Mapping[str, str]) -> str:
     """gpufleet's account (its generated password's hash) and the people's accounts of ``*_basic_auth_users``."""
     return web_auth.web_config({**people, web_auth.USER: web_auth.bcrypt_hash(secret, web_auth.USER)},
                                tls_server_config=dict(tls))
@@ -205,7 +206,7 @@ def prometheus_stage(settings: MonitoringSettings, targets) -> None:
     # basic auth and TLS on both (exporter-toolkit's web configuration: read again on every request, but HTTP or
     # HTTPS is decided at start, so a change restarts), and the passwords Prometheus sends to the exporters, itself
     # and Alertmanager: never shown, 0640 root:prometheus from the start
-    web = [secret_file(name=path, path=path, content=_web_config(secrets[account], tls, dict(people)), mode="640",
+    web = [secret_file(name=path, path=path, content=_web_config(secrets[account], tls, people), mode="640",
                        group=ALERTMANAGER_GROUP)
            for path, account, tls, people in (
                (render.PROMETHEUS_WEB_CONFIG, "prometheus", settings.prometheus_tls, settings.prometheus_users),

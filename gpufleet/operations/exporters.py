@@ -41,7 +41,8 @@ NVML_UNIT = "gpufleet-exporter.service"
 NVML_UNIT_PATH = posixpath.join(UNIT_DIR, NVML_UNIT)
 # systemd copies the exporter's certificate and key for its dynamic user at start (LoadCredential=), so a renewed
 # certificate (the fleet CA's yearly one, or a site's tool) is served only after a restart; a path unit watching
-# both files does it (systemd.path(5): PathChanged=, Unit=; tests/reference/upstream/debian/bookworm/systemd/)
+# both files and their directories does it (systemd.path(5): PathChanged=, Unit=;
+# tests/reference/upstream/debian/bookworm/systemd/)
 CERTIFICATE_WATCH_PATH_UNIT = "gpufleet-exporter-certificate.path"
 CERTIFICATE_WATCH_SERVICE = "gpufleet-exporter-certificate.service"
 CERTIFICATE_WATCH_PATHS = (posixpath.join(UNIT_DIR, CERTIFICATE_WATCH_PATH_UNIT),
