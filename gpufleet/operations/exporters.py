@@ -22,7 +22,7 @@ from gpufleet.plan.dcgm_counters import exporter_release, known_fields
 from . import _packaging as pkg
 from . import apt_lists, dcgm_package
 from .dcgm_package import DCGM_PACKAGES, DCGM_PROFILING_PACKAGE
-from .errors import refuse
+from .errors import refuse, report
 from .managed_files import SETTINGS_DIR, put_file, remove_file, render
 from .reads import get_state, read_together
 from .units import UNIT_DIR, is_running, systemctl
@@ -443,8 +443,8 @@ def gpu_exporter(kind: str, listen: str = "0.0.0.0:9400", profiling: bool = Fals
         done, commands = bool(commands or installing), []
         running = version or dcgm_package.exporter_version()  # read after the install
         counters, left_out = counters_csv(profiling, exporter_release(running))
-        if left_out:
-            host.noop(f"dcgm-exporter {running}: counters its field map does not know left out: {', '.join(left_out)}")
+        if left_out:  # said on every run: the host runs without them until its exporter is upgraded
+            report(f"dcgm-exporter {running}: counters its field map does not know left out: {', '.join(left_out)}")
         restart = list(put_file(files[DCGM_COUNTERS], DCGM_COUNTERS, counters))
         restart += put_file(files[DCGM_DROP_IN], DCGM_DROP_IN,
                             dcgm_drop_in_text(listen, collect_interval_ms, bool(web_config), "tls_server_config"
