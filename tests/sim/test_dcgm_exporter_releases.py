@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import gzip
+import json
 import shlex
 import subprocess
 import sys
@@ -164,6 +165,26 @@ def test_the_newest_release_answers_with_the_full_set(fleet):
     answered = metrics(fleet, DCGM_HOST)
     assert "DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION" in answered
     assert with_values(fleet, DCGM_HOST, fields) <= answered
+
+
+def verify_counters(fleet, out: Path) -> str:
+    inventory = write_inventory(fleet, {"gpufleet_dcgm_exporter_version": NEW}, {})
+    subprocess.run([str(BIN / "gpufleet"), "verify", str(inventory), "--limit", DCGM_HOST, "--out", str(out)],
+                   cwd=REPO, capture_output=True, text=True, timeout=300)
+    report = json.loads((out / "report.json").read_text())
+    return next(c["verdict"] for h in report["hosts"] for c in h["checks"]
+                if c["check"] == "config.exporter.gpu_counters")
+
+
+def test_verify_checks_that_the_exporter_answers_with_the_configured_counters(fleet, tmp_path):
+    assert verify_counters(fleet, tmp_path / "own") == "pass"
+    # the exporter running another counters file than the one on disk (a field dropped from the file, no restart):
+    # verify sees the exporter answer with a counter its file does not have
+    ssh(fleet, DCGM_HOST, f"sed -i '/^DCGM_FI_DEV_SM_CLOCK,/d' {shlex.quote(exporters.DCGM_COUNTERS)}")
+    assert verify_counters(fleet, tmp_path / "other") == "fail"
+    deploy(fleet, {"gpufleet_dcgm_exporter_version": NEW})  # the file restored, the exporter restarted
+    metrics(fleet, DCGM_HOST)
+    assert verify_counters(fleet, tmp_path / "again") == "pass"
 
 
 def test_a_host_without_dcgm_exporter_gets_the_nvml_exporter_and_the_reason(fleet):
