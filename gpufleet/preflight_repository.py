@@ -20,7 +20,6 @@ from pyinfra.facts.server import Arch
 from gpufleet import preflight
 from gpufleet.config import NodeConfig
 from gpufleet.facts.exporters import AptCandidate
-from gpufleet.facts.packages import DebSelections
 from gpufleet.facts.repository import AptRepositoryIndex
 from gpufleet.facts.system import Distribution
 from gpufleet.operations import _packaging as pkg
@@ -115,7 +114,7 @@ def dcgm_exporter_offer(host, config: NodeConfig, wanted: str | None | object = 
         wanted = config.exporters.dcgm_exporter_version
     assert wanted is None or isinstance(wanted, str)
     package = dcgm_package.DCGM_EXPORTER_PACKAGE
-    installed = (host.get_fact(DebSelections, packages=(package,)).get(package) or {}).get("version")
+    installed = dcgm_package.exporter_version(on=host)  # the read the exporters stage makes too
     if installed and (not wanted or dcgm_package.of_release(installed, wanted)):
         return installed, ""
     candidate = host.get_fact(AptCandidate, package=package)

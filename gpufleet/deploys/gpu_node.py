@@ -149,11 +149,14 @@ def exporters_stage(config: NodeConfig, facts: preflight.HostFacts, driver_chang
     if settings.node:
         exporters.node_exporter(name="node_exporter", textfile_dir=settings.textfile_dir,
                                 listen=settings.node_listen, web_config=exporter_web_config(host.name, node_tls))
-    # auto: DCGM where apt has dcgm-exporter for the host (installed, its candidate, or in the NVIDIA repository the
-    # stage configures for the host's OS: the same answer before and after the first run)
-    offered, why_not = dcgm_exporter_offer(host, config) if settings.gpu == "auto" else (None, "")
-    plan = ExportersPlan.resolve(config, preflight.host_gpus(facts), dcgm_offered=offered is not None,
-                                 why_not_offered=why_not)
+    # auto: DCGM on datacenter GPUs where apt has dcgm-exporter for the host (installed, its candidate, or in the
+    # NVIDIA repository the stage configures for the host's OS: the same answer before and after the first run),
+    # asked only where the GPUs would take it
+    gpus = preflight.host_gpus(facts)
+    plan = ExportersPlan.resolve(config, gpus)
+    if settings.gpu == "auto" and plan.profiling:
+        offered, why_not = dcgm_exporter_offer(host, config)
+        plan = ExportersPlan.resolve(config, gpus, dcgm_offered=offered is not None, why_not_offered=why_not)
     kind = plan.kind
     if settings.gpu == "auto":  # a warning where datacenter GPUs get the NVML exporter for want of DCGM
         (logger.warning if kind == "nvml" and plan.profiling else logger.info)(

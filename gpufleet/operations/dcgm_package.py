@@ -64,7 +64,9 @@ def packages(names: list[str], version: str, pin_state: dict | None):
     return commands
 
 
-def exporter_version() -> str | None:
-    """The installed dcgm-exporter package's version (read when called: after an install of the same operation)."""
-    return (host.get_fact(DebSelections, packages=(DCGM_EXPORTER_PACKAGE,)).get(DCGM_EXPORTER_PACKAGE)
-            or {}).get("version")
+def exporter_version(names: list[str] | tuple[str, ...] = DCGM_PACKAGES, on=None) -> str | None:
+    """The installed dcgm-exporter package's version (read when called: after an install of the same operation),
+    read with ``names`` (the read :func:`packages` made: one read where nothing changed); ``on``: the host (default:
+    pyinfra's current one)."""
+    found = (host if on is None else on).get_fact(DebSelections, packages=tuple(names))
+    return (found.get(DCGM_EXPORTER_PACKAGE) or {}).get("version")

@@ -437,11 +437,11 @@ def gpu_exporter(kind: str, listen: str = "0.0.0.0:9400", profiling: bool = Fals
     if kind == "dcgm":
         if not (yield from _require_apt()):
             return
-        installing = dcgm_package.packages([*DCGM_PACKAGES, *([DCGM_PROFILING_PACKAGE] if profiling_package else [])],
-                                           version, files[dcgm_package.EXPORTER_PIN])
+        names = [*DCGM_PACKAGES, *([DCGM_PROFILING_PACKAGE] if profiling_package else [])]
+        installing = dcgm_package.packages(names, version, files[dcgm_package.EXPORTER_PIN])
         yield from commands + installing
         done, commands = bool(commands or installing), []
-        running = version or dcgm_package.exporter_version()  # read after the install
+        running = version or dcgm_package.exporter_version(names)  # read after the install
         counters, left_out = counters_csv(profiling, exporter_release(running))
         if left_out:  # said on every run: the host runs without them until its exporter is upgraded
             report(f"dcgm-exporter {running}: counters its field map does not know left out: {', '.join(left_out)}")

@@ -26,7 +26,7 @@ def host(index: str, candidate: str | None = None, installed: str | None = None)
     return FakeHost("gpu13", {
         Distribution: TRIXIE, Arch: "x86_64",
         (AptCandidate, frozenset({"package": EXPORTER}.items())): candidate,
-        (DebSelections, frozenset({"packages": (EXPORTER,)}.items())):
+        (DebSelections, frozenset({"packages": ("datacenter-gpu-manager-4-core", EXPORTER)}.items())):
             {EXPORTER: {"version": installed, "held": False}} if installed else {},
         (AptRepositoryIndex, frozenset({"url": NVIDIA}.items())): AptRepositoryIndex().process(wrap("index", index)),
     })
