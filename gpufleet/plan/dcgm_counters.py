@@ -15,7 +15,7 @@ from collections.abc import Iterable
 Release = tuple[int, int, int]  # dcgm-exporter's own version (the second part of its tag, 4.1.3 of 4.2.3-4.1.3)
 
 # The oldest release whose field map is recorded: older ones are taken to know what it knows.
-OLDEST_RECORDED: Release = (3, 4, 0)
+OLDEST_RECORDED: Release = (3, 2, 0)
 # The first release whose field map knows each field gpufleet writes that not every recorded release knows. A
 # field not listed is known by every recorded release.
 FIELD_SINCE: dict[str, Release] = {
