@@ -43,15 +43,16 @@ def of_release(installed: str | None, version: str) -> bool:
     return installed is not None and re.match(pin_pattern(version).strip("/"), installed) is not None
 
 
-def packages(names: list[str], version: str, pin_state: dict | None):
-    """Commands installing ``names`` (the exporter of release ``version`` pinned and held, where set); yields them.
-    ``pin_state``: the pin file's ``ManagedState`` entry."""
+def packages(names: list[str], version: str, pin_state: dict | None) -> tuple[list, bool]:
+    """(the commands installing ``names``: the exporter of release ``version`` pinned and held, where set; whether
+    they install a package). ``pin_state``: the pin file's ``ManagedState`` entry."""
     commands = list(put_file(pin_state, EXPORTER_PIN, pin_text(version)) if version
                     else remove_file(pin_state, EXPORTER_PIN))
     installed = host.get_fact(DebSelections, packages=tuple(names))
     exporter = installed.get(DCGM_EXPORTER_PACKAGE) or {}
-    if any(name not in installed for name in names) or (version and not of_release(exporter.get("version"),
-                                                                                     version)):
+    install = any(name not in installed for name in names) or bool(
+        version and not of_release(exporter.get("version"), version))
+    if install:
         # a pinned release replaces another one, held or newer
         flags = " --allow-downgrades --allow-change-held-packages" if version else ""
         commands += [*apt_lists.update._inner(),
@@ -61,7 +62,7 @@ def packages(names: list[str], version: str, pin_state: dict | None):
         commands.append(f"apt-mark hold {DCGM_EXPORTER_PACKAGE}")
     elif not version and pin_state is not None and exporter.get("held"):
         commands.append(f"apt-mark unhold {DCGM_EXPORTER_PACKAGE}")  # held by gpufleet's pin, now unset
-    return commands
+    return commands, install
 
 
 def exporter_version(names: list[str] | tuple[str, ...] = DCGM_PACKAGES, on=None) -> str | None:

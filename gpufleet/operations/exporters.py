@@ -438,7 +438,7 @@ def gpu_exporter(kind: str, listen: str = "0.0.0.0:9400", profiling: bool = Fals
         if not (yield from _require_apt()):
             return
         names = [*DCGM_PACKAGES, *([DCGM_PROFILING_PACKAGE] if profiling_package else [])]
-        installing = dcgm_package.packages(names, version, files[dcgm_package.EXPORTER_PIN])
+        installing, replaced = dcgm_package.packages(names, version, files[dcgm_package.EXPORTER_PIN])
         yield from commands + installing
         done, commands = bool(commands or installing), []
         running = version or dcgm_package.exporter_version(names)  # read after the install
@@ -453,7 +453,8 @@ def gpu_exporter(kind: str, listen: str = "0.0.0.0:9400", profiling: bool = Fals
         if web_config:  # re-read on every request (exporter-toolkit): no restart
             commands += put_file(files[DCGM_WEB_CONFIG], DCGM_WEB_CONFIG, web_config, mode="600", secret=True)
         commands += _converge_service(units[DCGM_UNIT], DCGM_UNIT, False)
-        commands += _converge_service(units[DCGM_EXPORTER_UNIT], DCGM_EXPORTER_UNIT, bool(restart))
+        # restarted when what it reads at start changed, or its program (an installed or replaced package)
+        commands += _converge_service(units[DCGM_EXPORTER_UNIT], DCGM_EXPORTER_UNIT, bool(restart) or replaced)
         if not (commands or done):
             host.noop(f"GPU exporter dcgm (dcgm-exporter {running}) running on {listen}")
         yield from commands

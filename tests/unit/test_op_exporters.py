@@ -606,3 +606,16 @@ def test_the_drop_in_bounds_the_exporters_stop():
     drop_in = upstream.parse_systemd_unit(exporters.dcgm_drop_in_text("0.0.0.0:9400", 15000))
     assert ("TimeoutStopSec", f"{exporters.DCGM_EXPORTER_STOP_TIMEOUT_S}s") in drop_in["Service"]
     assert 0 < exporters.DCGM_EXPORTER_STOP_TIMEOUT_S < 90
+
+
+def test_a_replaced_release_restarts_the_exporter_even_with_the_same_counters():
+    """The running process is the old program until restarted: 4.5.2-4.8.1 and 4.5.3-4.8.2 know the same counters."""
+    from gpufleet.operations.dcgm_package import pin_text
+
+    installed = {**DCGM_INSTALLED, "datacenter-gpu-manager-exporter": {"1:4.5.2-4.8.1-1"}}
+    facts = apt_host({exporters.DCGM_COUNTERS: COUNTERS, exporters.DCGM_DROP_IN: DROP_IN,
+                      PIN: pin_text("4.5.3-4.8.2")}, installed, DCGM_RUNNING, held=("datacenter-gpu-manager-exporter",))
+    commands, _ = run_operation(exporters.gpu_exporter, facts=facts, kind="dcgm", profiling=True,
+                                version="4.5.3-4.8.2")
+    assert not any("gpufleet-counters.csv" in c for c in commands)
+    assert commands[-2:] == ["systemctl daemon-reload", "systemctl restart nvidia-dcgm-exporter.service"]
