@@ -972,6 +972,7 @@ class ExportersConfig:
     tls_fleet_ca: bool = False  # exporters without a tls_server_config of their own: HTTPS with the fleet CA's
     gpu_count: int | None = None  # GPUs the host should have (monitoring's GpuMissing); None: the most seen
     collect_interval_ms: int = DEFAULT_COLLECT_INTERVAL_MS  # dcgm-exporter's -c (milliseconds)
+    dcgm_exporter_version: str | None = None  # the dcgm-exporter release pinned and held; None: apt's candidate
 
     @staticmethod
     def port(listen: str) -> int:
@@ -1048,6 +1049,18 @@ def _default_collect_interval(ctx: _Ctx, data: Mapping) -> Any:
     return ms
 
 
+# a dcgm-exporter release as NVIDIA tags it (DCGM version, exporter version) or its exporter version alone
+_DCGM_EXPORTER_RELEASE_RE = re.compile(r"^\d+\.\d+\.\d+(-\d+\.\d+\.\d+)?\Z")
+
+
+def _dcgm_exporter_version(ctx: _Ctx, key: str, value: Any) -> Any:
+    if not isinstance(value, str) or not _DCGM_EXPORTER_RELEASE_RE.match(value):
+        ctx.error(key, value, 'a dcgm-exporter release as NVIDIA tags it, e.g. "4.2.3-4.1.3" (DCGM version, exporter '
+                  'version), or its exporter version, e.g. "4.1.3"', "not a dcgm-exporter release")
+        return _INVALID
+    return value
+
+
 EXPORTER_SETTINGS: tuple[tuple[str, Any, Any, str], ...] = (
     ("gpufleet_exporters_gpu", _choice(GPU_EXPORTERS), "auto",
      "GPU exporter: dcgm (NVIDIA DCGM + dcgm-exporter from the NVIDIA repository), nvml (gpufleet's own), auto "
@@ -1074,6 +1087,9 @@ EXPORTER_SETTINGS: tuple[tuple[str, Any, Any, str], ...] = (
     ("gpufleet_exporters_collect_interval", _collect_interval, None,
      "how often dcgm-exporter collects (its -c); unset: gpufleet_monitoring_scrape_interval where the host's data "
      "has it, else 15s"),
+    ("gpufleet_dcgm_exporter_version", _dcgm_exporter_version, None,
+     "the dcgm-exporter release installed, pinned and held (dcgm path); its counters file holds only the fields that "
+     "release knows; unset: apt's candidate, not held"),
 )
 
 
@@ -1093,7 +1109,7 @@ def _exporters_config(ctx: _Ctx, values: Mapping[str, Any], data: Mapping) -> Ex
         node_tls=values["gpufleet_exporters_node_tls_server_config"] or (),
         gpu_tls=values["gpufleet_exporters_gpu_tls_server_config"] or (),
         tls_fleet_ca=values["gpufleet_exporters_tls_fleet_ca"],
-        collect_interval_ms=collect)
+        collect_interval_ms=collect, dcgm_exporter_version=values["gpufleet_dcgm_exporter_version"])
     if config.node and config.gpu != "none" and config.port(config.gpu_listen) == config.port(config.node_listen):
         ctx.error("gpufleet_exporters_node_listen", config.node_listen,
                   f"a port other than the GPU exporter's (gpufleet_exporters_gpu_listen={config.gpu_listen!r})",

@@ -3,6 +3,9 @@ from answers (from the node) and offers the configured branch — and, on NVSwit
 exactly the version the driver would get. So ``pyinfra -y`` never installs a driver on one host and then stops
 on another for a repository problem, leaving a driver without its GPU settings.
 
+And of dcgm-exporter (:func:`dcgm_exporter_offer`): whether apt has it for the host, the one answer the exporter
+choice (``auto``) and the refusal of an explicit ``dcgm`` share.
+
 Asked only where the driver stage has something to install (the branch's driver package, or the fabric
 manager, is missing): a converged node costs no extra round trip. apt systems only; on dnf systems the driver
 operation refuses the host (``refuse()``) if the module stream cannot be installed.
@@ -16,9 +19,11 @@ from pyinfra.facts.server import Arch
 
 from gpufleet import preflight
 from gpufleet.config import NodeConfig
+from gpufleet.facts.exporters import AptCandidate
 from gpufleet.facts.repository import AptRepositoryIndex
 from gpufleet.facts.system import Distribution
 from gpufleet.operations import _packaging as pkg
+from gpufleet.operations import dcgm_package
 from gpufleet.plan import DriverPlan
 
 
@@ -96,3 +101,58 @@ def _offered_branches(offered: dict[str, list[str]], driver: str, branch: str) -
     stem = driver.replace(branch, "{}", 1)
     pattern = re.compile("^" + re.escape(stem).replace(r"\{\}", "([0-9]+)") + "$")
     return sorted({m.group(1) for name in offered if (m := pattern.match(name)) and offered[name]})
+
+
+_PINNED = object()
+
+
+def dcgm_exporter_offer(host, config: NodeConfig, wanted: str | None | object = _PINNED) -> tuple[str | None, str]:
+    """(the dcgm-exporter version apt has for this host, or None; why none): the installed one of the ``wanted``
+    release (default: the pinned one; None: any), apt's candidate, else what the NVIDIA repository the exporters
+    stage configures offers for the host's OS (asked from the node: read-only, before anything is configured)."""
+    if wanted is _PINNED:
+        wanted = config.exporters.dcgm_exporter_version
+    assert wanted is None or isinstance(wanted, str)
+    package = dcgm_package.DCGM_EXPORTER_PACKAGE
+    installed = dcgm_package.exporter_version(on=host)  # the read the exporters stage makes too
+    if installed and (not wanted or dcgm_package.of_release(installed, wanted)):
+        return installed, ""
+    candidate = host.get_fact(AptCandidate, package=package)
+    if candidate and (not wanted or dcgm_package.of_release(candidate, wanted)):
+        return candidate, ""
+    distro = host.get_fact(Distribution)
+    if pkg.family(distro) != pkg.APT:
+        return None, "not a Debian/Ubuntu host"
+    url = config.driver.repo_url or pkg.nvidia_repo_url(distro, host.get_fact(Arch))
+    if url is None:
+        return None, f"no NVIDIA repository for {distro.get('name')} {distro.get('major')}"
+    index = host.get_fact(AptRepositoryIndex, url=url)
+    if index.get("error"):
+        return None, f"the NVIDIA repository {url} does not answer from the node: {index['error']}"
+    offered = (index.get("packages") or {}).get(package) or []
+    if not offered:
+        return None, f"the NVIDIA repository {url} has no {package}"
+    matching = [v for v in offered if not wanted or dcgm_package.of_release(v, wanted)]
+    if not matching:
+        return None, f"the NVIDIA repository {url} has {package} {', '.join(offered)}, not release {wanted}"
+    return matching[0], ""
+
+
+def check_dcgm_exporter(host, config: NodeConfig) -> list[preflight.PreflightError]:
+    """dcgm-exporter requested (``dcgm``, or a pinned release) where apt has none for the host."""
+    exporters = config.exporters
+    if not config.stage_enabled("exporters") or not (exporters.gpu == "dcgm" or (
+            exporters.gpu == "auto" and exporters.dcgm_exporter_version)):
+        return []
+    version, why = dcgm_exporter_offer(host, config)
+    if version is not None:
+        return []
+    if exporters.gpu == "dcgm":
+        return [preflight.PreflightError(
+            host.name, "gpufleet_exporters_gpu", "dcgm", "auto or nvml (gpufleet's NVML exporter) where apt has no "
+            "dcgm-exporter for the host", f"no dcgm-exporter for this host: {why}")]
+    if dcgm_exporter_offer(host, config, None)[0] is None:
+        return []  # auto without any dcgm-exporter: the NVML exporter, and the plan says why
+    return [preflight.PreflightError(
+        host.name, "gpufleet_dcgm_exporter_version", exporters.dcgm_exporter_version,
+        "a release the repository offers, or unset", f"no dcgm-exporter of that release for this host: {why}")]

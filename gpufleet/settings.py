@@ -138,6 +138,8 @@ _DOCS: dict[str, tuple[str, str, str, str, str | None]] = {
     "gpufleet_exporters_gpu_count": ("int 1..64", "exporters, monitoring", None, "8", None),
     "gpufleet_exporters_collect_interval": ("duration 1s..1h", "exporters", None, '"15s"',
                                             "the scrape interval, else `\"15s\"`"),
+    "gpufleet_dcgm_exporter_version": ("dcgm-exporter release", "exporters", None, '"4.2.3-4.1.3"',
+                                       "apt's candidate, not held"),
     # SSH bounds (gpufleet.connection): the type is its SETTINGS' allowed text (None here)
     "gpufleet_ssh_connect_timeout": (None, "all, verify", "TCP connect, SSH banner and authentication timeout", "5",
                                      None),

@@ -226,6 +226,19 @@ def dcgm_exporter_label_facts(version: str = "4.5.3-4.8.2") -> dict:
     }
 
 
+def dcgm_exporter_releases() -> list[str]:
+    """The dcgm-exporter tags whose field map is recorded (go-dcgm/facts.json), oldest first."""
+    return list(facts("go-dcgm")["releases"])
+
+
+def dcgm_exporter_field_names(tag: str) -> frozenset[str]:
+    """The DCGM field names a dcgm-exporter release accepts in its counters file: every name of the field maps
+    (current and legacy) of the go-dcgm commit its go.mod pins."""
+    release = facts("go-dcgm")["releases"][tag]
+    maps = recorded(release["field_map"])["maps"]
+    return frozenset(name for block in maps.values() for name in block["names"])
+
+
 def dcgm_field_ids(tag: str = "v4.6.0") -> dict[str, int]:
     """DCGM field name -> numeric id as dcgm_fields.h of that DCGM tag defines it (aliases resolved)."""
     fields = facts("dcgm")["versions"][tag]["dcgm_fields_h"]["fields"]

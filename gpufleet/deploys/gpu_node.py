@@ -23,7 +23,6 @@ from pyinfra.operations import python
 from gpufleet import _pyinfra, fleet_ca, preflight, web_auth
 from gpufleet.config import FLEET_CA_FILE, FLEET_TLS, NodeConfig
 from gpufleet.control_files import UnsafePath
-from gpufleet.facts.exporters import AptCandidate
 from gpufleet.facts.lock import HostLock
 from gpufleet.facts.nvidia import GpuInventory
 from gpufleet.facts.packages import NvidiaPackages
@@ -32,6 +31,7 @@ from gpufleet.facts.system import OsInfo, SecureBoot
 from gpufleet.operations import apt_lists, clocks, driver, exporters, files, lock, mig, nccl, persistence, power, slurm
 from gpufleet.operations.errors import refuse
 from gpufleet.plan import GPU_STAGES, DriverPlan, ExportersPlan, NodePlan, gpus_from_facts
+from gpufleet.preflight_repository import dcgm_exporter_offer
 
 from .inputs import InputError, checked_facts, node_config
 
@@ -149,13 +149,18 @@ def exporters_stage(config: NodeConfig, facts: preflight.HostFacts, driver_chang
     if settings.node:
         exporters.node_exporter(name="node_exporter", textfile_dir=settings.textfile_dir,
                                 listen=settings.node_listen, web_config=exporter_web_config(host.name, node_tls))
-    # NVIDIA's repository offers DCGM: when the driver stage configures it (this run or an earlier one), auto
-    # decides the same on every run; otherwise it asks apt whether a configured repository has the exporter
-    offered = settings.gpu == "auto" and (
-        config.stage_enabled("driver")
-        or host.get_fact(AptCandidate, package=exporters.DCGM_PACKAGES[-1]) is not None)
-    plan = ExportersPlan.resolve(config, preflight.host_gpus(facts), dcgm_offered=offered)
+    # auto: DCGM on datacenter GPUs where apt has dcgm-exporter for the host (installed, its candidate, or in the
+    # NVIDIA repository the stage configures for the host's OS: the same answer before and after the first run),
+    # asked only where the GPUs would take it
+    gpus = preflight.host_gpus(facts)
+    plan = ExportersPlan.resolve(config, gpus)
+    if settings.gpu == "auto" and plan.profiling:
+        offered, why_not = dcgm_exporter_offer(host, config)
+        plan = ExportersPlan.resolve(config, gpus, dcgm_offered=offered is not None, why_not_offered=why_not)
     kind = plan.kind
+    if settings.gpu == "auto":  # a warning where datacenter GPUs get the NVML exporter for want of DCGM
+        (logger.warning if kind == "nvml" and plan.profiling else logger.info)(
+            f"{host.name}: GPU exporter {kind}: {plan.why}")
     if kind == "dcgm":
         driver.nvidia_repository(name="NVIDIA repository (DCGM)", repo_url=config.driver.repo_url,
                                  keyring_url=config.driver.repo_keyring_url,
@@ -166,7 +171,8 @@ def exporters_stage(config: NodeConfig, facts: preflight.HostFacts, driver_chang
         tls.update(NVML_TLS_CREDENTIALS)
     exporters.gpu_exporter(name="GPU exporter", kind=kind, listen=settings.gpu_listen, profiling=plan.profiling,
                            profiling_package=plan.profiling_package, collect_interval_ms=plan.collect_interval_ms,
-                           web_config=exporter_web_config(host.name, tls), credentials=credentials)
+                           web_config=exporter_web_config(host.name, tls), credentials=credentials,
+                           version=settings.dcgm_exporter_version or "")
     if settings.node and kind != "none":
         publish_desired_state(config, facts, driver_changes)
 

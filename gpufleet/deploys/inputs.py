@@ -20,7 +20,7 @@ from pyinfra.api.exceptions import PyinfraError
 from gpufleet import preflight
 from gpufleet.config import ConfigErrors, NodeConfig, validate_inventory
 from gpufleet.facts.files import ManagedState
-from gpufleet.preflight_repository import check_driver_repository
+from gpufleet.preflight_repository import check_dcgm_exporter, check_driver_repository
 
 
 class InputError(PyinfraError):
@@ -53,6 +53,7 @@ def checked_facts(host, inventory, config: NodeConfig) -> tuple[preflight.HostFa
     results = _prepared.setdefault(inventory.state, {})
     results[host.name] = preflight.run_preflight(host.name, config, facts)
     results[host.name].errors.extend(check_driver_repository(host, config, facts))
+    results[host.name].errors.extend(check_dcgm_exporter(host, config))
     tls = preflight.exporter_tls_files(config)
     if tls:  # the certificates and keys the exporters' TLS settings name exist (one read, only where set)
         state = host.get_fact(ManagedState, paths=tuple(sorted({path for *_, path in tls})))

@@ -9,7 +9,7 @@ explicitly (see ``sections``), so a bare server (no driver, no pciutils, no moku
 | ``MigState`` | mig | ``nvidia-smi mig -lgi`` + ``-lci`` |
 | ``NvidiaPackages`` | packages | ``dpkg-query -W`` (holds: its ``h``) / ``rpm -qa`` + ``dnf versionlock list`` |
 | ``PackageHolds`` | packages | ``apt-mark showhold`` / ``dnf versionlock list`` (dnf4 and dnf5) |
-| ``DebInstalled`` | packages | ``dpkg-query -W`` of given package names (the exporters' packages) |
+| ``DebInstalled``, ``DebSelections`` | packages | ``dpkg-query -W`` of given packages (the exporters'; with holds) |
 | ``UnitStates`` | systemd | ``systemctl show -p Id -p LoadState ... UNIT...`` (all the operations' at once) |
 | ``ManagedState`` | files | stat + sha1 (+ contents) of files, in one read |
 | ``NvidiaPciDevices`` | pci | ``lspci -n -D -d 10de:`` (sysfs when lspci is missing) |
@@ -20,13 +20,14 @@ explicitly (see ``sections``), so a bare server (no driver, no pciutils, no moku
 from .files import ManagedState
 from .mig import MigState, instances_by_gpu
 from .nvidia import GpuInventory
-from .packages import DebInstalled, NvidiaPackages, PackageHolds, upstream_version
+from .packages import DebInstalled, DebSelections, NvidiaPackages, PackageHolds, upstream_version
 from .pci import NvidiaPciDevices
 from .system import Distribution, OsInfo, SecureBoot
 from .systemd import UnitStates
 
 __all__ = [
     "DebInstalled",
+    "DebSelections",
     "Distribution",
     "GpuInventory",
     "ManagedState",

@@ -218,3 +218,21 @@ class DebInstalled(FactBase):
 
     def process(self, output):
         return {name: pkg["version"] for name, pkg in parse_dpkg(output).items() if pkg["installed"]}
+
+
+class DebSelections(DebInstalled):
+    """
+    Which of the given Debian packages dpkg has installed, with their versions and whether they are held
+    (dpkg's selection ``hold``, which ``apt-mark hold`` sets).
+
+    + packages: package names
+
+    .. code:: python
+
+        host.get_fact(DebSelections, packages=("datacenter-gpu-manager-exporter",))
+        {"datacenter-gpu-manager-exporter": {"version": "1:4.2.3-4.1.3-1", "held": True}}
+    """
+
+    def process(self, output):
+        return {name: {"version": pkg["version"], "held": pkg["held"]}
+                for name, pkg in parse_dpkg(output).items() if pkg["installed"]}

@@ -1,11 +1,12 @@
 """How gpufleet's operations stop on a host-state problem: :func:`refuse` (before any change: the whole run stops;
-while executing: only this host fails) and :func:`fail` (a command that fails this host)."""
+while executing: only this host fails) and :func:`fail` (a command that fails this host); and how they say what
+the operator must know without stopping (:func:`report`)."""
 
 from __future__ import annotations
 
 import shlex
 
-from pyinfra import state
+from pyinfra import host, logger, state
 from pyinfra.api import OperationError, StringCommand
 
 
@@ -23,3 +24,10 @@ def refuse(message: str):
     if not state.is_executing:
         raise OperationError(message)
     yield fail(message)
+
+
+def report(message: str) -> None:
+    """Something the operator must know (visible without -v) that is not a change: noop + warning."""
+    host.noop(message)
+    if not getattr(state, "print_noop_info", False):
+        logger.warning(f"{getattr(host, 'print_prefix', f'[{host.name}] ')}{message}")

@@ -17,10 +17,12 @@ from pyinfra.api import FileUploadCommand, StringCommand, operation
 from gpufleet.config import DEFAULT_TEXTFILE_DIR
 from gpufleet.exporter import BUNDLE_NAME, bundle
 from gpufleet.facts.system import Distribution
+from gpufleet.plan.dcgm_counters import exporter_release, known_fields
 
 from . import _packaging as pkg
-from . import apt_lists
-from .errors import refuse
+from . import apt_lists, dcgm_package
+from .dcgm_package import DCGM_PACKAGES, DCGM_PROFILING_PACKAGE
+from .errors import refuse, report
 from .managed_files import SETTINGS_DIR, put_file, remove_file, render
 from .reads import get_state, read_together
 from .units import UNIT_DIR, is_running, systemctl
@@ -57,11 +59,6 @@ NVML_SETTINGS = posixpath.join(SETTINGS_DIR, "exporter.json")  # written by earl
 DESIRED_TEXTFILE = "gpufleet_desired.prom"
 PYTHON = "/usr/bin/python3"
 
-# NVIDIA's package names (CUDA repository, DCGM 4): the host engine and the exporter, versions paired by apt's
-# dependency of the exporter on the core package; the proprietary package carries the profiling module that
-# DCGM_FI_PROF_* need on Ampere and earlier (dcgm-exporter's README).
-DCGM_PACKAGES = ("datacenter-gpu-manager-4-core", "datacenter-gpu-manager-exporter")
-DCGM_PROFILING_PACKAGE = "datacenter-gpu-manager-4-proprietary"
 # NVIDIA's units: DCGM's (nv-hostengine, listening on 127.0.0.1:5555) and the exporter package's
 # (packaging/config-files/systemd/nvidia-dcgm-exporter.service of NVIDIA/dcgm-exporter).
 DCGM_UNIT = "nvidia-dcgm.service"
@@ -78,7 +75,8 @@ OLD_DCGM_DROP_IN = "/etc/systemd/system/dcgm-exporter.service.d/gpufleet.conf"
 read_together(NODE_EXPORTER_UNIT, NVML_UNIT, DCGM_UNIT, DCGM_EXPORTER_UNIT, CERTIFICATE_WATCH_PATH_UNIT,
               files=(NODE_EXPORTER_DEFAULTS, NODE_EXPORTER_WEB_CONFIG, NVML_WEB_CONFIG, DCGM_WEB_CONFIG, NVML_BUNDLE,
                      NVML_SETTINGS, NVML_UNIT_PATH, *CERTIFICATE_WATCH_PATHS, DCGM_COUNTERS, DCGM_DROP_IN,
-                     OLD_DCGM_DROP_IN, DEFAULT_TEXTFILE_DIR, posixpath.join(DEFAULT_TEXTFILE_DIR, DESIRED_TEXTFILE)))
+                     OLD_DCGM_DROP_IN, dcgm_package.EXPORTER_PIN, DEFAULT_TEXTFILE_DIR,
+                     posixpath.join(DEFAULT_TEXTFILE_DIR, DESIRED_TEXTFILE)))
 
 # The counters the alerts and dashboards need (dcgm-exporter's default file comments out ECC, Xid counts,
 # clock events and NVLink errors). (field, type, help); profiling fields only on GPUs that have them.
@@ -126,12 +124,14 @@ PROFILING_COUNTERS = (
 )
 
 
-def counters_csv(profiling: bool) -> str:
-    """dcgm-exporter's counters file (``-f``): the health counters, plus profiling ones on datacenter GPUs."""
+def counters_csv(profiling: bool, release: tuple[int, int, int] | None = None) -> tuple[str, list[str]]:
+    """(dcgm-exporter's counters file (``-f``), the fields left out): the health counters, plus profiling ones on
+    datacenter GPUs, those the exporter ``release`` knows (None: all; a name it does not know stops it)."""
     rows = [*HEALTH_COUNTERS, *(PROFILING_COUNTERS if profiling else ())]
+    kept, left_out = known_fields([field for field, _, _ in rows], release) if release else ([r[0] for r in rows], [])
     lines = ["# Managed by gpufleet (stage exporters). DCGM field, Prometheus type, help."]
-    lines += [f"{field}, {kind}, {text}" for field, kind, text in rows]
-    return "\n".join(lines) + "\n"
+    lines += [f"{field}, {kind}, {text}" for field, kind, text in rows if field in kept]
+    return "\n".join(lines) + "\n", left_out
 
 
 def _label(value) -> str:
@@ -224,17 +224,27 @@ def _certificate_watch(files: dict, units: dict, paths: tuple[str, ...]):
     return [*changed, *_converge_service(unit, CERTIFICATE_WATCH_PATH_UNIT, bool(changed))]
 
 
-def dcgm_drop_in_text(listen: str, collect_interval_ms: int, web_config: bool = False) -> str:
+# NVIDIA/dcgm-exporter#606 (open): stopping or restarting the packaged unit can hang until systemd's stop timeout
+# (90 s by default) and end in SIGKILL; a restart waits this long at most.
+DCGM_EXPORTER_STOP_TIMEOUT_S = 20
+
+
+def dcgm_drop_in_text(listen: str, collect_interval_ms: int, web_config: bool = False, https: bool = False) -> str:
     """The drop-in of NVIDIA's unit: our counters file, listen address and collect interval, the one host engine
-    (``nvidia-dcgm.service``, started first and required), and restarts after any failure (the packaged unit
-    restarts on abort only: a start before the host engine listens would stay failed)."""
+    (``nvidia-dcgm.service``, started first and required), restarts after any failure (the packaged unit
+    restarts on abort only: a start before the host engine listens would stay failed) and a bounded stop.
+    ``https``: the web configuration has a ``tls_server_config``; exporter-toolkit re-reads the file on every
+    request but decides HTTP or HTTPS at start, so the drop-in says which, and changes (restarting the exporter)
+    only when that does."""
     argv = [DCGM_EXPORTER_BINARY, "-f", DCGM_COUNTERS, "-a", listen, "-c", str(collect_interval_ms),
             "-r", DCGM_HOSTENGINE, *(["--web-config-file", DCGM_WEB_CONFIG] if web_config else [])]
-    return ("# Managed by gpufleet (stage exporters)\n"
-            f"[Unit]\nRequires={DCGM_UNIT}\nAfter={DCGM_UNIT}\n\n"
+    scheme = f"# serves {'HTTPS' if https else 'HTTP'} (its web configuration decides at start)\n" if web_config else ""
+    return ("# Managed by gpufleet (stage exporters)\n" + scheme
+            + f"[Unit]\nRequires={DCGM_UNIT}\nAfter={DCGM_UNIT}\n\n"
             "[Service]\nExecStart=\n"
             f"ExecStart={' '.join(shlex.quote(a) for a in argv)}\n"
-            "Restart=on-failure\nRestartSec=2s\n")
+            "Restart=on-failure\nRestartSec=2s\n"
+            f"TimeoutStopSec={DCGM_EXPORTER_STOP_TIMEOUT_S}s\n")
 
 
 def _put_bytes(current: dict | None, path: str, data: bytes, mode: str = "644"):
@@ -365,7 +375,7 @@ def desired_state(textfile_dir: str, gpus: list[dict], lost: list[str] | tuple =
 @operation()
 def gpu_exporter(kind: str, listen: str = "0.0.0.0:9400", profiling: bool = False, profiling_package: bool = False,
                  collect_interval_ms: int = 15_000, web_config: str = "",
-                 credentials: tuple[tuple[str, str], ...] = ()):
+                 credentials: tuple[tuple[str, str], ...] = (), version: str = ""):
     """
     Run one GPU exporter on dcgm-exporter's port and names: NVIDIA's (``dcgm``) or gpufleet's (``nvml``).
 
@@ -380,15 +390,18 @@ def gpu_exporter(kind: str, listen: str = "0.0.0.0:9400", profiling: bool = Fals
     + credentials: ``nvml``: (name, path) of the files its web configuration names relative to itself (TLS
       certificate and key), handed to the exporter's dynamic user by ``LoadCredential=``; a path unit
       (``gpufleet-exporter-certificate.path``) restarts the exporter when one of them changes (a renewal)
+    + version: ``dcgm``: the dcgm-exporter release to install, pin and hold (``4.2.3-4.1.3``); empty: apt's
+      candidate, not held
 
     ``nvml``: uploads ``/opt/gpufleet/exporter/gpufleet-gpu-exporter.pyz`` (the exporter with nvidia-ml-py and
     prometheus-client: no pip, no internet on the node) and the hardened unit
     ``gpufleet-exporter.service`` (dynamic unprivileged user, no capabilities, read-only system).
     ``dcgm``: installs ``datacenter-gpu-manager-4-core`` and ``datacenter-gpu-manager-exporter``, writes the
     counters file ``/etc/dcgm-exporter/gpufleet-counters.csv`` (the health counters the alerts need switched
-    on) and a drop-in of NVIDIA's ``nvidia-dcgm-exporter.service`` that runs dcgm-exporter with it on ``listen``
-    against the host engine of ``nvidia-dcgm.service`` (``-r localhost:5555``: one host engine); both units are
-    enabled and running. The other kind's exporter is stopped and disabled. Restarts only when a file changed.
+    on, those the installed release's field map knows) and a drop-in of NVIDIA's ``nvidia-dcgm-exporter.service``
+    that runs dcgm-exporter with it on ``listen`` against the host engine of ``nvidia-dcgm.service``
+    (``-r localhost:5555``: one host engine); both units are enabled and running. The other kind's exporter is
+    stopped and disabled. Restarts only when what the exporter reads at start changed.
 
     **Example:**
 
@@ -399,7 +412,8 @@ def gpu_exporter(kind: str, listen: str = "0.0.0.0:9400", profiling: bool = Fals
         exporters.gpu_exporter(name="GPU exporter", kind="nvml", listen="0.0.0.0:9400")
     """
     managed = get_state(paths=(NVML_BUNDLE, NVML_SETTINGS, NVML_UNIT_PATH, DCGM_COUNTERS, DCGM_DROP_IN,
-                               OLD_DCGM_DROP_IN, NVML_WEB_CONFIG, DCGM_WEB_CONFIG, *CERTIFICATE_WATCH_PATHS),
+                               OLD_DCGM_DROP_IN, dcgm_package.EXPORTER_PIN, NVML_WEB_CONFIG, DCGM_WEB_CONFIG,
+                               *CERTIFICATE_WATCH_PATHS),
                         units=(NVML_UNIT, DCGM_UNIT, DCGM_EXPORTER_UNIT, CERTIFICATE_WATCH_PATH_UNIT))
     files, units = managed["files"], managed["units"]
     commands = []
@@ -423,16 +437,28 @@ def gpu_exporter(kind: str, listen: str = "0.0.0.0:9400", profiling: bool = Fals
     if kind == "dcgm":
         if not (yield from _require_apt()):
             return
-        yield from apt_lists.packages._inner(
-            packages=[*DCGM_PACKAGES, *([DCGM_PROFILING_PACKAGE] if profiling_package else [])])
-        changed = list(put_file(files[DCGM_COUNTERS], DCGM_COUNTERS, counters_csv(profiling)))
-        changed += put_file(files[DCGM_DROP_IN], DCGM_DROP_IN,
-                            dcgm_drop_in_text(listen, collect_interval_ms, bool(web_config)))
-        if web_config:  # read on every request, but HTTP or HTTPS is decided at start (exporter-toolkit): restarts
-            changed += put_file(files[DCGM_WEB_CONFIG], DCGM_WEB_CONFIG, web_config, mode="600", secret=True)
-        commands += changed
+        names = [*DCGM_PACKAGES, *([DCGM_PROFILING_PACKAGE] if profiling_package else [])]
+        installing, replaced = dcgm_package.packages(names, version, files[dcgm_package.EXPORTER_PIN])
+        yield from commands + installing
+        done, commands = bool(commands or installing), []
+        running = version or dcgm_package.exporter_version(names)  # read after the install
+        counters, left_out = counters_csv(profiling, exporter_release(running))
+        if left_out:  # said on every run: the host runs without them until its exporter is upgraded
+            report(f"dcgm-exporter {running}: counters its field map does not know left out: {', '.join(left_out)}")
+        restart = list(put_file(files[DCGM_COUNTERS], DCGM_COUNTERS, counters))
+        restart += put_file(files[DCGM_DROP_IN], DCGM_DROP_IN,
+                            dcgm_drop_in_text(listen, collect_interval_ms, bool(web_config), "tls_server_config"
+                                              in web_config))
+        commands += restart
+        if web_config:  # re-read on every request (exporter-toolkit): no restart
+            commands += put_file(files[DCGM_WEB_CONFIG], DCGM_WEB_CONFIG, web_config, mode="600", secret=True)
         commands += _converge_service(units[DCGM_UNIT], DCGM_UNIT, False)
-        commands += _converge_service(units[DCGM_EXPORTER_UNIT], DCGM_EXPORTER_UNIT, bool(changed))
+        # restarted when what it reads at start changed, or its program (an installed or replaced package)
+        commands += _converge_service(units[DCGM_EXPORTER_UNIT], DCGM_EXPORTER_UNIT, bool(restart) or replaced)
+        if not (commands or done):
+            host.noop(f"GPU exporter dcgm (dcgm-exporter {running}) running on {listen}")
+        yield from commands
+        return
     if not commands:
         host.noop(f"GPU exporter {kind} running on {listen}" if kind != "none" else "no GPU exporter running")
     yield from commands

@@ -24,7 +24,8 @@ Each setting has ONE decision here, used by preflight, the operations, the boot 
   (:func:`packages_style_for`), DKMS, whether a loaded driver is of the branch (:func:`driver_on_branch`);
 * persistence: the mode nvidia-persistenced runs with and which GPUs are not in it (:class:`PersistencePlan`);
 * exporters: DCGM or gpufleet's NVML exporter (:func:`choose_gpu_exporter`), profiling and DCGM's proprietary
-  package by GPU generation (:class:`ExportersPlan`);
+  package by GPU generation (:class:`ExportersPlan`); which DCGM fields a dcgm-exporter release knows
+  (``dcgm_counters``: its counters file holds only those);
 * the stage order (:data:`STAGE_ORDER`).
 
 The operations take plain arguments (``limits={uuid: watts}``, ``layout={index: ...}``, ``lock_mhz``) so that
@@ -34,8 +35,8 @@ off the bus) is kept in the boot files (:func:`missing_gpu_warning`, :func:`kept
 
 One module per part: ``gpu`` (the GPU, whoever saw it), ``problems``, ``power``, ``mig`` (with the comparison
 shared with the node, ``gpufleet/node/mig_compare.py``), ``clocks``, ``driver``, ``persistence``, ``nccl``,
-``exporters``, ``stages`` (the order the stages run in), ``files`` (the boot files and units), ``node``
-(:class:`NodePlan`, all of them). What an operation does is ONE call into its part: :func:`mig_diff`,
+``exporters``, ``dcgm_counters``, ``stages`` (the order the stages run in), ``files`` (the boot files and units),
+``node`` (:class:`NodePlan`, all of them). What an operation does is ONE call into its part: :func:`mig_diff`,
 :func:`power_plan_diff`, :func:`clocks_plan_diff`, :meth:`PersistencePlan.diff`; verify renders the same comparisons
 against the probe (and :meth:`NcclPlan.diff` for ``/etc/nccl.conf``).
 

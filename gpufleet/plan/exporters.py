@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gpufleet.catalog import GpuModel
 from gpufleet.config import (
@@ -18,13 +18,20 @@ from .gpu import Gpu
 PROFILING_PACKAGE_UP_TO = "Ampere"
 
 
-def choose_gpu_exporter(setting: str, models: Iterable[GpuModel | None], dcgm_offered: bool) -> str:
-    """``auto``: DCGM on datacenter GPUs when the repository offers it, else gpufleet's NVML exporter."""
+def choose_gpu_exporter(setting: str, models: Iterable[GpuModel | None], dcgm_offered: bool,
+                        why_not_offered: str = "") -> tuple[str, str]:
+    """(kind, why): ``auto`` is DCGM on datacenter GPUs where apt has dcgm-exporter for the host (its candidate,
+    or the NVIDIA repository the stage configures offers it), else gpufleet's NVML exporter; ``why_not_offered``:
+    why apt has none, said when that decides."""
     if setting != "auto":
-        return setting
+        return setting, f"gpufleet_exporters_gpu={setting}"
     models = list(models)
-    datacenter = bool(models) and all(model is not None and model.datacenter for model in models)
-    return "dcgm" if datacenter and dcgm_offered else "nvml"
+    if not (bool(models) and all(model is not None and model.datacenter for model in models)):
+        return "nvml", "auto: not every GPU is a datacenter GPU: the NVML exporter"
+    if not dcgm_offered:
+        return "nvml", f"auto: no dcgm-exporter for this host ({why_not_offered or 'apt has no candidate'}): " \
+                       "the NVML exporter"
+    return "dcgm", "auto: datacenter GPUs and apt has dcgm-exporter for this host"
 
 
 @dataclass(frozen=True)
@@ -37,14 +44,17 @@ class ExportersPlan:
     profiling_package: bool
     collect_interval_ms: int
     kind: str = "nvml"
+    why: str = field(default="", compare=False)  # why this kind (auto's reason), for people
 
     @classmethod
-    def resolve(cls, config: NodeConfig, gpus: Iterable[Gpu], dcgm_offered: bool = False) -> ExportersPlan:
-        """``dcgm_offered``: a repository of the host offers dcgm-exporter (``auto`` chooses DCGM only then)."""
+    def resolve(cls, config: NodeConfig, gpus: Iterable[Gpu], dcgm_offered: bool = False,
+                why_not_offered: str = "") -> ExportersPlan:
+        """``dcgm_offered``: apt has dcgm-exporter for the host (``auto`` chooses DCGM only then; else
+        ``why_not_offered`` says why not)."""
         models = [gpu.model for gpu in gpus]
         profiling = bool(models) and all(m is not None and m.datacenter for m in models)
         package = profiling and any(m.architecture_at_most(PROFILING_PACKAGE_UP_TO) for m in models if m)
-        return cls(profiling, package, config.exporters.collect_interval_ms,
-                   choose_gpu_exporter(config.exporters.gpu, models, dcgm_offered))
+        kind, why = choose_gpu_exporter(config.exporters.gpu, models, dcgm_offered, why_not_offered)
+        return cls(profiling, package, config.exporters.collect_interval_ms, kind, why)
 
 

@@ -2,7 +2,9 @@
 
 ``collect_exporters()`` -> {"gpu": {...}, "node": {...}}, each ``{"url", "status": ok | error, "error",
 "gpus": {metric: sorted gpu label values}}`` for the core metrics (dcgm-exporter's names, which gpufleet's NVML
-exporter uses too). The checks decide what is expected (gpufleet/verify/exporter_checks.py).
+exporter uses too); the GPU exporter's also ``"metrics"``: every metric name it answered with, and
+``"configured"``: the fields of the dcgm-exporter counters file gpufleet writes (None where there is none). The checks
+decide what is expected (gpufleet/verify/exporter_checks.py).
 
 The exporters ask for basic auth (gpufleet's web configuration files): verify gives each endpoint's URL, user and
 password on the probe's stdin (``--exporters-stdin``: never in a command line), :func:`read_endpoints`.
@@ -18,6 +20,9 @@ import urllib.request
 from typing import Any
 
 ENDPOINTS = {"gpu": "http://127.0.0.1:9400/metrics", "node": "http://127.0.0.1:9100/metrics"}
+# gpufleet's counters file of dcgm-exporter (gpufleet/operations/exporters.py DCGM_COUNTERS)
+DCGM_COUNTERS = "/etc/dcgm-exporter/gpufleet-counters.csv"
+_TYPE_RE = re.compile(r"^# TYPE (\S+) ")
 CORE_METRICS = ("DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED")
 _SAMPLE_RE = re.compile(r'^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)\{(?P<labels>[^}]*)\}\s')
 _GPU_RE = re.compile(r'(?:^|,)gpu="([^"]*)"')
@@ -33,6 +38,22 @@ def gpu_series(text: str) -> dict[str, list[str]]:
             if gpu:
                 found[m.group("name")].add(gpu.group(1))
     return {name: sorted(values, key=lambda v: (len(v), v)) for name, values in found.items()}
+
+
+def metric_names(text: str) -> list[str]:
+    """The metric names of an exposition text (its ``# TYPE`` lines)."""
+    return sorted({m.group(1) for line in text.splitlines() if (m := _TYPE_RE.match(line))})
+
+
+def configured_counters(path: str = DCGM_COUNTERS) -> list[str] | None:
+    """The fields of a dcgm-exporter counters file that are exported as series (not ``label`` ones), None without
+    the file."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            rows = [line.split(",") for line in fh.read().splitlines() if line.strip() and not line.startswith("#")]
+    except OSError:
+        return None
+    return [row[0].strip() for row in rows if len(row) == 3 and row[1].strip() != "label"]
 
 
 def read_endpoints(stream) -> dict[str, dict[str, str]]:
@@ -67,6 +88,8 @@ def collect_exporters(endpoints: dict | None = None, timeout: float = 5.0) -> di
             with urllib.request.urlopen(request, timeout=timeout, context=insecure) as response:
                 text = response.read().decode("utf-8", "replace")
             entry["gpus"] = gpu_series(text) if name == "gpu" else {}
+            if name == "gpu":
+                entry.update(metrics=metric_names(text), configured=configured_counters())
         except Exception as exc:  # noqa: BLE001 - any failure to scrape is the finding
             entry.update(status="error", error=f"{type(exc).__name__}: {exc}")
         out[name] = entry

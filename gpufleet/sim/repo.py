@@ -22,7 +22,7 @@ import textwrap
 from email.utils import formatdate
 from pathlib import Path
 
-from . import dcgm_files, network
+from . import dcgm_files, network, repo_dcgm
 from .paths import cache_dir, sim_dir
 
 PORT = 8731
@@ -163,10 +163,11 @@ fi
 
 
 # NVIDIA's DCGM packages as the simulator offers them: the release of dcgm-exporter whose facts are recorded in
-# tests/reference/upstream (its DCGM version first), with stand-in binaries (simgpu/dcgm.py) and the units and default
-# counters file gpufleet writes with the packaged files' directives and rows (dcgm_files.py).
+# tests/reference/upstream (its DCGM version first; repo_dcgm publishes older releases beside it), with stand-in
+# binaries (simgpu/dcgm.py) and the units and default counters file gpufleet writes with the packaged files'
+# directives and rows (dcgm_files.py).
 DCGM_VERSION = "4.5.3"
-DCGM_EXPORTER_VERSION = "4.5.3-4.8.2"
+DCGM_EXPORTER_VERSION = list(repo_dcgm.releases())[-1]  # the newest, apt's candidate
 DCGM_PROFILING_PACKAGE = "datacenter-gpu-manager-4-proprietary"
 # DCGM's postinst (scripts/deb/postinst): the service account of nvidia-dcgm.service and DCGM_HOME_DIR
 DCGM_POSTINST = """\
@@ -187,7 +188,7 @@ def _dcgm_wrapper(program: str) -> str:
 
 
 def _dcgm_tree(work: Path, package: str, version: str, revision: str) -> Path:
-    tree = work / package
+    tree = work / f"{package}_{version}"  # dcgm-exporter comes in several releases
     (tree / "DEBIAN").mkdir(parents=True)
     if package == "datacenter-gpu-manager-4-core":
         (tree / "usr/bin").mkdir(parents=True)
@@ -206,8 +207,10 @@ def _dcgm_tree(work: Path, package: str, version: str, revision: str) -> Path:
         (tree / "usr/bin").mkdir(parents=True)
         (tree / "usr/bin/dcgm-exporter").write_text(_dcgm_wrapper("dcgm-exporter"))
         (tree / "usr/bin/dcgm-exporter").chmod(0o755)
+        (tree / repo_dcgm.FIELD_MAP_RELPATH).parent.mkdir(parents=True, exist_ok=True)
+        (tree / repo_dcgm.FIELD_MAP_RELPATH).write_text(repo_dcgm.field_map_text(version))
         control = _control(package, f"1:{version}-{revision}", "NVIDIA DCGM exporter for Prometheus",
-                           Depends=f"datacenter-gpu-manager-4-core (>= 1:{DCGM_VERSION})")
+                           Depends=f"datacenter-gpu-manager-4-core (>= 1:{repo_dcgm.core_version(version)})")
     for relpath, text in dcgm_files.PACKAGE_FILES.get(package, {}).items():
         (tree / relpath).parent.mkdir(parents=True, exist_ok=True)
         (tree / relpath).write_text(text)
@@ -396,7 +399,7 @@ def packages() -> list[tuple[str, str, str, str]]:
             found.append(("nvidia-fabricmanager", version, "1", "fabricmanager"))
     found += [("datacenter-gpu-manager-4-core", DCGM_VERSION, "1", "dcgm"),
               (DCGM_PROFILING_PACKAGE, DCGM_VERSION, "1", "dcgm"),
-              ("datacenter-gpu-manager-exporter", DCGM_EXPORTER_VERSION, "1", "dcgm")]
+              *((package, tag, revision, "dcgm") for package, tag, revision in repo_dcgm.exporter_packages())]
     found.append(("grafana", GRAFANA_VERSION, "", "grafana"))
     return found
 
@@ -404,7 +407,8 @@ def packages() -> list[tuple[str, str, str, str]]:
 def _source_key() -> str:
     digest = hashlib.sha256()
     for path in sorted([*SIMGPU_DIR.glob("*.py"), *SIMGPU_DIR.glob("*.c"), *GRAFANA_DIR.iterdir(),
-                        Path(dcgm_files.__file__), Path(__file__), EXPORTER_WEB]):
+                        Path(dcgm_files.__file__), Path(__file__), EXPORTER_WEB, Path(repo_dcgm.__file__),
+                        repo_dcgm.FIELDS_JSON]):
         digest.update(path.name.encode() + path.read_bytes())
     digest.update(repr(packages()).encode())
     return digest.hexdigest()[:12]

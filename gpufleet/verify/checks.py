@@ -7,6 +7,7 @@ Check ids (stable: JUnit test names and the Prometheus ``check`` label):
 
 host.reachable, host.probe,
 config.driver_branch, config.persistence, config.power_limit, config.mig, config.nccl, config.service.<unit>,
+config.exporter.gpu, config.exporter.node, config.exporter.gpu_counters,
 health.gpu_count, health.gpu_model, health.gpu_status, health.temperature, health.clock_events, health.ecc,
 health.row_remap, health.pcie, health.nvlink, health.recovery_action, health.xid, health.services,
 perf.bench, perf.matmul.<precision>, perf.memory_bandwidth, perf.host_transfer, perf.clock_events_during_run,

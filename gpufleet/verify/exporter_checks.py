@@ -48,6 +48,29 @@ def exporter_endpoints(config: NodeConfig) -> dict[str, dict[str, str]] | None:
     return out
 
 
+def check_gpu_counters(add, probe: Mapping[str, Any], entry: Mapping[str, Any]) -> None:
+    """``config.exporter.gpu_counters``: where dcgm-exporter runs, it answers with the counters of gpufleet's file:
+    none outside it (else it runs another file: a restart is pending, or the packaged default), and some of it (a
+    field blank on every GPU, e.g. NVLink errors without NVLink, is left out of the answer as dcgm-exporter does)."""
+    units = ((probe.get("services") or {}).get("units") or {})
+    configured = entry.get("configured")
+    if (units.get("nvidia-dcgm-exporter") or {}).get("active") != "active" or configured is None \
+            or entry.get("metrics") is None:
+        return
+    answered = [m for m in entry["metrics"] if m.startswith("DCGM_FI_")]
+    foreign = sorted(set(answered) - set(configured))
+    blank = [field for field in configured if field not in answered]
+    check = "config.exporter.gpu_counters"
+    if foreign or not set(answered) & set(configured):
+        add(check, FAIL, f"dcgm-exporter answers with {', '.join(foreign) or 'none of the configured counters'}, "
+            f"not the counters of its file ({len(configured)})", "rerun the gpu_node deploy (stage exporters); "
+            "systemctl restart nvidia-dcgm-exporter on the node", observed=answered, expected=configured)
+    else:
+        add(check, PASS, f"dcgm-exporter answers with {len(configured) - len(blank)} of the {len(configured)} "
+            "configured counters" + (f" (blank on these GPUs: {', '.join(blank)})" if blank else ""),
+            observed=answered, expected=configured)
+
+
 def check_exporters(add, probe: Mapping[str, Any], expected: Mapping[str, Any] | None) -> None:
     """``add(check, verdict, message, remediation, observed=..., expected=...)`` for each expected exporter."""
     if not expected:
@@ -86,3 +109,4 @@ def check_exporters(add, probe: Mapping[str, Any], expected: Mapping[str, Any] |
         else:
             add(check, PASS, f"GPU exporter exports one series per GPU ({len(want_gpus)}) for "
                 f"{', '.join(REQUIRED_METRICS)}", observed=want_gpus, expected=want_gpus)
+        check_gpu_counters(add, probe, entry)

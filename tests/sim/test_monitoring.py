@@ -591,8 +591,8 @@ def test_verify_checks_the_exporters_and_its_textfile_reaches_prometheus(mon, tm
     report = json.loads((tmp_path / "report.json").read_text())
     checks = {(c["host"], c["check"]): c["verdict"] for h in report["hosts"] for c in h["checks"]
               if c["check"].startswith("config.exporter.")}
-    assert checks == {(h, f"config.exporter.{e}"): "pass" for h in (DCGM_HOST, NVML_HOST) for e in ("gpu", "node")}, (
-        proc.stdout + proc.stderr)
+    assert checks == {**{(h, f"config.exporter.{e}"): "pass" for h in (DCGM_HOST, NVML_HOST) for e in ("gpu", "node")},
+                      (DCGM_HOST, "config.exporter.gpu_counters"): "pass"}, proc.stdout + proc.stderr
     # verify's textfile lands in node_exporter's textfile directory: Prometheus sees it with the inventory labels
     # each node's textfile reaches Prometheus at that node's next scrape: wait for both, then judge the labels
     result = wait_for("gpufleet_verify_host_up of both nodes in Prometheus",

@@ -133,3 +133,31 @@ def test_a_lost_gpu_still_in_the_exporters_last_collection_is_neither_required_n
                                                           "DCGM_FI_DEV_GPU_TEMP, DCGM_FI_DEV_POWER_USAGE")
     doc["exporters"]["gpu"]["gpus"]["DCGM_FI_DEV_POWER_USAGE"] = []  # a usable GPU without its series still fails
     assert run(doc)[0][1] == "fail"
+
+
+def test_dcgm_exporter_answers_with_the_counters_of_gpufleets_file(tmp_path):
+    """config.exporter.gpu_counters: where nvidia-dcgm-exporter runs, what it answers with against the counters file
+    the probe read on the node; a field it does not answer with is blank on these GPUs, one outside the file means
+    it runs another file."""
+    from gpufleet.probe.exporters import configured_counters, metric_names
+
+    counters = tmp_path / "gpufleet-counters.csv"
+    counters.write_text("# Managed by gpufleet\nDCGM_FI_DEV_GPU_TEMP, gauge, t.\nDCGM_FI_DEV_POWER_USAGE, gauge, p.\n"
+                        "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL, counter, r.\nDCGM_FI_DRIVER_VERSION, label, d.\n")
+    assert configured_counters(str(counters)) == ["DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE",
+                                                  "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL"]
+    assert configured_counters(str(tmp_path / "none.csv")) is None
+    assert metric_names(TEXT) == ["DCGM_FI_DEV_GPU_TEMP"]
+    series = {"DCGM_FI_DEV_GPU_TEMP": ["0", "1"], "DCGM_FI_DEV_POWER_USAGE": ["0", "1"]}
+    running = {"services": {"units": {"nvidia-dcgm-exporter": {"active": "active"}}}}
+    entry = {"status": "ok", "error": None, "gpus": series, "configured": configured_counters(str(counters))}
+    own = {**probe_doc({**entry, "metrics": ["DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE"]}), **running}
+    assert run(own)[1] == ("config.exporter.gpu_counters", "pass", "dcgm-exporter answers with 2 of the 3 configured "
+                           "counters (blank on these GPUs: DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL)")
+    default = {**probe_doc({**entry, "metrics": ["DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE",
+                                                 "DCGM_FI_DEV_ENC_UTIL"]}), **running}
+    assert run(default)[1] == ("config.exporter.gpu_counters", "fail", "dcgm-exporter answers with "
+                               "DCGM_FI_DEV_ENC_UTIL, not the counters of its file (3)")
+    # the NVML exporter (nvidia-dcgm-exporter not running): not checked
+    assert [c for c, *_ in run(probe_doc({**entry, "metrics": ["DCGM_FI_DEV_ENC_UTIL"]}))] == [
+        "config.exporter.gpu", "config.exporter.node"]

@@ -22,7 +22,7 @@ from gpufleet.facts import (
     UnitStates,
     upstream_version,
 )
-from gpufleet.facts.packages import DebInstalled, parse_versionlock
+from gpufleet.facts.packages import DebInstalled, DebSelections, parse_versionlock
 from gpufleet.facts.sections import print_file
 from gpufleet.facts.system import Distribution
 
@@ -86,6 +86,11 @@ def test_deb_installed_lists_only_installed_packages_run_here():
     assert list(installed) == ["dpkg"] and installed["dpkg"]
     assert DebInstalled().process(["rc \tgone\t1.0-1", "ii \tkept\t2.0-1", "hi \theld\t3.0"]) == {
         "kept": "2.0-1", "held": "3.0"}
+
+
+def test_deb_selections_say_which_installed_packages_are_held():
+    assert DebSelections().process(["rc \tgone\t1.0-1", "ii \tkept\t2.0-1", "hi \theld\t1:3.0-1"]) == {
+        "kept": {"version": "2.0-1", "held": False}, "held": {"version": "1:3.0-1", "held": True}}
 
 
 def test_upstream_version():

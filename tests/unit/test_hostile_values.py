@@ -259,7 +259,7 @@ NODE_POSITIONS = [
                   "gpufleet_power_limit", "gpufleet_clocks", "gpufleet_slurm_gres", "gpufleet_exporters_gpu",
                   "gpufleet_exporters_gpu_listen", "gpufleet_exporters_node_listen",
                   "gpufleet_exporters_textfile_dir", "gpufleet_driver_repo_key_fingerprint",
-                  "gpufleet_exporters_collect_interval")),
+                  "gpufleet_exporters_collect_interval", "gpufleet_dcgm_exporter_version")),
     ("gpufleet_stages", lambda v: {"gpufleet_stages": ["driver", v]}, None),
     *((f"gpufleet_exporters_{name}_tls_server_config", lambda v, name=name, key=key: {
         f"gpufleet_exporters_{name}_tls_server_config": {**TLS, key: TLS[key] + v}},

@@ -244,11 +244,15 @@ def test_dashboards_use_the_provisioned_datasource_and_known_metrics():
 def test_auto_gpu_exporter_choice():
     catalog = load_catalog()
     h100, rtx = catalog.get("h100-sxm"), catalog.get("rtx4090")
-    assert choose_gpu_exporter("auto", [h100] * 8, dcgm_offered=True) == "dcgm"
-    assert choose_gpu_exporter("auto", [h100] * 8, dcgm_offered=False) == "nvml"
-    assert choose_gpu_exporter("auto", [rtx], dcgm_offered=True) == "nvml"
-    assert choose_gpu_exporter("auto", [], dcgm_offered=True) == "nvml"
-    assert choose_gpu_exporter("dcgm", [rtx], dcgm_offered=False) == "dcgm"
+    assert choose_gpu_exporter("auto", [h100] * 8, dcgm_offered=True)[0] == "dcgm"
+    assert choose_gpu_exporter("auto", [rtx], dcgm_offered=True)[0] == "nvml"
+    assert choose_gpu_exporter("auto", [], dcgm_offered=True)[0] == "nvml"
+    assert choose_gpu_exporter("dcgm", [rtx], dcgm_offered=False)[0] == "dcgm"
+    # datacenter GPUs without a dcgm-exporter for the host (Debian 13: NVIDIA publishes none): the NVML exporter,
+    # saying why
+    why = "the NVIDIA repository http://repo/debian13/x86_64/ has no datacenter-gpu-manager-exporter"
+    assert choose_gpu_exporter("auto", [h100] * 8, dcgm_offered=False, why_not_offered=why) == (
+        "nvml", f"auto: no dcgm-exporter for this host ({why}): the NVML exporter")
 
 
 def _example_monitoring_data(monkeypatch, password: str | None) -> dict:

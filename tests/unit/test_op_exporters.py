@@ -16,7 +16,7 @@ from pyinfra_harness import managed_state, run_operation
 
 from gpufleet.exporter import bundle
 from gpufleet.facts.files import ManagedState
-from gpufleet.facts.packages import DebInstalled
+from gpufleet.facts.packages import DebInstalled, DebSelections
 from gpufleet.facts.system import Distribution
 from gpufleet.operations import apt_lists, exporters
 from tests import upstream
@@ -199,13 +199,14 @@ def test_unit_is_hardened_and_binds_the_listen_address():
 
 
 def test_counters_file_switches_on_the_health_counters_alerts_need():
-    text = exporters.counters_csv(profiling=False)
+    text, left_out = exporters.counters_csv(profiling=False)
+    assert left_out == []
     fields = {line.split(",")[0] for line in text.splitlines() if not line.startswith("#")}
     assert {"DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
             "DCGM_FI_DEV_ROW_REMAP_PENDING", "DCGM_FI_DEV_ROW_REMAP_FAILURE", "DCGM_FI_DEV_PERSISTENCE_MODE",
             "DCGM_FI_DEV_POWER_MGMT_LIMIT", "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL"} <= fields
     assert not any(f.startswith("DCGM_FI_PROF_") for f in fields)
-    assert "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE, gauge," in exporters.counters_csv(profiling=True)
+    assert "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE, gauge," in exporters.counters_csv(profiling=True)[0]
 
 
 def test_node_exporter_arguments():
@@ -221,10 +222,11 @@ APT_INSTALL = ('DEBIAN_FRONTEND=noninteractive apt-get -y -o Dpkg::Options::="--
 APT_UPDATE = (apt_lists.checked_update(),)  # checked, no stamp (issue 20)
 DEBIAN = {"name": "Debian", "major": 12, "minor": None,
           "release_meta": {"ID": "debian", "VERSION_ID": "12", "VERSION_CODENAME": "bookworm"}}
-DCGM_INSTALLED = {"datacenter-gpu-manager-4-core": {"1:4.2.3-1"}, "datacenter-gpu-manager-exporter": {"4.1.3-1"}}
+DCGM_INSTALLED = {"datacenter-gpu-manager-4-core": {"1:4.5.3-1"},
+                  "datacenter-gpu-manager-exporter": {"1:4.5.3-4.8.2-1"}}
 DCGM_RUNNING = {u: {"active_state": "active", "unit_file_state": "enabled"}
                 for u in (exporters.DCGM_UNIT, exporters.DCGM_EXPORTER_UNIT)}
-COUNTERS = exporters.counters_csv(profiling=True)
+COUNTERS = exporters.counters_csv(profiling=True)[0]
 DROP_IN = exporters.dcgm_drop_in_text("0.0.0.0:9400", 15000)
 EXPORTER_DROP_IN_PATH = "/etc/systemd/system/nvidia-dcgm-exporter.service.d/gpufleet.conf"
 
@@ -239,7 +241,7 @@ def test_dcgm_drop_in_runs_nvidias_unit_against_the_one_host_engine_at_the_scrap
         "[Service]\nExecStart=\n"
         "ExecStart=/usr/bin/dcgm-exporter -f /etc/dcgm-exporter/gpufleet-counters.csv -a 0.0.0.0:9400 -c 15000 "
         "-r localhost:5555\n"
-        "Restart=on-failure\nRestartSec=2s\n")
+        "Restart=on-failure\nRestartSec=2s\nTimeoutStopSec=20s\n")
     assert " -c 30000 " in exporters.dcgm_drop_in_text("[::]:9400", 30000)
     assert " -a '[::]:9400' " in exporters.dcgm_drop_in_text("[::]:9400", 30000)
 
@@ -251,18 +253,20 @@ def test_counters_file_parses_as_dcgm_exporter_reads_it():
     import io
 
     for profiling in (False, True):
-        rows = [r for r in csv.reader(io.StringIO(exporters.counters_csv(profiling))) if r and not r[0].startswith("#")]
+        text = exporters.counters_csv(profiling)[0]
+        rows = [r for r in csv.reader(io.StringIO(text)) if r and not r[0].startswith("#")]
         assert rows and all(len(r) == 3 for r in rows), [r for r in rows if len(r) != 3]
         assert {r[1].strip() for r in rows} <= {"gauge", "counter", "histogram", "summary", "label"}
 
 
 def test_counters_file_exports_each_gpus_own_thresholds_and_recovery_action():
-    fields = {line.split(",")[0] for line in exporters.counters_csv(False).splitlines() if not line.startswith("#")}
+    fields = {line.split(",")[0] for line in exporters.counters_csv(False)[0].splitlines() if not line.startswith("#")}
     assert {"DCGM_FI_DEV_SLOWDOWN_TEMP", "DCGM_FI_DEV_SHUTDOWN_TEMP", "DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION",
             "DCGM_FI_DEV_MEMORY_TEMP"} <= fields
 
 
-def apt_host(managed: dict, installed: dict | None = None, units: dict | None = None, distro=DEBIAN) -> dict:
+def apt_host(managed: dict, installed: dict | None = None, units: dict | None = None, distro=DEBIAN,
+             held: tuple[str, ...] = ()) -> dict:
     """Facts of a Debian host; apt's lists were updated an hour ago when packages are installed, never otherwise."""
     stamp = {"mtime": datetime(2026, 12, 3, 11, 0, 0)} if installed else None
     return {
@@ -270,6 +274,8 @@ def apt_host(managed: dict, installed: dict | None = None, units: dict | None = 
         DebPackages: dict(installed or {}),
         DebInstalled: lambda packages: {name: sorted(installed[name])[0] for name in packages
                                         if name in (installed or {})},
+        DebSelections: lambda packages: {name: {"version": sorted(installed[name])[0], "held": name in held}
+                                         for name in packages if name in (installed or {})},
         Date: datetime(2026, 12, 3, 12, 0, 0),
         File: lambda path: stamp if "update-success-stamp" in path else None,
         ManagedState: managed_state(files=managed, units=units),
@@ -309,7 +315,7 @@ def test_dcgm_converged_is_a_noop():
                      DCGM_RUNNING)
     commands, noops = run_operation(exporters.gpu_exporter, facts=facts, kind="dcgm", profiling=True)
     assert commands == []
-    assert noops[-1] == "GPU exporter dcgm running on 0.0.0.0:9400"
+    assert noops[-1] == "GPU exporter dcgm (dcgm-exporter 1:4.5.3-4.8.2-1) running on 0.0.0.0:9400"
 
 
 def test_dcgm_drop_in_of_earlier_versions_under_the_wrong_unit_name_is_removed():
@@ -513,3 +519,103 @@ def test_desired_state_is_kept_while_a_gpu_is_lost():
                                     lost=["0000:2A:00.0"])
     assert commands == []
     assert noops == [f"desired GPU settings in {DESIRED_PATH} kept while GPU(s) 0000:2A:00.0 are lost"]
+
+
+# ------------------------------------------------------------------------------------------------ dcgm, pinned
+
+PIN = "/etc/apt/preferences.d/gpufleet-dcgm-exporter"
+OLD = "4.2.3-4.1.3"
+OLD_INSTALLED = {"datacenter-gpu-manager-4-core": {"1:4.2.3-1"}, "datacenter-gpu-manager-exporter": {f"1:{OLD}-1"}}
+OLD_COUNTERS, OLD_LEFT_OUT = exporters.counters_csv(profiling=True, release=(4, 1, 3))
+
+
+def test_a_pinned_release_is_pinned_installed_held_and_given_only_the_counters_it_knows():
+    from gpufleet.operations.dcgm_package import pin_text
+
+    commands, noops = run_operation(exporters.gpu_exporter, facts=apt_host({}), kind="dcgm", profiling=True,
+                                    version=OLD)
+    assert commands[:6] == [
+        "mkdir -p /etc/apt/preferences.d", f"upload {PIN}\n{pin_text(OLD)}",
+        f"chown root:root {PIN} && chmod 644 {PIN}", *APT_UPDATE,
+        f"{APT_INSTALL} --allow-downgrades --allow-change-held-packages datacenter-gpu-manager-4-core "
+        "datacenter-gpu-manager-exporter",
+        "apt-mark hold datacenter-gpu-manager-exporter"]
+    assert f"upload /etc/dcgm-exporter/gpufleet-counters.csv\n{OLD_COUNTERS}" in commands
+    assert OLD_LEFT_OUT == ["DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION"]
+    assert noops == [f"dcgm-exporter {OLD}: counters its field map does not know left out: "
+                     "DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION"]
+
+
+def test_a_pinned_release_installed_and_held_changes_nothing():
+    from gpufleet.operations.dcgm_package import pin_text
+
+    facts = apt_host({exporters.DCGM_COUNTERS: OLD_COUNTERS, exporters.DCGM_DROP_IN: DROP_IN, PIN: pin_text(OLD)},
+                     OLD_INSTALLED, DCGM_RUNNING, held=("datacenter-gpu-manager-exporter",))
+    commands, noops = run_operation(exporters.gpu_exporter, facts=facts, kind="dcgm", profiling=True, version=OLD)
+    assert commands == []
+    assert noops[-1] == f"GPU exporter dcgm (dcgm-exporter {OLD}) running on 0.0.0.0:9400"
+
+
+def test_another_release_installed_is_replaced_by_the_pinned_one():
+    from gpufleet.operations.dcgm_package import pin_text
+
+    facts = apt_host({exporters.DCGM_COUNTERS: COUNTERS, exporters.DCGM_DROP_IN: DROP_IN, PIN: pin_text(OLD)},
+                     DCGM_INSTALLED, DCGM_RUNNING)
+    commands, _ = run_operation(exporters.gpu_exporter, facts=facts, kind="dcgm", profiling=True, version=OLD)
+    assert commands[:3] == [*APT_UPDATE, f"{APT_INSTALL} --allow-downgrades --allow-change-held-packages "
+                            "datacenter-gpu-manager-4-core datacenter-gpu-manager-exporter",
+                            "apt-mark hold datacenter-gpu-manager-exporter"]
+    assert commands[-2:] == ["systemctl daemon-reload", "systemctl restart nvidia-dcgm-exporter.service"]
+
+
+def test_unsetting_the_release_removes_gpufleets_pin_and_hold():
+    from gpufleet.operations.dcgm_package import pin_text
+
+    facts = apt_host({exporters.DCGM_COUNTERS: OLD_COUNTERS, exporters.DCGM_DROP_IN: DROP_IN, PIN: pin_text(OLD)},
+                     OLD_INSTALLED, DCGM_RUNNING, held=("datacenter-gpu-manager-exporter",))
+    commands, _ = run_operation(exporters.gpu_exporter, facts=facts, kind="dcgm", profiling=True)
+    assert commands[:2] == [f"rm -f {PIN}", "apt-mark unhold datacenter-gpu-manager-exporter"]
+
+
+DCGM_WEB = '{"basic_auth_users": {"gpufleet": "$2b$..."}}\n'
+DCGM_WEB_TLS = '{"basic_auth_users": {}, "tls_server_config": {"cert_file": "/c.pem", "key_file": "/k.pem"}}\n'
+
+
+@pytest.mark.parametrize(("new", "restart"), [('{"basic_auth_users": {"gpufleet": "$2b$other"}}\n', False),
+                                               (DCGM_WEB_TLS, True)], ids=["password", "https"])
+def test_a_web_configuration_change_restarts_dcgm_exporter_only_when_http_or_https_changes(new, restart):
+    """exporter-toolkit re-reads the web configuration on every request but decides HTTP or HTTPS at start
+    (tests/reference/upstream/exporter-toolkit/facts.json)."""
+    drop_in = exporters.dcgm_drop_in_text("0.0.0.0:9400", 15000, web_config=True)
+    facts = apt_host({exporters.DCGM_COUNTERS: COUNTERS, exporters.DCGM_DROP_IN: drop_in,
+                      exporters.DCGM_WEB_CONFIG: DCGM_WEB}, DCGM_INSTALLED, DCGM_RUNNING)
+    commands, _ = run_operation(exporters.gpu_exporter, facts=facts, kind="dcgm", profiling=True, web_config=new)
+    assert ("systemctl restart nvidia-dcgm-exporter.service" in commands) is restart
+    assert any(exporters.DCGM_WEB_CONFIG in c for c in commands)
+
+
+def test_the_drop_in_bounds_the_exporters_stop():
+    """NVIDIA/dcgm-exporter#606 (recorded, open): a stop or restart of the packaged unit can hang, until systemd's
+    stop timeout (the manager's default: 90 s, Debian 12's systemd) ends it."""
+    assert upstream.facts("dcgm-exporter")["issues"]["606"]["state"] == "open"
+    man = "debian/bookworm/systemd/usr/share/man/man5/"
+    service = gzip.decompress(upstream.path(man + "systemd.service.5.gz").read_bytes()).decode()
+    manager = gzip.decompress(upstream.path(man + "systemd-system.conf.5.gz").read_bytes()).decode()
+    assert "\\fITimeoutStopSec=\\fR\n.RS 4\n" in service
+    assert "\\fIDefaultTimeoutStopSec=\\fR\ndefault to 90s" in manager
+    drop_in = upstream.parse_systemd_unit(exporters.dcgm_drop_in_text("0.0.0.0:9400", 15000))
+    assert ("TimeoutStopSec", f"{exporters.DCGM_EXPORTER_STOP_TIMEOUT_S}s") in drop_in["Service"]
+    assert 0 < exporters.DCGM_EXPORTER_STOP_TIMEOUT_S < 90
+
+
+def test_a_replaced_release_restarts_the_exporter_even_with_the_same_counters():
+    """The running process is the old program until restarted: 4.5.2-4.8.1 and 4.5.3-4.8.2 know the same counters."""
+    from gpufleet.operations.dcgm_package import pin_text
+
+    installed = {**DCGM_INSTALLED, "datacenter-gpu-manager-exporter": {"1:4.5.2-4.8.1-1"}}
+    facts = apt_host({exporters.DCGM_COUNTERS: COUNTERS, exporters.DCGM_DROP_IN: DROP_IN,
+                      PIN: pin_text("4.5.3-4.8.2")}, installed, DCGM_RUNNING, held=("datacenter-gpu-manager-exporter",))
+    commands, _ = run_operation(exporters.gpu_exporter, facts=facts, kind="dcgm", profiling=True,
+                                version="4.5.3-4.8.2")
+    assert not any("gpufleet-counters.csv" in c for c in commands)
+    assert commands[-2:] == ["systemctl daemon-reload", "systemctl restart nvidia-dcgm-exporter.service"]

@@ -28,7 +28,7 @@ def exposition(profile: str, tmp_path, profiling: bool = True, hostname: str | N
                **changes: str) -> dict[str, dict[str, float]]:
     gpus = {**build_state(profile, "node1"), "driver.loaded": "1", "driver.version": "580.95.05", **changes}
     path = tmp_path / "counters.csv"
-    path.write_text(counters_csv(profiling))
+    path.write_text(counters_csv(profiling)[0])
     out: dict[str, dict[str, float]] = {}
     for line in dcgm.render(dcgm.read_counters(str(path)), gpus, hostname).splitlines():
         if line.startswith("#"):
@@ -155,7 +155,7 @@ def node(tmp_path_factory):
     state = {**build_state("h100-sxm-8", "node1"), "driver.loaded": "1", "driver.version": "580.95.05",
              "driver.cuda_version": "13.0"}
     simstate.write_state(str(root / "gpus.state"), state)
-    (root / "counters.csv").write_text(counters_csv(False))
+    (root / "counters.csv").write_text(counters_csv(False)[0])
     return root
 
 

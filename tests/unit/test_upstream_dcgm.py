@@ -150,7 +150,7 @@ def test_every_counter_is_a_dcgm_field_with_dcgm_exporters_type():
     known = all_upstream_counters()
     ids = upstream.dcgm_field_ids("v4.5.0")
     for profiling in (False, True):
-        for field, kind, _help in csv.reader(io.StringIO(exporters.counters_csv(profiling))):
+        for field, kind, _help in csv.reader(io.StringIO(exporters.counters_csv(profiling)[0])):
             if field.startswith("#"):
                 continue
             kind = kind.strip()
@@ -163,7 +163,7 @@ def test_thresholds_and_recovery_action_are_dcgm_fields_158_159_1523():
     ids = upstream.dcgm_field_ids("v4.5.0")
     assert (ids["DCGM_FI_DEV_SLOWDOWN_TEMP"], ids["DCGM_FI_DEV_SHUTDOWN_TEMP"],
             ids["DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION"]) == (158, 159, 1523)
-    fields = [row[0] for row in csv.reader(io.StringIO(exporters.counters_csv(False))) if not row[0].startswith("#")]
+    fields = [row[0] for row in csv.reader(io.StringIO(exporters.counters_csv(False)[0])) if not row[0].startswith("#")]
     assert {"DCGM_FI_DEV_SLOWDOWN_TEMP", "DCGM_FI_DEV_SHUTDOWN_TEMP", "DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION"} <= set(
         fields)
 

@@ -1,8 +1,8 @@
 """Simulated NVIDIA DCGM: ``nv-hostengine`` and ``dcgm-exporter``, answering from the simulated GPU state.
 
 Stand-ins for the binaries of NVIDIA's packages (``datacenter-gpu-manager-4-core``, ``datacenter-gpu-manager-exporter``
-4.5.3-4.8.2), run by the packages' units (``gpufleet/sim/dcgm_files.py``: gpufleet's own files with the directives
-NVIDIA's packaged units have).
+of each release sim/repo_dcgm.py publishes), run by the packages' units (``gpufleet/sim/dcgm_files.py``: gpufleet's own
+files with the directives NVIDIA's packaged units have).
 
 ``nv-hostengine``: takes DCGM 4's options (``-n``, ``-p PORT``, ``-b ADDRESS``, ``--service-account``, ...; an unknown
 one is refused), listens on 127.0.0.1:5555 as the real one does, and holds the GPUs open (an NVML client: MIG mode
@@ -10,17 +10,17 @@ changes must stop it first). Without ``-n`` it daemonizes (pid file ``--pid``).
 
 ``dcgm-exporter``: parses dcgm-exporter's flags as Go's flag package does (``-f``/``--collectors``, ``-a``, ``-c`` in
 milliseconds, ``-r``/``--remote-hostengine-info``, ``-n``, ...; an unknown flag or a bad value is refused with exit 1)
-and reads its counters file as the real one does (CSV, ``#`` comments, three fields, a known DCGM field and Prometheus
-type, else the whole file is refused). With ``-r`` it connects to that host engine and reads every value through it
-(it exits 1 when none listens there: systemd restarts it); without ``-r`` it embeds its own host engine (it then holds
-the GPUs itself: a second engine beside nv-hostengine). It collects every ``-c`` milliseconds (default 30000) and
-answers ``/metrics`` with its last collection, in the exposition of the version it claims: labels ``gpu``, ``UUID``,
-``pci_bus_id``, ``device``, ``modelName``, ``Hostname`` (the host part of ``-r`` when connected to a host engine, else
-the host's name; none with ``-n``), then the label fields, then on ``DCGM_FI_DEV_XID_ERRORS`` ``err_code`` and
-``err_msg`` (the shape of the release; the text is gpufleet's, ``xid_err_msg.py``, not the release's own); integer
-fields printed as integers, floating ones with six decimals; a blank field is left out.
-``DCGM_FI_PROF_*`` are collected only on datacenter GPUs, and on Ampere and earlier only with the proprietary package's
-profiling module installed (else "metric not enabled", as the real exporter logs).
+and reads its counters file as the real one does (CSV, ``#`` comments, three fields, a DCGM field its release's field
+map knows and a Prometheus type, else the whole file is refused). With ``-r`` it connects to that host engine and reads
+every value through it (it exits 1 when none listens there: systemd restarts it); without ``-r`` it embeds its own host
+engine (it then holds the GPUs itself: a second engine beside nv-hostengine). It collects every ``-c`` milliseconds
+(default 30000) and answers ``/metrics`` with its last collection, in the exposition of the version it claims: labels
+``gpu``, ``UUID``, ``pci_bus_id``, ``device``, ``modelName``, ``Hostname`` (the host part of ``-r`` when connected to a
+host engine, else the host's name; none with ``-n``), then the label fields, then on ``DCGM_FI_DEV_XID_ERRORS``
+``err_code`` and ``err_msg`` (the shape of the release; the text is gpufleet's, ``xid_err_msg.py``, not the release's
+own); integer fields printed as integers, floating ones with six decimals; a blank field is left out. ``DCGM_FI_PROF_*``
+are collected only on datacenter GPUs, and on Ampere and earlier only with the proprietary package's profiling module
+installed (else "metric not enabled", as the real exporter logs).
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ HOSTENGINE_PORT = 5555
 HOSTENGINE_BIND = "127.0.0.1"
 HOSTENGINE_PID = "/var/run/nvhostengine.pid"  # nv-hostengine's --pid default
 DEFAULT_COUNTERS = "/etc/dcgm-exporter/default-counters.csv"
+FIELD_MAP = "/usr/lib/gpufleet-sim/dcgm-exporter-fields"  # installed by the simulated exporter package
 # installed by the simulated datacenter-gpu-manager-4-proprietary (the profiling module of Ampere and earlier)
 PROFILING_MODULE = "/usr/lib/gpufleet-sim/dcgm-proprietary"
 _GEFORCE_BRANDS = ("GeForce", "Titan", "NvidiaRTX", "Quadro")
@@ -202,9 +203,23 @@ def field_values(g: dict[str, str]) -> dict[str, float | None]:
 # ------------------------------------------------------------------------------------------------ counters file
 
 
-def read_counters(path: str) -> list[tuple[str, str, str]]:
+def field_map(path: str = FIELD_MAP) -> tuple[str, frozenset[str]]:
+    """(release, the DCGM field names its counters file may hold): the field map the simulated package of a
+    dcgm-exporter release installs (sim/repo_dcgm.py, from the record); without one, the newest release and the
+    fields the simulator knows."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            tag, *names = fh.read().split()
+    except FileNotFoundError:
+        return EXPORTER_VERSION, frozenset(FIELDS)
+    return tag, frozenset(names)
+
+
+def read_counters(path: str, known: frozenset[str] | None = None) -> list[tuple[str, str, str]]:
     """(field, type, help) of a dcgm-exporter counters file, checked as dcgm-exporter's ``ExtractCounters`` does
-    (Go's encoding/csv with Comment '#'); raises :class:`Refused` with the real message."""
+    (Go's encoding/csv with Comment '#') against the field map of its release (``known``; None: the installed
+    one's); raises :class:`Refused` with the real message."""
+    known = field_map()[1] if known is None else known
     rows = []
     with open(path, encoding="utf-8") as fh:
         lines = [line for line in fh.read().splitlines() if line.strip() and not line.startswith("#")]
@@ -214,7 +229,7 @@ def read_counters(path: str) -> list[tuple[str, str, str]]:
             raise Refused(f"malformed CSV record; err: failed to parse line {i} (`[{' '.join(record)}]`), "
                           "expected 3 fields")
         field, kind, help_text = record
-        if field not in FIELDS and field not in EXPORTER_FIELDS:
+        if field not in known and field not in EXPORTER_FIELDS:
             raise Refused(f"could not find DCGM field; err: unknown metric type '{field}'")
         if kind not in PROM_TYPES:
             raise Refused(f"could not find Prometheus metric type '{kind}'")
@@ -469,7 +484,8 @@ def exporter_main(argv: list[str]) -> int:
         print(f"Incorrect Usage: {error}\n", file=sys.stderr)
         _log("ERROR", str(error))
         return 1
-    _log("INFO", "Starting dcgm-exporter", Version=EXPORTER_VERSION)
+    release, known = field_map()
+    _log("INFO", "Starting dcgm-exporter", Version=release)
     remote = "remote-hostengine-info" in given  # UseRemoteHE = c.IsSet(CLIRemoteHEInfo)
     if remote:
         _log("INFO", "Attempting to connect to remote hostengine at " + options["remote-hostengine-info"])
@@ -490,7 +506,7 @@ def exporter_main(argv: list[str]) -> int:
         read = state.read_state
     _log("INFO", "Initialized DCGM Fields module.")
     try:
-        counters = read_counters(options["collectors"])
+        counters = read_counters(options["collectors"], known)
     except (OSError, Refused) as error:
         _log("ERROR", str(error))
         return 1
