@@ -317,7 +317,7 @@ def test_power_range(model):
 
 @pytest.mark.parametrize("model", all_models(), ids=_ids(all_models()))
 def test_hardware_sanity(model):
-    assert model.architecture in {"Turing", "Ampere", "Ada Lovelace", "Hopper", "Blackwell"}
+    assert model.architecture in {"Volta", "Turing", "Ampere", "Ada Lovelace", "Hopper", "Blackwell"}
     assert model.form_factor in {"SXM", "PCIe", "NVL", "Superchip"}
     assert model.pcie_gen_max in {3, 4, 5, 6} and model.pcie_width_max in {8, 16}
     assert model.nvlink_count >= 0

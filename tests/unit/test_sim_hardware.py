@@ -106,7 +106,7 @@ def test_idle_readings_are_plausible(profile):
         assert int(g["clocks.sm"]) < int(g["clocks.max.sm"])
         assert int(g["clocks.mem"]) <= int(g["clocks.max.mem"])
         assert g["clocks.locked.min"] == g["clocks.locked.max"] == "0"
-        assert int(g["memory.reserved_mib"]) < int(g["memory.total_mib"]) // 50
+        assert int(g["memory.reserved_mib"]) < int(g["memory.total_mib"]) // 40  # a real L4: 556 of 23034 MiB
 
 
 def test_h100_matches_the_real_idle_capture():
