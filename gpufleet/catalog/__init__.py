@@ -1,4 +1,5 @@
-"""GPU catalog: per-model facts (nvidia-smi names, PCI ids, power ranges, dense peaks, MIG profile tables).
+"""GPU catalog: per-model facts (nvidia-smi names, PCI ids, power limits per board variant, dense peaks, MIG
+profile tables).
 
 Data lives in ``gpufleet/catalog/models/<key>.json``, one file per model, every value with a source tag
 (``real`` / ``doc`` / ``unverified``). ``load_catalog()`` reads them once per process::
@@ -24,6 +25,7 @@ from ._loader import (
     GpuModel,
     MigProfile,
     MigSpec,
+    PowerLimits,
     UnknownGpuModel,
     UnknownMigProfile,
     load_package_catalog,
@@ -40,6 +42,7 @@ __all__ = [
     "GpuModel",
     "MigProfile",
     "MigSpec",
+    "PowerLimits",
     "UnknownGpuModel",
     "UnknownMigProfile",
     "load_catalog",

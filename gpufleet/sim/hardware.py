@@ -13,7 +13,7 @@ import hashlib
 import uuid
 from dataclasses import dataclass
 
-from gpufleet.catalog import GpuModel, MigProfile, load_catalog
+from gpufleet.catalog import GpuModel, MigProfile, PowerLimits, load_catalog
 
 SCHEMA = "1"
 
@@ -25,6 +25,12 @@ class Profile:
     gpu_count: int
     nvswitch_count: int
     description: str
+    # per GPU: which of the model's power-limit board variants (catalog power_limits_w) it is; default the first
+    power_variants: tuple[int, ...] = ()
+
+    def power_limits(self, model: GpuModel, index: int) -> PowerLimits:
+        variants = self.power_variants
+        return model.power_limits_w[variants[index] if index < len(variants) else 0]
 
 
 class UnknownProfile(ValueError):
@@ -43,7 +49,9 @@ _PROFILE_LIST = [
     Profile("l40s-4", "l40s", 4, 0, "4x L40S PCIe, no NVLink"),
     Profile("rtx4090-1", "rtx4090", 1, 0, "1x GeForce RTX 4090 workstation"),
     # pre-Turing (closed kernel modules only, last branch 580) and a GPU whose MIG Mode is N/A
-    Profile("v100-16gb-8", "v100-sxm2-16gb", 8, 0, "8x Tesla V100-SXM2-16GB, no NVSwitch (DGX-1 class)"),
+    # the boards' minimum power limits as in the real 8x V100 server: 150 W on GPUs 0, 4, 6, 7, 100 W on the others
+    Profile("v100-16gb-8", "v100-sxm2-16gb", 8, 0, "8x Tesla V100-SXM2-16GB, no NVSwitch (DGX-1 class)",
+            (0, 1, 1, 1, 0, 1, 0, 0)),
     Profile("l4-1", "l4", 1, 0, "1x NVIDIA L4 PCIe (cloud VM, e.g. g2-standard-8)"),
     Profile("b200-8", "b200", 8, 2, "HGX B200 8-GPU: 8x B200, 2 NVLink Switch chips (DGX B200 class)"),
     # A compute tray sees no NVSwitch on its PCI bus (the switches sit in separate NVLink switch trays), so the
@@ -173,11 +181,12 @@ def _gpu_state(model: GpuModel, profile: Profile, hostname: str, index: int, bus
     max_gr = _attr(model, "clocks_max_graphics_mhz", max_sm)
     max_video = _attr(model, "clocks_max_video_mhz", int(max_gr * 0.78))
     hbm = model.memory_type.upper().startswith("HBM")
-    default_mw = round(model.power_default_w * 1000)
+    power = profile.power_limits(model, index)
+    default_mw = round(power.default_w * 1000)
     if model.key in _IDLE_DRAW_W:
         idle_w = _IDLE_DRAW_W[model.key]
     else:
-        idle_w = (0.08 if geforce else 0.1) * model.power_default_w + (3.0 if hbm else 0.0)
+        idle_w = (0.08 if geforce else 0.1) * power.default_w + (3.0 if hbm else 0.0)
     draw_mw = round(idle_w * 1000) + (jitter % 2400) - 1200
     temp = idle["temp"] + (jitter >> 12) % 7
     max_op = _MAX_OPERATING_C.get(model.key, _MAX_OPERATING_C.get(arch, 87)) + (2 if geforce else 0)
@@ -211,8 +220,8 @@ def _gpu_state(model: GpuModel, profile: Profile, hostname: str, index: int, bus
         "memory.used_mib": "1" if geforce else "0",
         "bar1.total_mib": str(_pow2_at_least(model.memory_mib)),
         "power.default_mw": str(default_mw),
-        "power.min_mw": str(round(model.power_min_w * 1000)),
-        "power.max_mw": str(round(model.power_max_w * 1000)),
+        "power.min_mw": str(round(power.min_w * 1000)),
+        "power.max_mw": str(round(power.max_w * 1000)),
         "power.limit_mw": str(default_mw),
         "power.draw_mw": str(draw_mw),
         "persistence": "0",

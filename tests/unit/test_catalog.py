@@ -161,8 +161,9 @@ def test_values_match_real_captures(cat, key):
     assert m.memory_mib == mem
     assert (m.power_default_w, m.power_min_w, m.power_max_w) == power
     assert (m.clocks_max_sm_mhz, m.clocks_max_mem_mhz, m.clocks_max_graphics_mhz) == clocks
-    for f in ("name", "memory_mib", "power_default_w", "power_min_w", "power_max_w", "clocks_max_sm_mhz"):
+    for f in ("name", "memory_mib", "clocks_max_sm_mhz"):
         assert m.source_tag(f) == "real", f
+    assert [v.source.split(":")[0] for v in m.power_limits_w] == ["real"]
 
 
 @needs_reference
@@ -308,11 +309,16 @@ def test_datacenter_models_have_dense_bf16_or_fp16(model):
 
 @pytest.mark.parametrize("model", all_models(), ids=_ids(all_models()))
 def test_power_range(model):
-    dflt, lo, hi = model.power_default_w, model.power_min_w, model.power_max_w
-    assert dflt is not None and hi is not None  # every model has at least a TDP
-    assert dflt <= hi
-    if lo is not None:
-        assert 0 < lo <= dflt
+    assert model.power_limits_w
+    for variant in model.power_limits_w:
+        dflt, lo, hi = variant.default_w, variant.min_w, variant.max_w
+        assert dflt is not None and hi is not None  # every board variant has at least a TDP
+        assert dflt <= hi
+        if lo is not None:
+            assert 0 < lo <= dflt
+    defaults = {v.default_w for v in model.power_limits_w}
+    assert model.power_default_w == (defaults.pop() if len(defaults) == 1 else None)
+    assert model.power_max_w == max(v.max_w for v in model.power_limits_w)
 
 
 @pytest.mark.parametrize("model", all_models(), ids=_ids(all_models()))
@@ -472,9 +478,12 @@ def test_parse_model_round_trip(h100_doc):
     "mutate, match",
     [
         (lambda d: d.update(nvlinks={"value": 18, "source": "real: x"}), "unknown fields"),
-        (lambda d: d.pop("power_min_w"), "missing fields"),
-        (lambda d: d["power_max_w"].update(source="datasheet: H100"), "source must be"),
-        (lambda d: d["power_max_w"].update(source="real:"), "source must be"),
+        (lambda d: d.pop("power_limits_w"), "missing fields"),
+        (lambda d: d["power_limits_w"].update(source="datasheet: H100"), "source must be"),
+        (lambda d: d["power_limits_w"]["value"][0].update(source="real:"), "source must be"),
+        (lambda d: d["power_limits_w"]["value"][0].pop("min_w"), "keys must be exactly"),
+        (lambda d: d["power_limits_w"]["value"][0].update(min_w=800.0), "min_w <= default_w <= max_w"),
+        (lambda d: d["power_limits_w"].update(value=[]), "non-empty list of board variants"),
         (lambda d: d["pci_device_id"].update(value="0x23301002"), "0xDDDD10DE"),
         (lambda d: d["sm_count"].update(value="132"), "positive integer"),
         (lambda d: d["ecc_supported"].update(value=1), "true/false"),

@@ -80,9 +80,11 @@ def test_state_has_every_key_and_no_driver(profile):
         assert g["model"] == model.key and g["name"] == model.name and g["architecture"] == model.architecture
         assert g["pci.device_id"] == f"0x{model.pci_device_id:08X}"
         assert int(g["memory.total_mib"]) == model.memory_mib
-        assert int(g["power.default_mw"]) == round(model.power_default_w * 1000) == int(g["power.limit_mw"])
-        assert int(g["power.min_mw"]) == round(model.power_min_w * 1000)
-        assert int(g["power.max_mw"]) == round(model.power_max_w * 1000)
+        power = prof.power_limits(model, i)  # the board variant of this GPU, one of the catalog's
+        assert power in model.power_limits_w
+        assert int(g["power.default_mw"]) == round(power.default_w * 1000) == int(g["power.limit_mw"])
+        assert int(g["power.min_mw"]) == round(power.min_w * 1000)
+        assert int(g["power.max_mw"]) == round(power.max_w * 1000)
         assert g["minor"] == str(i) and g["lost"] == "0" and g["persistence"] == "0"
         assert g["mig.supported"] == ("1" if model.mig else "0")
         assert g["mig.current"] == g["mig.pending"] == "0"
