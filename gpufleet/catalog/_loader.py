@@ -184,7 +184,7 @@ class GpuModel:
     sm_count: int | None  # None: never printed by a real source for this GPU (see sources)
     memory_mib: int
     memory_type: str
-    memory_bandwidth_gbs: float
+    memory_bandwidth_gbs: float | None  # None: not known (a learned model before its datasheet figure)
     power_limits_w: tuple[PowerLimits, ...]  # one entry per board variant seen (see power_default_w & co.)
     clocks_max_sm_mhz: int | None
     clocks_max_mem_mhz: int | None
@@ -588,7 +588,7 @@ _MODEL_FIELDS: dict[str, Callable[[str, str, Any], Any]] = {
     "sm_count": _opt_pos_int,
     "memory_mib": _pos_int,
     "memory_type": _str,
-    "memory_bandwidth_gbs": _num,
+    "memory_bandwidth_gbs": _opt_num,
     "power_limits_w": _power_limits,
     "clocks_max_sm_mhz": _opt_pos_int,
     "clocks_max_mem_mhz": _opt_pos_int,

@@ -90,7 +90,6 @@ _MAX_OPERATING_C = {"Hopper": 87, "Blackwell": 87, "Ampere": 85, "Ada Lovelace":
 # HBM's own limit where nvidia-smi prints it absolute (real 8x V100 550.127.05: "Memory Max Operating Temp : 85 C")
 _MEMORY_MAX_OPERATING_C = {"Volta": 85}
 # fallbacks for models whose catalog entry lacks a captured value (listed in the sim's documentation)
-_FALLBACK_CLOCKS = {"rtx4090": (3120, 10501)}
 _FALLBACK_SUBSYS = {"a100-sxm4-80gb": 0x147F10DE, "h200": 0x18BE10DE, "rtx4090": 0x16F010DE}
 
 # Board identity as real nvidia-smi prints it per model (Board / GPU Part Number, Inforom Image / OEM / ECC object,
@@ -175,7 +174,7 @@ def _gpu_state(model: GpuModel, profile: Profile, hostname: str, index: int, bus
     brand = _attr(model, "brand", "NVIDIA" if model.datacenter else "GeForce")
     geforce = brand == "GeForce"
     jitter = _seed(hostname, index, "idle")
-    max_sm, max_mem = _FALLBACK_CLOCKS.get(model.key, (2520, 10501))
+    max_sm, max_mem = 2520, 10501
     max_sm = _attr(model, "clocks_max_sm_mhz", max_sm)
     max_mem = _attr(model, "clocks_max_mem_mhz", max_mem)
     max_gr = _attr(model, "clocks_max_graphics_mhz", max_sm)

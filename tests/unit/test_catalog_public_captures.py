@@ -44,7 +44,7 @@ def test_parser_reads_every_gpu_of_the_real_captures(capture):
         assert number(get(gpu, "FB Memory Usage", "Total")) > 0
 
 
-@pytest.mark.parametrize("capture", ["v100-sxm2-16gb-x8_550.127.05.q.txt", "l4_550.90.07.q.txt"])
+@pytest.mark.parametrize("capture", [c for c in Q_CAPTURES if not c.startswith(("gtx680", "rtx5090"))])
 def test_catalog_models_are_what_the_real_boards_print(capture):
     pairs = _catalogued(capture)
     assert pairs, f"{capture}: no catalogued GPU"
