@@ -313,18 +313,22 @@ class Catalog:
         self._by_norm_name = by_norm
 
     @classmethod
-    def from_directory(cls, directory: str | Path | Any) -> Catalog:
+    def from_directory(cls, directory: str | Path | Any, allow_empty: bool = False) -> Catalog:
         """Load every ``*.json`` under ``directory`` (a path or an importlib.resources Traversable)."""
         if isinstance(directory, str):
             directory = Path(directory)
         models: dict[str, GpuModel] = {}
         entries = sorted((e for e in directory.iterdir() if e.name.endswith(".json")), key=lambda e: e.name)
         for entry in entries:
-            model = parse_model(json.loads(entry.read_text(encoding="utf-8")), origin=entry.name)
+            try:
+                doc = json.loads(entry.read_text(encoding="utf-8"))
+            except ValueError as err:
+                raise CatalogError(f"{entry.name}: not JSON: {err}") from None
+            model = parse_model(doc, origin=entry.name)
             if entry.name != f"{model.key}.json":
                 raise CatalogError(f"{entry.name}: file name must be {model.key}.json")
             models[model.key] = model
-        if not models:
+        if not models and not allow_empty:
             raise CatalogError(f"no GPU model files in {directory}")
         return cls(models)
 
