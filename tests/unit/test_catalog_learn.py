@@ -4,13 +4,16 @@ decides as the packaged model of the same board does."""
 
 from __future__ import annotations
 
+import datetime
+
 import pytest
 from reference import CAPTURES
 
-from gpufleet.catalog import load_catalog, parse_model
+from gpufleet import catalog_command
+from gpufleet.catalog import Catalog, load_catalog, parse_model
 from gpufleet.catalog.learn import LearnError, learn_model, model_key
 from gpufleet.facts.mig_profiles import parse_lgip, parse_lgipp
-from gpufleet.facts.nvidia_q import parse_q
+from gpufleet.facts.nvidia_q import NvidiaSmiReport, parse_q
 from gpufleet.plan.driver import required_kernel_flavour
 
 PUBLIC = CAPTURES / "public"
@@ -58,9 +61,7 @@ def test_learned_model_decides_as_the_packaged_one(capture):
     if learned.mig is not None:
         assert [(p.name, p.id) for p in learned.mig.gpu_instance_profiles] == [
             (p.name, p.id) for p in packaged.mig.gpu_instance_profiles]
-    assert set(learned.power_limits_w) <= set(packaged.power_limits_w) or {
-        (v.default_w, v.min_w, v.max_w) for v in learned.power_limits_w} <= {
-        (v.default_w, v.min_w, v.max_w) for v in packaged.power_limits_w}
+    assert set(learned.power_limits_w) <= set(packaged.power_limits_w)  # each board read is a packaged variant
     assert all(learned.sources[f].startswith(f"real: {capture}") for f in ("name", "memory_mib", "architecture"))
 
 
@@ -88,3 +89,55 @@ def test_model_keys():
     assert [model_key(n) for n in ("NVIDIA GH200 480GB", "Tesla V100-SXM2-16GB", "NVIDIA GeForce RTX 4090",
                                    "NVIDIA RTX 6000 Ada Generation")] == [
         "gh200-480gb", "v100-sxm2-16gb", "rtx-4090", "rtx-6000-ada-generation"]
+
+
+def _report(q_text: str, **sections: str) -> list[str]:
+    """NvidiaSmiReport's remote output: each program's output between the section markers."""
+    texts = {"q": q_text, "compute_cap": "0, 8.9", "nvlink": "GPU 0: NVIDIA L4 (UUID: GPU-x)\n"
+             "Device does not have or support Nvlink", "lgip": "No MIG-enabled devices found.", "lgipp": "", **sections}
+    out = []
+    for name, text in texts.items():
+        rc = 6 if name.startswith("lgip") else 0  # nvidia-smi mig's exit status without MIG
+        out += [f"@@gpufleet begin {name}", *text.splitlines(), f"@@gpufleet end {name} rc={rc}"]
+    return out
+
+
+def test_report_fact_and_learn_command_write_a_model_the_loader_accepts(tmp_path):
+    l4 = (PUBLIC / "l4_550.90.07.q.txt").read_text(encoding="utf-8")
+    report = NvidiaSmiReport().process(_report(l4))
+    assert report["status"] == "ok" and report["lgip"] == "" and report["compute_cap"] == "0, 8.9"
+    doc = catalog_command.learn(report, "node02", load_catalog(), today=datetime.date(2026, 12, 8))
+    assert doc["key"] == "l4"  # the catalogued name keeps its key: the file replaces the packaged model
+    assert doc["memory_mib"] == {"value": 23034, "source": "real: nvidia-smi 550.90.07 on node02, 2026-12-08 "
+                                 "(gpufleet catalog learn): FB Memory Usage Total"}
+    assert doc["nvlink_count"]["value"] == 0 and doc["mig"]["value"] is None
+    path = catalog_command.write_model(doc, tmp_path)
+    assert Catalog.from_directory(tmp_path).get("l4").power_limits_w == load_catalog().get("l4").power_limits_w
+    with pytest.raises(catalog_command.CommandError, match="exists"):
+        catalog_command.write_model(doc, tmp_path)
+    assert path.name == "l4.json"
+
+
+def test_report_fact_without_a_driver():
+    absent = ["@@gpufleet absent q", "@@gpufleet absent compute_cap"]
+    assert NvidiaSmiReport().process(absent)["status"] == "absent"
+    failed = ["@@gpufleet begin q", "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.",
+              "@@gpufleet end q rc=9"]
+    assert NvidiaSmiReport().process(failed) == {
+        "status": "error", "error": "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver."}
+
+
+def test_list_marks_the_users_models(tmp_path, monkeypatch):
+    import gpufleet.catalog as catalog_module  # noqa: PLC0415
+
+    monkeypatch.setattr(catalog_module, "_USER_DIRECTORY", [])
+    gpus = _gpus("rtx5090_570.124.06.q.txt")  # a GPU the catalog lacks
+    doc = learn_model(gpus[0], origin="ws1, 2026-12-08", compute_cap="12.0")
+    catalog_command.write_model(doc, tmp_path / "gpufleet_catalog")
+    (tmp_path / "inv.py").write_text("hosts = []\n")
+    found = catalog_command.user_directory(str(tmp_path / "inv.py"), None)
+    lines = catalog_command.list_lines(catalog_command.catalog_with(found))
+    assert [line.split()[-1] for line in lines if line.startswith("rtx-5090 ")] == ["user"]
+    assert "rtx4090 " in "\n".join(lines)
+    shown = catalog_command.show_text(load_catalog().get("rtx-5090"))
+    assert "pci_device_id: 0x2B8510DE" in shown and "real: ws1, 2026-12-08: PCI Device Id" in shown
