@@ -18,6 +18,8 @@ REQUIRED = {
     "a100-40gb-1": ("a100-sxm4-40gb", 1, 0),
     "l40s-4": ("l40s", 4, 0),
     "rtx4090-1": ("rtx4090", 1, 0),
+    "v100-16gb-8": ("v100-sxm2-16gb", 8, 0),  # pre-Turing: the real V100 server's boards
+    "l4-1": ("l4", 1, 0),  # MIG Mode N/A
 }
 HOST_KEYS = {"schema", "profile", "hostname", "nvswitch.count", "driver.loaded", "driver.version",
              "driver.cuda_version", "fabric.state", "gpu.count"}  # fmt: skip
