@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pyinfra.api.exceptions import PyinfraError
+
 from gpufleet.catalog import CatalogError, GpuModel, UnknownGpuModel, load_catalog, use_user_models
 from gpufleet.masking import mask_urls
 
@@ -146,6 +148,11 @@ class ConfigErrors(ValueError):
 
     def __str__(self) -> str:
         return self.message
+
+
+class InputError(PyinfraError):
+    """Bad input found while a deploy prepares: pyinfra prints the message without a traceback, and nothing is
+    changed on any host."""
 
 
 # -------------------------------------------------------------------------------------------- config objects
