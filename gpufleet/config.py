@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pyinfra.api.exceptions import PyinfraError
+
 from gpufleet.catalog import CatalogError, GpuModel, UnknownGpuModel, load_catalog, use_user_models
 from gpufleet.masking import mask_urls
 
@@ -37,8 +39,9 @@ KEY_PREFIX = "gpufleet_"
 IGNORED_PREFIXES = ("gpufleet_sim_",)
 CONFIG_VERSION = 1
 
-STAGES = ("driver", "persistence", "power", "mig", "nccl", "clocks", "exporters", "slurm")
-DEFAULT_STAGES = ("driver", "persistence", "power", "mig", "nccl", "exporters")
+# The stage names a user may list, in any order: they run in the plan's order (gpufleet.plan.STAGE_ORDER)
+STAGES = ("clocks", "driver", "exporters", "mig", "nccl", "persistence", "power", "slurm")
+DEFAULT_STAGES = ("driver", "exporters", "mig", "nccl", "persistence", "power")
 # Stage ``slurm`` (gres.conf): ``files`` lists every GPU (Name=gpu Type=... File=/dev/nvidiaN), ``nvml`` lets
 # slurmd find them (AutoDetect=nvml: a slurmd built with NVML), ``auto`` is files, or nvml where a MIG layout is
 # configured (MIG devices' files exist only once the driver created the instances: gpufleet/operations/slurm.py).
@@ -145,6 +148,11 @@ class ConfigErrors(ValueError):
 
     def __str__(self) -> str:
         return self.message
+
+
+class InputError(PyinfraError):
+    """Bad input found while a deploy prepares: pyinfra prints the message without a traceback, and nothing is
+    changed on any host."""
 
 
 # -------------------------------------------------------------------------------------------- config objects
@@ -319,7 +327,7 @@ def _config_version(ctx: _Ctx, key: str, value: Any) -> Any:
 
 
 def _stages(ctx: _Ctx, key: str, value: Any) -> Any:
-    allowed = f"a list of stages, in this order: {', '.join(STAGES)}"
+    allowed = f"a list of stages, in any order: {', '.join(STAGES)}"
     if not isinstance(value, (list, tuple)):
         ctx.error(key, value, allowed, "not a list")
         return _INVALID
@@ -333,9 +341,6 @@ def _stages(ctx: _Ctx, key: str, value: Any) -> Any:
     if len(set(value)) != len(value):
         dup = next(s for s in value if list(value).count(s) > 1)
         ctx.error(key, value, allowed + "; each stage once", f"stage {dup!r} listed twice")
-        return _INVALID
-    if list(value) != sorted(value, key=STAGES.index):
-        ctx.error(key, value, allowed, "stages out of order")
         return _INVALID
     return tuple(value)
 

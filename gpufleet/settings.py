@@ -65,7 +65,8 @@ _MGMT = "the host's management address (`ssh_hostname` when an IP address, else 
 # name: (type, stage, doc, example, default_text)
 _DOCS: dict[str, tuple[str, str, str, str, str | None]] = {
     "gpufleet_config_version": ("int", "all", "the configuration schema this inventory is written for", "1", None),
-    "gpufleet_stages": ("list of stage names, in order", "all", "the stages to converge (empty: not a GPU node)",
+    "gpufleet_stages": ("list of stage names, any order", "all",
+                        "the stages to converge (empty: not a GPU node); they run in the deploy's order",
                         '["driver", "persistence", "power"]', None),
     "gpufleet_allow_reboot": ("bool", "driver, mig", "reboot the node when a stage needs it", "True", None),
     "gpufleet_driver_branch": ("str, 3 digits", "driver", "the NVIDIA driver branch to install and hold", '"570"',

@@ -21,7 +21,7 @@ from pyinfra.api import deploy, operation
 from pyinfra.operations import python
 
 from gpufleet import _pyinfra, fleet_ca, preflight, web_auth
-from gpufleet.config import FLEET_CA_FILE, FLEET_TLS, NodeConfig
+from gpufleet.config import FLEET_CA_FILE, FLEET_TLS, InputError, NodeConfig
 from gpufleet.control_files import UnsafePath
 from gpufleet.facts.lock import HostLock
 from gpufleet.facts.nvidia import GpuInventory
@@ -33,7 +33,7 @@ from gpufleet.operations.errors import refuse
 from gpufleet.plan import GPU_STAGES, DriverPlan, ExportersPlan, NodePlan, gpus_from_facts
 from gpufleet.preflight_repository import dcgm_exporter_offer
 
-from .inputs import InputError, checked_facts, node_config
+from .inputs import checked_facts, node_config
 
 # what preflight.gather_facts reads on every host: prefetched on all hosts when the first one is prepared
 PREFLIGHT_FACTS = (OsInfo, NvidiaPciDevices, SecureBoot, NvidiaPackages, GpuInventory)

@@ -15,17 +15,11 @@ from __future__ import annotations
 import weakref
 
 from pyinfra import logger
-from pyinfra.api.exceptions import PyinfraError
 
 from gpufleet import preflight
-from gpufleet.config import ConfigErrors, NodeConfig, validate_inventory
+from gpufleet.config import ConfigErrors, InputError, NodeConfig, validate_inventory
 from gpufleet.facts.files import ManagedState
 from gpufleet.preflight_repository import check_dcgm_exporter, check_driver_repository
-
-
-class InputError(PyinfraError):
-    """Bad input: pyinfra prints the message without a traceback and nothing is changed."""
-
 
 # Per run (pyinfra State): one process may run several (``gpufleet rollout`` runs each wave in its own State), and
 # pyinfra's ``inventory`` is the same context proxy in all of them.

@@ -32,6 +32,7 @@ from gpufleet.config import (
     FLEET_TLS,
     ConfigError,
     ConfigErrors,
+    InputError,
     NodeConfig,
     catalog_model,
     validate_pyinfra_inventory,
@@ -51,8 +52,6 @@ from gpufleet.monitoring.config import (
 )
 from gpufleet.operations import apt_lists, grafana
 from gpufleet.operations.files import managed_file, secret_file
-
-from .inputs import InputError
 
 MONITORING_GROUP = "monitoring"
 PROMETHEUS_PACKAGES = ("prometheus", "prometheus-alertmanager")

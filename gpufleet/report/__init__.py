@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet.control_files import write_atomic
-from gpufleet.verify.model import FleetResult, ReportSchemaError, exit_code
+from gpufleet.results import FleetResult, ReportSchemaError, exit_code
 
 from .html import render_html
 from .json_report import load_report, render_json

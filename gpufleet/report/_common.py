@@ -6,7 +6,7 @@ import calendar
 import time
 from typing import Any
 
-from gpufleet.verify.model import VERDICTS, FleetResult, check_report_schema
+from gpufleet.results import VERDICTS, FleetResult, check_report_schema
 
 VERDICT_ORDER = {"unreachable": 0, "fail": 1, "warn": 2, "skip": 3, "pass": 4}
 

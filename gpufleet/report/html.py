@@ -13,7 +13,7 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
-from gpufleet.verify.model import FleetResult
+from gpufleet.results import FleetResult
 
 from ._common import (
     HEADLINE_ORDER,

@@ -1,4 +1,4 @@
-"""The versioned JSON report (schema ``gpufleet.verify.report``; see gpufleet.verify.model)."""
+"""The versioned JSON report (schema ``gpufleet.verify.report``; see gpufleet.results)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from gpufleet.verify.model import FleetResult, check_report_schema
+from gpufleet.results import FleetResult, check_report_schema
 
 from ._common import as_report
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from typing import Any
 
-from gpufleet.verify.model import FleetResult
+from gpufleet.results import FleetResult
 
 from ._common import as_report, gpu_label
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpufleet.verify.model import FleetResult
+from gpufleet.results import FleetResult
 
 from ._common import (
     HEADLINE_ORDER,

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet.control_files import write_atomic
-from gpufleet.verify.model import VERDICTS, FleetResult
+from gpufleet.results import VERDICTS, FleetResult
 
 from ._common import as_report, epoch_seconds
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpufleet.verify.model import FAIL, UNREACHABLE, FleetResult
+from gpufleet.results import FAIL, UNREACHABLE, FleetResult
 
 from ._common import as_report
 

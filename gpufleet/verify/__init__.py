@@ -11,17 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .checks import (
-    ExpectedState,
-    build_fleet_result,
-    evaluate,
-    evaluate_host,
-    fleet_checks,
-    gpu_summary,
-    probe_failed_host,
-    unreachable_host,
-)
-from .model import (
+from gpufleet.results import (
     EXIT_COULD_NOT_RUN,
     EXIT_FAILED,
     EXIT_OK,
@@ -39,6 +29,17 @@ from .model import (
     ReportSchemaError,
     exit_code,
     worst_verdict,
+)
+
+from .checks import (
+    ExpectedState,
+    build_fleet_result,
+    evaluate,
+    evaluate_host,
+    fleet_checks,
+    gpu_summary,
+    probe_failed_host,
+    unreachable_host,
 )
 from .thresholds import Thresholds, ThresholdsError, default_thresholds
 from .xid import XidEvent, parse_xid_lines

@@ -36,9 +36,9 @@ from gpufleet.plan import (
     outside_range,
     power_differs,
 )
+from gpufleet.results import FAIL, PASS, SKIP, UNREACHABLE, WARN, CheckResult, FleetResult, HostResult, worst_verdict
 
 from .exporter_checks import check_exporters
-from .model import FAIL, PASS, SKIP, UNREACHABLE, WARN, CheckResult, FleetResult, HostResult, worst_verdict
 from .recovery import recovery_action
 from .thresholds import TemperatureLimits, Thresholds, default_thresholds
 from .xid import XidEvent, parse_xid_lines

@@ -13,8 +13,7 @@ from typing import Any
 
 from gpufleet import web_auth
 from gpufleet.config import NodeConfig
-
-from .model import FAIL, PASS, SKIP
+from gpufleet.results import FAIL, PASS, SKIP
 
 _ANY_ADDRESS = {"0.0.0.0": "127.0.0.1", "[::]": "[::1]", "": "127.0.0.1"}
 # exported for every GPU, MIG mode included (utilisation is not: NVML has none for a MIG-enabled GPU)

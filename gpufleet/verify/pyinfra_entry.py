@@ -15,13 +15,13 @@ from typing import Any
 from gpufleet import _pyinfra
 from gpufleet.config import ConfigErrors, validate_pyinfra_inventory
 from gpufleet.report import render_prometheus, write_reports
+from gpufleet.results import FleetResult
 
 from . import FAIL, UNREACHABLE
 from .bundle import probe_bundle
 from .checks import build_fleet_result, evaluate_host, probe_failed_host, unreachable_host
 from .expected import expected_state
 from .exporter_checks import exporter_endpoints
-from .model import FleetResult
 from .remote import ProbeFailed, connector_kwargs, run_probe, write_node_textfile
 from .run import HostRun, VerifyRun, fleet_meta, summary_text
 from .settings import VerifySettings, validate_verify_inventory
@@ -39,7 +39,7 @@ class DeployVerify:
     """
 
     def __init__(self, state: Any, inventory: Any):
-        from gpufleet.deploys.inputs import InputError  # noqa: PLC0415 - pyinfra-entry only
+        from gpufleet.config import InputError  # noqa: PLC0415 - pyinfra-entry only
 
         try:
             self.configs = validate_pyinfra_inventory(inventory)

@@ -47,6 +47,7 @@ from gpufleet import _pyinfra, interruption
 from gpufleet.config import ConfigErrors, NodeConfig, validate_pyinfra_inventory
 from gpufleet.pyinfra_args import match_limit, split_limit, unmatched_error
 from gpufleet.report import REPORT_FILES, render_prometheus, write_reports
+from gpufleet.results import FleetResult, HostResult, exit_code
 from gpufleet.slurm import bounded_runner
 
 from . import EXIT_COULD_NOT_RUN, FAIL, UNREACHABLE, WARN
@@ -54,7 +55,6 @@ from .bundle import PROBE_REMOTE_DIR, BundleFile, ProbeBundle, VerifyError, nvml
 from .checks import build_fleet_result, evaluate_host, probe_failed_host, unreachable_host
 from .expected import expected_state
 from .exporter_checks import exporter_endpoints
-from .model import FleetResult, HostResult, exit_code
 from .remote import (
     PROBE_TIMEOUT_S,
     TEXTFILE_NAME,

@@ -58,6 +58,7 @@ from functools import cached_property
 from typing import Any
 
 from gpufleet.config import NodeConfig
+from gpufleet.results import HostResult
 from gpufleet.slurm import (
     IMMEDIATE_S,
     BoundedRunner,
@@ -75,7 +76,6 @@ from gpufleet.slurm import (
 from .bundle import ProbeBundle, VerifyError
 from .checks import evaluate_host, probe_failed_host, unreachable_host
 from .expected import expected_state
-from .model import HostResult
 from .remote import PROBE_TIMEOUT_S, TEXTFILE_NAME, ProbeFailed, parse_script_output, probe_document, probe_script
 
 NODE_MARK = "@@gpufleet-slurm"

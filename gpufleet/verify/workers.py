@@ -34,8 +34,8 @@ def main(argv: list[str]) -> int:
 
     from gpufleet import interruption  # noqa: PLC0415
     from gpufleet.pyinfra_args import slice_hosts  # noqa: PLC0415
+    from gpufleet.results import FleetResult  # noqa: PLC0415
     from gpufleet.verify import run  # noqa: PLC0415
-    from gpufleet.verify.model import FleetResult  # noqa: PLC0415
 
     interruption.catch_signals()
     try:

@@ -326,7 +326,7 @@ def test_unsupported_os():
     centos7 = OsInfo().process(wrap("os-release", 'ID="centos"\nVERSION_ID="7"\nPRETTY_NAME="CentOS Linux 7 (Core)"'))
     facts = dataclasses.replace(hgx_h100_no_driver(), os=centos7)
     assert messages({}, facts) == [
-        "node01: gpufleet_stages=['driver', 'persistence', 'power', 'mig', 'nccl', 'exporters']: the driver stage "
+        "node01: gpufleet_stages=['driver', 'exporters', 'mig', 'nccl', 'persistence', 'power']: the driver stage "
         "does not "
         "support CentOS Linux 7 (Core); allowed: the driver stage on Ubuntu 22.04 / 24.04, Debian 12 / 13, RHEL / "
         "Rocky / AlmaLinux 9, or gpufleet_stages without 'driver'"]

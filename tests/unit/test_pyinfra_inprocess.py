@@ -106,7 +106,7 @@ def test_a_kept_plan_is_executed_wave_by_wave_without_planning_again(files):
 
 def test_a_pyinfra_error_while_preparing_is_reported_as_the_cli_prints_it_and_nothing_runs(files):
     tmp_path, deploy, _ = files
-    bad = deploy(DEPLOY + "from gpufleet.deploys.inputs import InputError\n"
+    bad = deploy(DEPLOY + "from gpufleet.config import InputError\n"
                  "if host.name == '@fake/b':\n"
                  "    raise InputError('preflight failed: 1 error(s)\\n  @fake/b: gpufleet_power_limit=900')\n")
     session = inprocess.Session(str(tmp_path / "inventory.py"), bad)

@@ -28,3 +28,10 @@ def test_the_plan_lists_the_enabled_stages_in_its_order():
     assert stage_order(config) == ("driver", "mig", "power", "slurm", "exporters")
     assert NodePlan.resolve(config, []).stages == ("driver", "mig", "power", "slurm", "exporters")
     assert set(STAGE_ORDER) == set(STAGES)  # every stage a user may list has its place
+
+
+def test_any_order_of_gpufleet_stages_runs_in_the_plans_order():
+    listed = list(reversed(STAGE_ORDER))  # refused as "out of order" while config kept an order of its own
+    config = load_node_config("n", {"gpufleet_stages": listed})
+    assert config.stages == tuple(listed)
+    assert stage_order(config) == STAGE_ORDER

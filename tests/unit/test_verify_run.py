@@ -22,8 +22,7 @@ from click.testing import CliRunner
 from pyinfra.api import Config, Inventory, State
 
 from gpufleet.cli import main as cli_main
-from gpufleet.config import ConfigErrors, load_node_config
-from gpufleet.deploys.inputs import InputError
+from gpufleet.config import ConfigErrors, InputError, load_node_config
 from gpufleet.probe import PROBE_FILES
 from gpufleet.verify import (
     EXIT_COULD_NOT_RUN,

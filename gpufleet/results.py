@@ -1,4 +1,4 @@
-"""Result model of the verify stage: one CheckResult per check, grouped per host, then per fleet.
+"""The result model of verify, below the reports that render it: one CheckResult per check, per host, per fleet.
 
 Verdicts: ``pass``, ``warn`` (passes, but look at it), ``fail``, ``skip`` (could not be judged, with the reason)
 and ``unreachable`` (the host could not be probed at all). The fleet result serialises to the versioned JSON
