@@ -43,22 +43,23 @@ def report(state, signum: int) -> str:
     return "\n".join(stop_report(signum, bool(state.is_executing), mid_change(state) if state.is_executing else []))
 
 
+def _stop(signum: int, state) -> None:
+    """Print the stop report of ``state``'s run (None: not built yet) and exit 128 + ``signum`` at once."""
+    text = report(state, signum) if state is not None else "\n".join(stop_report(signum, False, []))
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
+    # Exit now: SystemExit would wait for the commands in flight (the hub keeps their greenlets), which is what the
+    # user interrupted; the kernel closes the SSH connections, the hosts see them end.
+    os._exit(exit_status(signum))
+
+
 def install(state) -> bool:
     """Register the handlers for ``state``'s run (once); False (nothing done) outside the pyinfra CLI."""
     if not getattr(pyinfra, "is_cli", False) or state in _installed:
         return False
     ref = weakref.ref(state)
-
-    def handle(signum: int) -> None:
-        current = ref()
-        text = report(current, signum) if current is not None else f"gpufleet: interrupted by signal {signum}"
-        for stream in (sys.stdout, sys.stderr):
-            stream.flush()
-        sys.stderr.write(text + "\n")
-        sys.stderr.flush()
-        # Exit now: SystemExit would wait for the commands in flight (the hub keeps their greenlets), which is
-        # what the user interrupted; the kernel closes the SSH connections, the hosts see them end.
-        os._exit(exit_status(signum))
 
     def tick() -> None:
         # Python runs a signal handler when the main thread next executes Python code; under gevent, while every
@@ -68,10 +69,25 @@ def install(state) -> bool:
             gevent.sleep(0.25)
 
     for signum in SIGNALS:
-        # a patch: pyinfra_cli.main's own SIGINT handler exits 0 ("Exiting upon user request!"); SIGTERM/SIGHUP
-        # have none. Only under the CLI, for this state's run (the process is that run)
-        signal.signal(signum, lambda signum, _frame: handle(signum))
+        # pyinfra_cli.main's own SIGINT handler exits 0 ("Exiting upon user request!"); SIGTERM/SIGHUP have none
+        signal.signal(signum, lambda signum, _frame: _stop(signum, ref()))
     _installed[state] = gevent.spawn(tick)
+    return True
+
+
+def _pyinfra_cli_handler(handler) -> bool:
+    return getattr(handler, "__module__", "") == "pyinfra_cli.main" and getattr(
+        handler, "__qualname__", "").endswith("_handle_interrupt")
+
+
+def install_early() -> bool:
+    """Under the pyinfra CLI, before it connects: SIGINT exits 130 instead of pyinfra's 0 ("Exiting upon user
+    request!"). Only pyinfra_cli's own handler is replaced; a program with its own keeps it."""
+    if not getattr(pyinfra, "is_cli", False) or not _pyinfra_cli_handler(signal.getsignal(signal.SIGINT)):
+        return False
+    from pyinfra.context import ctx_state  # noqa: PLC0415
+
+    signal.signal(signal.SIGINT, lambda signum, _frame: _stop(signum, ctx_state.get()))
     return True
 
 
