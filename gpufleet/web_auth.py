@@ -26,8 +26,8 @@ from gpufleet.control_files import UnsafePath, directory_lock, private_dir, read
 USER = "gpufleet"
 ACCOUNTS = ("exporters", "prometheus", "alertmanager")
 # bcrypt's work factor slows the guessing of weak (human) passwords; these are 256-bit random ones, which no work
-# factor makes weaker or stronger, while every converge hashes once per host on the control machine (cost 10: about
-# 70 ms each, 70 s for a fleet of 1000). Cost 5 (Go's x/crypto/bcrypt accepts 4..31): about 2 ms.
+# factor strengthens, while every converge hashes once per host on the control machine: the cheap end of the
+# range Go's x/crypto/bcrypt accepts (4..31).
 BCRYPT_COST = 5
 _PASSWORD_RE = re.compile(r"^[A-Za-z0-9_-]{32,}\Z")
 # bcrypt's base64 alphabet (OpenBSD's, not RFC 4648's)
