@@ -1,19 +1,11 @@
 """The monitoring plane's credentials (control side): generated once, kept private on the control machine.
 
-Every listener of the monitoring plane (node_exporter, the GPU exporter, Prometheus, Alertmanager) asks for HTTP
-basic auth through Prometheus' web configuration file (prometheus/exporter-toolkit, ``--web.config.file``;
-dcgm-exporter's ``--web-config-file``). One account per listener kind, user :data:`USER`:
-
-* ``exporters`` — Prometheus scrapes node_exporter and the GPU exporter with it;
-* ``prometheus`` — Prometheus' own API and UI (its self-scrape, Grafana's datasource, people);
-* ``alertmanager`` — Alertmanager's API and UI (Prometheus sends alerts with it; a silence needs it).
-
-The passwords are generated (:func:`password`, 32 random bytes) the first time a deploy needs them and kept in
-:func:`credentials_dir` (``$GPUFLEET_CREDENTIALS_DIR``, else ``$XDG_CONFIG_HOME/gpufleet/credentials``, else
-``~/.config/gpufleet/credentials``): the directory 0700, each file 0600, refused when another user owns it or it is
-group/world-writable (:mod:`gpufleet.control_files`). Copy that directory to run gpufleet from another control
-machine. The hosts get only bcrypt hashes (:func:`bcrypt_hash`) in the web configuration files, and the monitoring
-host the passwords Prometheus and Grafana send, in files of mode 0640 with the service's group.
+Every listener of the monitoring plane asks for HTTP basic auth through exporter-toolkit's web configuration file,
+with one account per listener kind, user :data:`USER`: ``exporters`` (Prometheus scraping the exporters),
+``prometheus`` (its API and UI) and ``alertmanager`` (its API and UI). The passwords are generated the first time a
+deploy needs them and kept in :func:`credentials_dir`, private to the user (:mod:`gpufleet.control_files`); the
+hosts get only bcrypt hashes, and the monitoring host the passwords Prometheus and Grafana send
+(docs/security.md).
 """
 
 from __future__ import annotations
@@ -34,8 +26,8 @@ from gpufleet.control_files import UnsafePath, directory_lock, private_dir, read
 USER = "gpufleet"
 ACCOUNTS = ("exporters", "prometheus", "alertmanager")
 # bcrypt's work factor slows the guessing of weak (human) passwords; these are 256-bit random ones, which no work
-# factor makes weaker or stronger, while every converge hashes once per host on the control machine (cost 10: about
-# 70 ms each, 70 s for a fleet of 1000). Cost 5 (Go's x/crypto/bcrypt accepts 4..31): about 2 ms.
+# factor strengthens, while every converge hashes once per host on the control machine: the cheap end of the
+# range Go's x/crypto/bcrypt accepts (4..31).
 BCRYPT_COST = 5
 _PASSWORD_RE = re.compile(r"^[A-Za-z0-9_-]{32,}\Z")
 # bcrypt's base64 alphabet (OpenBSD's, not RFC 4648's)

@@ -1,39 +1,13 @@
 """gpufleet-gpu-exporter: GPU metrics from NVML in dcgm-exporter's names and labels, plus what gpufleet knows.
 
-Node-side program, standalone: Python 3.9+, nvidia-ml-py (``pynvml``) and prometheus-client; it imports nothing
-else from gpufleet (the deploy ships it with both libraries in one zip file, like verify ships its probe).
+Node-side and standalone (Python 3.9+, nvidia-ml-py and prometheus-client, shipped together in one zip file):
 
     python3 gpufleet-gpu-exporter.pyz --listen 0.0.0.0:9400 [--settings-dir /etc/gpufleet]
 
-Every scrape reads NVML afresh (no background polling): one series per GPU for each metric below, in
-dcgm-exporter's exposition (as its released versions, e.g. 4.5.3-4.8.2, render it): labels ``gpu``, ``UUID``,
-``pci_bus_id``, ``device``, ``modelName``, ``Hostname`` (capital H) and ``DCGM_FI_DRIVER_VERSION``, the Prometheus type
-dcgm-exporter's counters file gives each field (``counter`` for energy, ECC totals, remapped rows, PCIe replays and
-NVLink errors, ``gauge`` else), integer fields printed as integers; so one set of rules and dashboards serves both
-exporters. Values are read as DCGM reads them: ``DCGM_FI_DEV_FB_USED`` / ``_FREE`` from NVML's v2 memory info (used
-excludes the driver's reserved memory, ``DCGM_FI_DEV_FB_RESERVED``), ``DCGM_FI_DEV_MEMORY_TEMP`` and
-``DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION`` from NVML field values, ``DCGM_FI_DEV_SLOWDOWN_TEMP`` / ``_SHUTDOWN_TEMP``
-from the GPU's temperature thresholds, the NVLink error totals from NVML's ``*_ERROR_COUNT_TOTAL`` fields (every link
-summed, as DCGM's fields 409/419/429/439). A metric the GPU does not support (NVML ``NOT_SUPPORTED``) is left out for
-that GPU, as dcgm-exporter does; a GPU NVML cannot reach (fallen off the bus) exports nothing but
-``gpufleet_gpu_exporter_errors``.
-
-gpufleet extra (DCGM has no such field): ``gpufleet_gpu_mig_layout_match`` (0/1: MIG mode now and pending, GPU-instance
-profiles and their compute instances vs ``SETTINGS_DIR/mig-layout.json``, the MIG stage's file, GPUs by PCI bus id,
-only for GPUs in the layout; judged by ``mig_compare.py``, the comparison the MIG stage and verify use). The
-desired power limit, persistence and MIG mode are not exported here: the exporters stage publishes them from the
-node plan as a node_exporter textfile, for both exporters.
-
-Xids: a background thread (:class:`XidWatcher`) registers every GPU for NVML's Xid critical-error events and waits
-on them. ``DCGM_FI_DEV_XID_ERRORS`` has dcgm-exporter's shape: its value is the last Xid of the GPU since the
-exporter started (0 before any) and it carries the labels ``err_code`` (that Xid) and ``err_msg`` (a text of it),
-so each new Xid code is a new series on both exporter paths; a rule watching Xids must match on ``err_code`` or the
-value, not on ``changes()`` of one series. The shape is dcgm-exporter's, the ``err_msg`` text is not: dcgm-exporter
-prints its own table's text of the Xid, which gpufleet does not copy; gpufleet prints NVIDIA's name of the Xid from
-NVIDIA's Xid catalog (``xid_err_msg.py``, e.g. ``ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS`` for 79, ``no Xid`` for
-0), so no rule or dashboard may match the text. ``gpufleet_gpu_xid_errors_total{xid=CODE}``
-counts them. Where NVML has no events (WSL, some platforms: ``NOT_SUPPORTED``) no Xid series is exported for that
-GPU, ``gpufleet_gpu_exporter_xid_events_supported`` is 0 and the log says so once.
+Each scrape reads NVML afresh and renders dcgm-exporter's exposition (names, types, labels), so one set of rules and
+dashboards serves both exporters; a metric the GPU does not support is left out, as dcgm-exporter does. Xids come
+from NVML's events in a background thread (:class:`XidWatcher`). ``gpufleet_gpu_mig_layout_match`` is gpufleet's
+own: the MIG stage's layout against the GPU, judged by ``mig_compare.py``. docs/monitoring.md lists the metrics.
 """
 
 from __future__ import annotations

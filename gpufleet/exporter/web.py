@@ -1,20 +1,10 @@
 """The web configuration file of Prometheus' exporter-toolkit (``--web-config-file``), served the way it serves it.
 
-Node-side, standard library only (it ships inside the exporter's zip and in the simulator's dcgm-exporter stand-in).
-The file format and behaviour are prometheus/exporter-toolkit's (``docs/web-configuration.md``, ``web/tls_config.go``,
-``web/handler.go``; facts in ``tests/reference/upstream/exporter-toolkit/facts.json``):
-
-* top-level keys ``tls_server_config``, ``http_server_config``, ``basic_auth_users``, ``rate_limit``; an unknown key
-  is an error (the toolkit reads the file strictly);
-* ``basic_auth_users: {user: bcrypt hash}``: empty or absent means no authentication; otherwise a request without
-  a matching user and password gets ``401`` with ``WWW-Authenticate: Basic``;
-* ``tls_server_config``: no ``cert_file``/``key_file`` means plain HTTP; relative paths are relative to the file's
-  directory; ``client_auth_type`` ``RequireAndVerifyClientCert`` with ``client_ca_file`` checks client certificates;
-* the file is read again when it changes (the toolkit reads it on every request); the TLS listener is set up once.
-
-Passwords are checked with the ``bcrypt`` module where installed (PyPI ``bcrypt`` / Debian ``python3-bcrypt``), else
-with the system's ``libcrypt.so.1`` (libxcrypt: Debian 11+, Ubuntu 20.04+, RHEL 8+ hash ``$2a$/$2b$/$2y$``): no package
-to install on a node. Without either, a file with users is refused (never served open).
+Node-side, standard library only (it ships in the exporter's zip and in the simulator's dcgm-exporter stand-in).
+Format and behaviour follow prometheus/exporter-toolkit (facts in ``tests/reference/upstream/exporter-toolkit/``):
+unknown keys are errors, users mean basic auth, no ``cert_file`` means plain HTTP, and the file is read again when
+it changes. Passwords are checked with the ``bcrypt`` module where installed, else with the system's libcrypt, so a
+node needs no extra package; without either, a file with users is refused rather than served open.
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
-"""The ``err_msg`` label of ``DCGM_FI_DEV_XID_ERRORS``: NVIDIA's name of each Xid (its mnemonic in NVIDIA's Xid
-catalog), ``"no Xid"`` for 0 (no Xid yet) and ``"unknown Xid"`` for a code the catalog does not name.
+"""The ``err_msg`` label of ``DCGM_FI_DEV_XID_ERRORS``: NVIDIA's name of each Xid in its Xid catalog,
+``"no Xid"`` for 0 and ``"unknown Xid"`` for a code the catalog does not name.
 
-The label SHAPE is dcgm-exporter's, the TEXT is not: released dcgm-exporter (from 3.3.6-3.4.2) sets ``err_msg`` from
-its own table of Xid texts (recorded, not copied: tests/reference/upstream/dcgm-exporter/facts.json, ``versions`` ->
-``xid_err_msg``: where it is set and the texts of Xid 0, 13 and 79). gpufleet ships its own mapping instead, taken
-from NVIDIA's Xid table as NVIDIA/NVSentinel ships it (NVIDIA/NVSentinel 6f8b0fcfa8e5, converted in
-tests/reference/upstream/xid/catalog.json; tests/unit/test_upstream_dcgm.py keeps ``XID_MNEMONICS`` equal to it). Both
-label an Xid series with ``err_code`` (the Xid) and ``err_msg`` (a text that follows it), so each new Xid is a new
-series on either exporter; for Xid 79 dcgm-exporter's text is a sentence, gpufleet's
-``ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS``. Rules and dashboards match ``err_code`` or the value, never the text.
-
-Standalone (stdlib only, no imports): shipped in gpufleet's NVML exporter bundle and (through the link
-``gpufleet/sim/gpu/xid_err_msg.py``) in the simulated dcgm-exporter.
+The label's shape is dcgm-exporter's, its text is not: dcgm-exporter's own Xid texts are not copied, so rules and
+dashboards match ``err_code`` or the value, never the text. The mapping is held to the recorded catalog
+(``tests/reference/upstream/xid/catalog.json``) by ``tests/unit/test_upstream_dcgm.py``. Standard library only: it
+ships in the exporter's bundle and, through a link, in the simulated dcgm-exporter.
 """
 
 NO_XID = "no Xid"

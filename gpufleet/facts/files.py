@@ -27,28 +27,18 @@ def _entry(kind: str, **values) -> dict:
 
 class ManagedState(FactBase):
     """
-    The files an operation manages, in ONE remote command (stat, sha1, contents).
+    The files an operation manages, in one remote command (stat, sha1, contents).
 
     + paths: files, links or directories to stat (sha1 for regular files)
     + read: files whose contents are returned too (small text files only)
 
     .. code:: python
 
-        host.get_fact(ManagedState, paths=("/etc/nccl.conf",), read=("/run/gpufleet/gpu-clocks.locked",))
-        {
-            "files": {
-                "/etc/nccl.conf": {"type": "file", "mode": "644", "user": "root", "group": "root",
-                                   "sha1": "…", "target": None},
-                "/etc/systemd/system/multi-user.target.wants/x.service": {"type": "link",
-                                   "target": "/lib/systemd/system/x.service", …},
-                "/etc/missing": None,
-            },
-            "contents": {"/run/gpufleet/gpu-clocks.locked": "GPU-…=1500,1980\\n"},  # None: absent
-        }
-
-    gpufleet's operations read every file they manage in one such read, and the units with
-    :class:`gpufleet.facts.systemd.UnitStates`, all of a run's in one read (``gpufleet.operations.reads``:
-    ``read_together``, ``get_state``).
+        host.get_fact(ManagedState, paths=("/etc/nccl.conf", "/etc/missing"), read=("/run/gpufleet/gpu-clocks.locked",))
+        {"files": {"/etc/nccl.conf": {"type": "file", "mode": "644", "user": "root", "group": "root",
+                                      "sha1": "…", "target": None},
+                   "/etc/missing": None},
+         "contents": {"/run/gpufleet/gpu-clocks.locked": "GPU-…=1500,1980\\n"}}  # None: absent
     """
 
     default = dict

@@ -84,23 +84,14 @@ class MigState(FactBase):
 
     .. code:: python
 
-        {
-            "status": "ok",   # ok | absent | not_supported (no MIG-capable GPU) | not_enabled (MIG off on all)
-                              # | driver_not_loaded | version_mismatch | error
-            "error": None,
-            "gpu_instances": [
-                {"gpu": 0, "profile": "1g.10gb", "profile_id": 19, "gi_id": 7,
-                 "placement_start": 0, "placement_size": 1},
-            ],
-            "compute_instances": [
-                {"gpu": 0, "gi_id": 7, "profile": "1g.10gb", "profile_id": 0, "ci_id": 0,
-                 "placement_start": 0, "placement_size": 1},   # placement None on drivers without the column
-            ],
-        }
+        {"status": "ok",  # | absent | not_supported | not_enabled | driver_not_loaded | version_mismatch | error
+         "error": None,
+         "gpu_instances": [{"gpu": 0, "profile": "1g.10gb", "profile_id": 19, "gi_id": 7,
+                            "placement_start": 0, "placement_size": 1}],
+         "compute_instances": [{"gpu": 0, "gi_id": 7, "profile": "1g.10gb", "profile_id": 0, "ci_id": 0,
+                                "placement_start": 0, "placement_size": 1}]}  # placement None on older drivers
 
-    ``profile`` is the name without the ``MIG `` prefix; a compute instance smaller than its GPU instance is
-    named like ``1c.3g.40gb``. "No GPU instances found" is ``status="ok"`` with empty lists.
-    Whether MIG mode is on per GPU is in ``GpuInventory`` (``mig_current`` / ``mig_pending``).
+    ``profile`` has no ``MIG `` prefix (a compute instance smaller than its GPU instance: ``1c.3g.40gb``).
     """
 
     @staticmethod

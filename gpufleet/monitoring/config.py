@@ -1,43 +1,8 @@
 """Validated settings of the monitoring deploy (``gpufleet_monitoring_*`` keys; this module owns the namespace).
 
-Monitoring-host keys (host or group data of the hosts in the inventory's ``monitoring`` group):
-
-======================================== ========================================================== ==============
-key                                      allowed                                                    default
-======================================== ========================================================== ==============
-gpufleet_monitoring_scrape_interval      a Prometheus duration, 1s..1h                              ``"15s"``
-gpufleet_monitoring_evaluation_interval  a Prometheus duration, 1s..1h                              ``"15s"``
-gpufleet_monitoring_alert_for            {alert name: duration}: overrides an alert's ``for``       ``{}``
-gpufleet_monitoring_verify_max_age       a duration: VerifyStale fires past it                      ``"8d"``
-gpufleet_monitoring_retention            a duration >= the longest range any rule reads (30d)       ``"35d"``
-gpufleet_monitoring_prometheus_listen    ADDRESS:PORT                                               MGMT ``:9090``
-gpufleet_monitoring_alertmanager_listen  ADDRESS:PORT                                               MGMT ``:9093``
-gpufleet_monitoring_receivers            [{name, type: webhook|email|slack, ...}] (first: default)  ``[]`` (none)
-gpufleet_monitoring_routes               [{receiver, matchers: {label: value}}]                     ``[]``
-gpufleet_monitoring_group_wait           Alertmanager group_wait duration                           ``"30s"``
-gpufleet_monitoring_grafana              true / false                                               ``true``
-gpufleet_monitoring_grafana_admin_password  a password (>= 12 characters, not a default one)        (required)
-gpufleet_monitoring_grafana_repo_url     the Grafana apt repository                                 apt.grafana.com
-gpufleet_monitoring_grafana_repo_key_fingerprint  the repository key's fingerprint (40 hex), checked    (not checked)
-gpufleet_monitoring_grafana_listen       ADDRESS:PORT                                               MGMT ``:3000``
-gpufleet_monitoring_prometheus_tls_server_config  {cert_file, key_file, ...}: HTTPS (files on the host)  (HTTP)
-gpufleet_monitoring_alertmanager_tls_server_config  {cert_file, key_file, ...}: HTTPS                    (HTTP)
-gpufleet_monitoring_prometheus_basic_auth_users  {user: bcrypt hash}: people's accounts beside gpufleet's   ``{}``
-gpufleet_monitoring_alertmanager_basic_auth_users  {user: bcrypt hash}                                    ``{}``
-gpufleet_monitoring_tls_ca_file          CA file on the monitoring host for HTTPS targets           system CAs
-======================================== ========================================================== ==============
-
-MGMT: the host's management address, ``ssh_hostname`` when it is an IP address, else ``0.0.0.0``
-(:func:`gpufleet.config.management_address`). Prometheus and Alertmanager always ask for basic auth (the
-``prometheus`` and ``alertmanager`` accounts of :mod:`gpufleet.web_auth`, user ``gpufleet``, and the people's
-accounts of ``*_basic_auth_users``).
-
-Target keys (every GPU node): ``gpufleet_monitoring_cluster`` (the ``cluster`` label, default ``"default"``) and
-``gpufleet_monitoring_gpu_model`` (the ``gpu_model`` label: a catalog key or GPU name; default: the catalog key of
-the GPUs nvidia-smi reports on the node, read by the monitoring deploy; empty where it sees none).
-
-Receivers: ``webhook`` needs ``url``; ``email`` needs ``to``, ``from``, ``smarthost`` (``host:port``); ``slack``
-needs ``api_url`` (``channel`` optional).
+Monitoring-host keys are read from the hosts of the inventory's ``monitoring`` group, target keys
+(``gpufleet_monitoring_cluster``, ``gpufleet_monitoring_gpu_model``) from every GPU node. Every key is checked
+before any host is changed; the table of keys, values and defaults is in docs/configuration.md.
 """
 
 from __future__ import annotations

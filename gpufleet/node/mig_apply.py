@@ -1,34 +1,17 @@
 #!/usr/bin/env python3
 """gpufleet-mig-apply: switch GPUs' MIG mode safely and (re)create the MIG instances of a saved layout.
 
-Installed by gpufleet (``gpufleet/node/mig_apply.py``) as ``/usr/local/sbin/gpufleet-mig-apply``, with the MIG
-comparison it shares with gpufleet's MIG operation, exporter and verify (``gpufleet/node/mig_compare.py``) as
-``/usr/local/lib/gpufleet/mig_compare.py``. Python 3.7+ standard library only: it runs with the host's ``python3``.
-Safe to run by hand.
+Installed as ``/usr/local/sbin/gpufleet-mig-apply`` beside ``mig_compare.py``, the comparison it shares with the MIG
+operation, the exporter and verify. Python 3.7+ standard library only; safe to run by hand.
 
     gpufleet-mig-apply apply [LAYOUT]      at boot (gpufleet-mig.service); LAYOUT: /etc/gpufleet/mig-layout.json
     gpufleet-mig-apply mode [--holder UNIT]... INDEX=enabled|disabled...
 
-``mode`` switches the MIG mode of the GPUs given (run by gpufleet's MIG operation). A GPU whose mode already
-is the one asked for is not touched. A GPU a compute process runs on is not touched either. For the others:
-the holder units that are active are stopped (in the order given), each GPU's mode is set (``nvidia-smi -i N
--mig 1|0``; MIG instances are destroyed first when disabling: the driver refuses otherwise), a GPU whose new
-mode is only *pending* is reset (``nvidia-smi -r -i N``), and the stopped units are started again (reverse
-order), whatever happened, and must then stay up for ``$GPUFLEET_MIG_SETTLE_S`` seconds in a row (3; 60 s at
-most). A GPU still not in the asked-for mode needs a reboot: it is listed, with the reason,
-in /run/gpufleet/mig-reboot-required (``INDEX<TAB>PCI BUS ID<TAB>REASON`` lines; the file is removed when no
-GPU needs one). Exit status 0, also when a GPU needs a reboot; 1 when nvidia-smi cannot list the GPUs or a
-stopped unit did not start again or stay up.
-
-``apply`` reads the layout file written by gpufleet (JSON: ``{"version": 1, "holder_services": [units],
-"gpus": [{"pci_bus_id": "00000000:18:00.0", "mig_enabled": true, "create": [9, 14, 19, 19], ...}]}``; GPUs
-are found by PCI bus id, as MIG layouts belong to GPU positions), switches the mode of GPUs where it differs
-(as ``mode`` does), and creates the GPU instances of ``create`` (profile IDs, in that order, each with its
-default compute instance: ``nvidia-smi mig -i N -cgi 9,14,19,19 -C``) on a MIG GPU that has none. A GPU whose
-instances already match (same profile IDs) is left as it is, a missing default compute instance is created;
-a GPU with other instances (or a compute instance that does not span its GPU instance) is left alone and
-reported. Exit status 1 when something in the layout could not
-be applied (the unit then shows as failed), else 0.
+``mode`` stops the active holder units, switches each GPU no process runs on, resets a GPU whose mode is only
+pending and starts the units again whatever happened; a GPU that still needs a reboot is listed in
+/run/gpufleet/mig-reboot-required. ``apply`` does the same from the layout file (GPUs found by PCI bus id) and
+creates the GPU instances of a MIG GPU that has none; other instances are reported, never destroyed.
+docs/converging.md gives the file formats and exit statuses.
 """
 
 from __future__ import annotations

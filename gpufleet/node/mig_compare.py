@@ -1,20 +1,15 @@
-"""Is this MIG layout applied to this GPU? The ONE comparison of gpufleet (DESIGN.md §3: one decision, one place).
+"""Is this MIG layout applied to this GPU? The one comparison of gpufleet (DESIGN.md §3: one decision, one place).
 
-Used by the MIG operation (``gpufleet.operations.mig``, through ``gpufleet.plan``), the node-side applier
-(``gpufleet-mig-apply``, which imports it from beside itself or from ``/usr/local/lib/gpufleet``), the NVML exporter
-(``gpufleet_gpu_mig_layout_match``; shipped in its bundle) and verify (``config.mig``). Each reads the GPU its own way
-(nvidia-smi, NVML, the probe's JSON) and hands the same observations here:
+The MIG operation, the node-side applier, the NVML exporter and verify each read the GPU their own way (nvidia-smi,
+NVML, the probe's JSON) and hand the same observations to :func:`differences`:
 
-    differences(enabled, create, present, current, pending, instances)  -> [] when applied
+* ``enabled``/``create``: the layout (MIG mode wanted; GPU-instance profile ids, compared as a multiset);
+* ``present``: whether the GPU is there at all;
+* ``current``/``pending``: MIG mode now and after a reset (``None``: not reported; a ``current`` of ``None``
+  means no MIG, which counts as disabled);
+* ``instances``: ``(GPU-instance profile id, whole)`` per GPU instance, ``whole`` when one compute instance spans it.
 
-* ``enabled``/``create``: the layout of the GPU (MIG mode wanted; GPU-instance profile ids, compared as a multiset);
-* ``present``: whether the GPU is there at all (a GPU of the layout that is absent is not applied);
-* ``current``/``pending``: MIG mode now and after a reset (``True``/``False``; ``None``: not reported, and a
-  ``current`` of ``None`` means the GPU has no MIG, which counts as "disabled");
-* ``instances``: ``(GPU-instance profile id, whole)`` per GPU instance, ``whole`` when it holds exactly one compute
-  instance spanning it (what ``nvidia-smi mig -cgi … -C`` makes).
-
-Node-side module: Python 3.7+ standard library, no import of gpufleet (it runs alone on a node).
+Node-side: Python 3.7+ standard library, no import of gpufleet.
 """
 
 from __future__ import annotations

@@ -1,24 +1,13 @@
 """
 The per-host lock of gpufleet runs that change a host: one converge (or boot-time MIG apply, or rollout) at a time.
 
-How it is held across a pyinfra run, whose commands are separate SSH sessions: by a **held remote process**. When
-the run starts executing, :func:`host_lock` opens one more SSH channel on the host's connection and runs a small
-shell there (:func:`hold_script`) that takes ``flock`` on ``/run/gpufleet/host.lock``, writes who holds it (the
-controller's host name, pid, start time and command line) into that file, and then waits for its standard input
-to end. Its standard input is the SSH channel: it ends when the run ends, when the controller process dies
-(SIGKILL included: the kernel closes its sockets) or when the connection is declared dead
-(:mod:`gpufleet.connection`). Then the holder waits until no other process of the same SSH connection (same
-``SSH_CONNECTION``) is left on the host — a command of a killed run keeps running on the host — clears the file
-and exits, which releases the lock. So:
-
-* the lock lives exactly as long as the run and what it started on the host; there is no lease to renew, no clock
-  to trust, and no controller-side liveness check that works only from the same machine;
-* a holder that is gone releases ``flock`` in the kernel; a file still naming a holder while the lock is free is
-  a stale lock (holder killed before it could clear it): it is taken over, and the run says whose it was;
-* ``/run`` is a tmpfs: nothing stale survives a reboot.
-
-Node-side users (the boot-time MIG apply unit) take the same lock with :func:`node_lock_command`
-(``flock -w`` on the same file, naming themselves in it). Read-only runs (``--dry``, verify) take no lock.
+A pyinfra run's commands are separate SSH sessions, so the lock is held by a remote process: :func:`host_lock` opens
+one more channel on the host's connection and runs :func:`hold_script` there, which takes ``flock`` on
+``/run/gpufleet/host.lock``, names its holder in the file and waits for its standard input, the channel, to end.
+It ends with the run, the controller (even killed) or a dead connection; the holder then waits for the commands of
+the same SSH connection to end, clears the file and exits. There is no lease to renew and no clock to trust; a
+file naming a holder while the lock is free is stale and taken over, and ``/run`` does not survive a reboot.
+Node-side users take the same lock with :func:`node_lock_command`; read-only runs take none.
 """
 
 from __future__ import annotations

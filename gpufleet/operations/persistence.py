@@ -81,26 +81,11 @@ def nvidia_persistenced(persistence_mode: bool = True):
 
     + persistence_mode: run the daemon with ``--persistence-mode`` (``False``: ``--no-persistence-mode``)
 
-    The packaged unit's command differs by packaging: Debian's runs ``nvidia-persistenced --user nvpd`` (its
-    postinst creates the ``nvpd`` user), NVIDIA's template ``--user <the user its install.sh creates>``
-    (``nvidia-persistenced`` by default), NVIDIA's Ubuntu packaging ``--verbose`` (as root); some run it with
-    ``--no-persistence-mode``. This operation:
-
-    - writes the drop-in ``/etc/systemd/system/nvidia-persistenced.service.d/gpufleet.conf`` that clears
-      ``ExecStart`` and sets it again to the packaged unit's command (read from the installed unit file: its user
-      and options kept, so it never names a user the package did not create) with ``--persistence-mode`` in place
-      of any persistence flag, and reloads systemd only when the drop-in changed (or systemd says a reload is
-      pending);
-    - makes the unit start at boot with ``systemctl add-wants multi-user.target nvidia-persistenced.service``
-      (the link ``systemctl enable`` makes for a unit ``WantedBy=multi-user.target``, which works on a static unit
-      too; checked through the ``multi-user.target.wants`` link);
-    - starts the daemon when it is not running, and restarts it when the drop-in changed or when a GPU's
-      persistence mode (read from the GPU through ``nvidia-smi``, not from the unit state) is ``Disabled``
-      while it should be ``Enabled``.
-
-    When the driver is not loaded yet (installed, reboot pending) the unit is configured and the daemon is
-    not started: it starts at boot. With ``persistence_mode=False`` the GPUs' mode is not checked (a mode set
-    by hand with the legacy ``nvidia-smi -pm 1`` is left alone).
+    A systemd drop-in runs the packaged unit's own command (its ``--user`` differs by packaging, so it is read from
+    the installed unit, never assumed) with the persistence flag replaced; the unit is made to start at boot
+    (``systemctl add-wants``, which works on a static unit too). The daemon is started when it is not running and
+    restarted when the drop-in changed or a GPU reports persistence mode ``Disabled`` while it should be on. With
+    the driver not loaded yet the unit is only configured: it starts at boot.
 
     **Example:**
 

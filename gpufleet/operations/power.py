@@ -46,26 +46,12 @@ def limits(limits: dict[str, float]):
 
     + limits: ``{GPU UUID: watts}``; the GPUs must be on this host (``nvidia-smi -L`` shows their UUIDs)
 
-    Power limits are volatile: they are back to the default after a reboot or a driver reload. This
-    operation:
-
-    - runs ``nvidia-smi -i <uuid> -pl <watts>`` for each GPU whose current limit differs (to 0.01 W);
-    - writes the desired values to ``/etc/gpufleet/power-limits.conf`` (``UUID=WATTS`` lines, sorted);
-    - installs ``/usr/local/sbin/gpufleet-gpu-settings`` and the ``Type=oneshot`` ``RemainAfterExit=yes`` unit
-      ``gpufleet-power-limits.service`` (``Wants=nvidia-persistenced.service``, ``After=`` persistenced,
-      fabric manager and ``gpufleet-mig.service``) that reapplies the file at boot, by UUID: a GPU missing
-      at boot is logged and skipped, not fatal. The unit is enabled, and started once now.
-
-    A UUID that is not on the host, or a limit outside the GPU's min/max, fails the host with an error naming
-    it (before any command on it). While nvidia-smi reports a GPU lost (fallen off the bus), a UUID it does
-    not list may be that GPU: its desired limit is kept in the file (also one set by an earlier run) and a
-    warning names it; the boot unit applies it when the GPU is back. When no GPU is reachable (driver
-    installed but not loaded, reboot pending), the file and unit are written and the limits apply at the next
-    boot.
-
-    GPUs listed in the existing file but no longer in ``limits`` are set back to their default limit: the
-    file is the record of what gpufleet manages. ``limits={}`` stops managing power limits: those GPUs go
-    back to their default limit, the unit is stopped, disabled and removed, and the file is removed.
+    Power limits are volatile, so besides ``nvidia-smi -i <uuid> -pl <watts>`` for each GPU whose limit differs,
+    the desired values go to ``/etc/gpufleet/power-limits.conf`` and the oneshot unit
+    ``gpufleet-power-limits.service`` reapplies them at boot (a GPU missing then is skipped). The file is the
+    record of what gpufleet manages: a GPU dropped from ``limits`` goes back to its default limit, and
+    ``limits={}`` removes the unit and the file. A lost GPU or an unloaded driver leaves the value to the boot
+    unit (docs/error-policy.md).
 
     **Example:**
 

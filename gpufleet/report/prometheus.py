@@ -1,20 +1,9 @@
 """Prometheus textfile (node_exporter textfile collector) with the verify results and bench figures.
 
-Label names are dcgm-exporter's, so one set of rules and dashboards joins both: every sample carries
-``hostname`` (the inventory name of the host verified; Prometheus adds its own ``host`` target label when
-node_exporter is scraped), GPU metrics add ``gpu`` (index, "" for host-level checks) and ``UUID``, benchmark
-metrics ``modelName``:
-
-- ``gpufleet_verify_check{hostname,gpu,UUID,check}`` 1 = passed (pass or warn), 0 = failed (fail or unreachable);
-  skipped checks are not exported; several results of one check on one GPU collapse to the worst.
-- ``gpufleet_verify_checks{hostname,verdict}`` number of checks per verdict.
-- ``gpufleet_verify_host_up{hostname}`` 1 when the host was reachable and probed.
-- ``gpufleet_verify_last_run_timestamp_seconds{hostname}`` when this verify ran.
-- ``gpufleet_bench_tflops{hostname,gpu,UUID,modelName,precision}``, ``gpufleet_bench_tflops_peak_ratio{...}``,
-  ``gpufleet_bench_memory_bandwidth_gbs{hostname,gpu,UUID,modelName}``,
-  ``gpufleet_bench_host_transfer_gbs{hostname,gpu,UUID,direction}``, ``gpufleet_bench_nccl_busbw_gbs{hostname}``.
-
-``write_textfile`` writes atomically (temporary file + rename), as the textfile collector requires.
+Label names are dcgm-exporter's (``gpu``, ``UUID``, ``modelName``), so one set of rules and dashboards joins both;
+every sample carries ``hostname``, the inventory name of the host verified. A check is 1 when it passed (pass or
+warn), 0 when it failed; skipped checks are left out and several results of one check on one GPU collapse to the
+worst. docs/verify.md lists the series. :func:`write_textfile` writes atomically, as the collector requires.
 """
 
 from __future__ import annotations

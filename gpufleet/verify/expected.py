@@ -1,23 +1,11 @@
-"""The expected state of a node, from the SAME validated configuration the converge deploy uses.
+"""The expected state of a node, from the same validated configuration the converge deploy uses.
 
     from gpufleet.verify.expected import expected_state
     expected = expected_state(node_config, probe_doc, pci=pci_fact)     # or ExpectedState.from_node_config(...)
 
-Each field comes from the node plan (:class:`gpufleet.plan.NodePlan`, the same resolution the converge deploy
-applies) resolved against the GPUs the probe found, and only for the stages the host's ``gpufleet_stages``
-enables (a stage that is off is not gpufleet's business, so it is not checked):
-
-* ``driver``: the driver branch (``gpufleet_driver_branch``).
-* ``persistence``: persistence mode on every GPU, and ``nvidia-persistenced`` active.
-* ``power``: the plan's limit per GPU UUID (uuid > model > fleet-wide; ``"80%"`` of *this* GPU's default limit
-  as NVML reports it), only where a limit is set and resolvable (preflight refuses the rest).
-* ``mig``: the plan's layout per GPU index (mig-parted entries, device filters, ``devices: all``), only for the
-  GPUs an entry selects.
-* ``nccl``: the ``KEY=VALUE`` pairs of ``/etc/nccl.conf`` (none set: no file expected, as the deploy removes it).
-* services: ``nvidia-fabricmanager`` active where the host has NVSwitches (from the ``NvidiaPciDevices`` fact,
-  or ``nvswitch=`` given by the caller), whatever the stages: GPUs on an NVSwitch board are unusable without it.
-* GPU count: the number of NVIDIA GPUs on the PCI bus (when the fact is given), so a GPU the driver no longer
-  lists is still missed.
+Each field comes from the node plan (:class:`gpufleet.plan.NodePlan`) resolved against the GPUs the probe found,
+only for the stages the host enables (a stage that is off is not checked); the fabric manager where the host has
+NVSwitches and the GPU count on the PCI bus are expected whatever the stages. docs/verify.md lists the checks.
 """
 
 from __future__ import annotations
