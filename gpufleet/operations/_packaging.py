@@ -198,7 +198,8 @@ def fabricmanager_package(branch: str, style: str) -> str:
 
 
 def is_apt_driver_selector(name: str) -> bool:
-    """A branch/flavour-selecting driver metapackage (``nvidia-driver-580-server-open``, ``cuda-drivers-570``)."""
+    """A branch/flavour-selecting driver metapackage (``nvidia-driver-580-server-open``, ``nvidia-open``, and the
+    branch-named ``nvidia-open-570`` / ``cuda-drivers-570`` of hosts converged before NVIDIA's names)."""
     return bool(_APT_DRIVER_META_RE.match(name))
 
 
@@ -234,7 +235,7 @@ def apt_pin(branch: str) -> str:
     """``/etc/apt/preferences.d`` content admitting only driver ``branch`` for the driver's packages: the second
     guard beside NVIDIA's pinning package (:func:`pinning_package`), on every naming style.
 
-    The branch's own metapackages (``nvidia-driver-580-server-open``, ``cuda-drivers-580``…) and the
+    The branch's own metapackages (``nvidia-driver-580-server-open``, ``nvidia-driver-580-server``…) and the
     branch-agnostic ``APT_PIN_PACKAGES``: apt takes the first record that matches a version, so the branch's
     versions get 1000 and any other -1 (never installed, not even as a dependency of something else).
     """
