@@ -1,14 +1,15 @@
 """Preflight of the driver repository: before any host is changed, the repository the driver stage would install
 from answers (from the node) and offers the configured branch — and, on NVSwitch systems, the fabric manager of
-exactly the version the driver would get. So ``pyinfra -y`` never installs a driver on one host and then stops
+exactly the version the driver would get, and under NVIDIA's naming its branch pinning package
+(``nvidia-driver-pinning-<branch>``). So ``pyinfra -y`` never installs a driver on one host and then stops
 on another for a repository problem, leaving a driver without its GPU settings.
 
 And of dcgm-exporter (:func:`dcgm_exporter_offer`): whether apt has it for the host, the one answer the exporter
 choice (``auto``) and the refusal of an explicit ``dcgm`` share.
 
-Asked only where the driver stage has something to install (the branch's driver package, or the fabric
-manager, is missing): a converged node costs no extra round trip. apt systems only; on dnf systems the driver
-operation refuses the host (``refuse()``) if the module stream cannot be installed.
+Asked only where the driver stage has something to install (the branch's driver package, its pinning package or
+the fabric manager is missing): a converged node costs no extra round trip. apt systems only; on dnf systems the
+driver operation refuses the host (``refuse()``) if the module stream cannot be installed.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from gpufleet.facts.repository import AptRepositoryIndex
 from gpufleet.facts.system import Distribution
 from gpufleet.operations import _packaging as pkg
 from gpufleet.operations import dcgm_package
-from gpufleet.plan import DriverPlan
+from gpufleet.plan import DriverPlan, driver_on_branch
 
 
 def _version_key(version: str) -> tuple[int, ...]:
@@ -60,9 +61,13 @@ def check_driver_repository(host, config: NodeConfig, facts: preflight.HostFacts
     branch, nvswitch = plan.branch, plan.nvswitch
     driver = pkg.driver_package(branch, plan.flavour, plan.packages_style)
     fabricmanager = pkg.fabricmanager_package(branch, plan.packages_style)
+    pinning = pkg.pinning_package(branch, plan.packages_style)
     driver_installed = _installed(facts, driver)
+    if not driver_on_branch(pkg.upstream_version(driver_installed), branch):
+        driver_installed = None  # NVIDIA's names carry no branch: another branch's is not the wanted driver
     fm_installed = _installed(facts, fabricmanager)
-    if driver_installed and (not nvswitch or (
+    pinning_missing = pinning is not None and not _installed(facts, pinning)
+    if driver_installed and not pinning_missing and (not nvswitch or (
             fm_installed and pkg.upstream_version(fm_installed) == pkg.upstream_version(driver_installed))):
         return []  # nothing to install: the repository is not needed by this run
 
@@ -84,6 +89,11 @@ def check_driver_repository(host, config: NodeConfig, facts: preflight.HostFacts
             host.name, "gpufleet_driver_branch", branch,
             f"a branch the repository offers ({', '.join(_offered_branches(offered, driver, branch)) or 'none'})",
             f"the driver repository {url} offers no {driver} of branch {branch}"))
+    elif pinning_missing and not offered.get(pinning):
+        errors.append(preflight.PreflightError(
+            host.name, "gpufleet_driver_branch", branch,
+            f"a repository with NVIDIA's pinning package {pinning} (or gpufleet_driver_packages_style: ubuntu)",
+            f"the driver repository {url} offers {driver} but not {pinning}, which tracks the branch"))
     elif nvswitch and not (fm_installed and pkg.upstream_version(fm_installed)
                            == pkg.upstream_version(driver_versions[0])):
         want = pkg.upstream_version(driver_versions[0])
@@ -97,7 +107,10 @@ def check_driver_repository(host, config: NodeConfig, facts: preflight.HostFacts
 
 
 def _offered_branches(offered: dict[str, list[str]], driver: str, branch: str) -> list[str]:
-    """Branches offered under the same package naming (``nvidia-open-570`` for ``nvidia-open-580``)."""
+    """Branches offered under the same package naming: by version for NVIDIA's names (``nvidia-open``
+    570.172.08), by name for Ubuntu's (``nvidia-driver-570-server-open`` for ``nvidia-driver-580-server-open``)."""
+    if branch not in driver:
+        return sorted({(pkg.upstream_version(v) or "").split(".")[0] for v in offered.get(driver, [])} - {""})
     stem = driver.replace(branch, "{}", 1)
     pattern = re.compile("^" + re.escape(stem).replace(r"\{\}", "([0-9]+)") + "$")
     return sorted({m.group(1) for name in offered if (m := pattern.match(name)) and offered[name]})

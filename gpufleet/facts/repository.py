@@ -50,7 +50,7 @@ class AptRepositoryIndex(FactBase):
 
     .. code:: python
 
-        {"packages": {"nvidia-open-580": ["580.95.05-1"], ...}, "error": None}
+        {"packages": {"nvidia-open": ["570.172.08-1", "580.95.05-1"], ...}, "error": None}
         {"packages": {}, "error": "E: Failed to fetch http://mirror/nvidia/Packages.gz  404  Not Found"}
     """
 

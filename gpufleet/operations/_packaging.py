@@ -5,7 +5,10 @@ Naming styles on apt systems (``packages_style``):
 
 - ``ubuntu``: ``nvidia-driver-<branch>-server-open`` (open kernel modules) / ``nvidia-driver-<branch>-server``
   (proprietary) -- Ubuntu's archive and NVIDIA's Ubuntu repositories.
-- ``nvidia``: ``nvidia-open-<branch>`` / ``cuda-drivers-<branch>`` -- NVIDIA's CUDA repositories.
+- ``nvidia``: ``nvidia-open`` / ``cuda-drivers`` with ``nvidia-driver-pinning-<branch>`` -- NVIDIA's CUDA
+  repositories, as NVIDIA's Driver Installation Guide installs them: the same names on every branch (from 590 on
+  Ubuntu's branch-named ones are gone), the branch tracked by NVIDIA's pinning package
+  (tests/reference/upstream/nvidia-driver-guide/facts.json ``apt_driver_install``).
 
 The fabric manager: ``nvidia-fabricmanager-<branch>`` in Ubuntu's archive and in NVIDIA's CUDA repositories up to
 branch 575; plain ``nvidia-fabricmanager`` in NVIDIA's CUDA repositories from branch 580 on
@@ -45,8 +48,9 @@ _DNF_IDS = {"rhel", "centos", "rocky", "almalinux", "fedora", "ol"}
 # and go with them).
 _APT_DRIVER_META_RE = re.compile(
     r"^(nvidia-driver-[0-9]+(-server)?(-open)?|nvidia-headless-[0-9]+(-server)?(-open)?"
-    r"|nvidia-open-[0-9]+|cuda-drivers-[0-9]+)$"
+    r"|nvidia-open(-[0-9]+)?|cuda-drivers(-[0-9]+)?)$"
 )
+_APT_PINNING_RE = re.compile(r"^nvidia-driver-pinning-[0-9.]+$")
 _APT_FABRICMANAGER_RE = re.compile(r"^nvidia-fabricmanager(-[0-9]+)?$")
 # NVIDIA's CUDA repositories drop the branch from the fabric manager's name from this branch on
 FABRICMANAGER_UNSUFFIXED_FROM = 580
@@ -166,32 +170,42 @@ def default_keyring_url(repo_url: str, fam: str, distro: dict | None = None) -> 
 
 
 def driver_package(branch: str, flavour: str, style: str) -> str:
-    """The apt metapackage that installs driver ``branch`` with ``flavour`` kernel modules."""
+    """The apt metapackage that installs driver ``branch`` with ``flavour`` kernel modules (NVIDIA's names carry
+    no branch: :func:`pinning_package` and the version select it)."""
     if style == "ubuntu":
         return f"nvidia-driver-{branch}-server-open" if flavour == "open" else f"nvidia-driver-{branch}-server"
-    return f"nvidia-open-{branch}" if flavour == "open" else f"cuda-drivers-{branch}"
+    return "nvidia-open" if flavour == "open" else "cuda-drivers"
+
+
+def pinning_package(branch: str, style: str) -> str | None:
+    """NVIDIA's package that makes apt track driver ``branch`` (``nvidia-driver-pinning-580``), installed with the
+    driver under NVIDIA's naming; None under Ubuntu's (the branch is in the names)."""
+    return f"nvidia-driver-pinning-{branch}" if style == "nvidia" else None
+
+
+def is_apt_pinning(name: str) -> bool:
+    """One of NVIDIA's driver pinning packages (any branch or version)."""
+    return bool(_APT_PINNING_RE.match(name))
 
 
 def fabricmanager_package(branch: str, style: str) -> str:
     """The fabric manager package of driver ``branch`` under a naming style: NVIDIA's CUDA repositories name it
     ``nvidia-fabricmanager`` from branch 580 on (which branch is then the version's business: the apt pin admits only
-    the branch's versions of it), ``nvidia-fabricmanager-<branch>`` before; Ubuntu's archive always with the branch.
-
-    NVIDIA's repositories also offer ``nvidia-driver-pinning-<version>`` to pin a whole driver tree; gpufleet pins
-    with its own preferences file (:func:`apt_pin`) and holds instead, the same on every naming style."""
+    the branch's versions of it), ``nvidia-fabricmanager-<branch>`` before; Ubuntu's archive always with the branch."""
     if style == "nvidia" and int(branch) >= FABRICMANAGER_UNSUFFIXED_FROM:
         return "nvidia-fabricmanager"
     return f"nvidia-fabricmanager-{branch}"
 
 
 def is_apt_driver_selector(name: str) -> bool:
-    """A branch/flavour-selecting driver metapackage (``nvidia-driver-580-server-open``, ``cuda-drivers-570``)."""
+    """A branch/flavour-selecting driver metapackage (``nvidia-driver-580-server-open``, ``nvidia-open``, and the
+    branch-named ``nvidia-open-570`` / ``cuda-drivers-570`` of hosts converged before NVIDIA's names)."""
     return bool(_APT_DRIVER_META_RE.match(name))
 
 
 def selector_flavour(name: str) -> str:
-    """Kernel module flavour a driver metapackage installs (``…-open``, ``nvidia-open-<branch>``: open)."""
-    return "open" if name.endswith("-open") or name.startswith("nvidia-open-") else "proprietary"
+    """Kernel module flavour a driver metapackage installs (``…-open``, ``nvidia-open[-<branch>]``: open)."""
+    return "open" if name.endswith("-open") or name.startswith("nvidia-open") else "proprietary"
 
 
 def is_apt_fabricmanager(name: str) -> bool:
@@ -218,9 +232,10 @@ def upstream_version(version: str | None) -> str | None:
 
 
 def apt_pin(branch: str) -> str:
-    """``/etc/apt/preferences.d`` content admitting only driver ``branch`` for the driver's packages.
+    """``/etc/apt/preferences.d`` content admitting only driver ``branch`` for the driver's packages: the second
+    guard beside NVIDIA's pinning package (:func:`pinning_package`), on every naming style.
 
-    The branch's own metapackages (``nvidia-driver-580-server-open``, ``cuda-drivers-580``…) and the
+    The branch's own metapackages (``nvidia-driver-580-server-open``, ``nvidia-driver-580-server``…) and the
     branch-agnostic ``APT_PIN_PACKAGES``: apt takes the first record that matches a version, so the branch's
     versions get 1000 and any other -1 (never installed, not even as a dependency of something else).
     """

@@ -24,6 +24,7 @@ from gpufleet.facts.nvidia import GpuInventory
 from gpufleet.facts.packages import NvidiaPackages, PackageHolds
 from gpufleet.facts.repository import KeyFingerprints
 from gpufleet.facts.system import Distribution
+from gpufleet.plan import driver_on_branch
 
 from . import _packaging as pkg
 from . import _repo_keys, apt_lists
@@ -429,22 +430,25 @@ def _apt_packages(branch: str, flavour: str, style: str, nvswitch: bool, repo_ur
     None when the host was refused (nothing installable)."""
     driver = pkg.driver_package(branch, flavour, style)
     fabricmanager = pkg.fabricmanager_package(branch, style)
+    pinning = pkg.pinning_package(branch, style)
     installed, holds = _apt_installed()
     driver_version = _apt_installed_driver(branch, flavour, style)
     fm_version = _one(installed.get(fabricmanager)) if nvswitch else None
     obsolete = sorted(
         name
         for name in installed
-        if name != driver
-        and (pkg.is_apt_driver_selector(name) or (pkg.is_apt_fabricmanager(name) and name != fabricmanager))
+        if name not in (driver, pinning)
+        and (pkg.is_apt_driver_selector(name) or pkg.is_apt_pinning(name)
+             or (pkg.is_apt_fabricmanager(name) and name != fabricmanager))
     )
     need_driver = driver_version is None
+    need_pinning = pinning is not None and pinning not in installed
     need_fm = nvswitch and (
         fm_version is None or pkg.upstream_version(fm_version) != pkg.upstream_version(driver_version)
     )
-    wanted = [driver] + ([fabricmanager] if nvswitch else [])
+    wanted = [driver] + ([pinning] if pinning else []) + ([fabricmanager] if nvswitch else [])
 
-    if not (need_driver or need_fm or obsolete):
+    if not (need_driver or need_pinning or need_fm or obsolete):
         unheld = [name for name in _hold_list(wanted, installed, driver_version) if name not in holds]
         if unheld:
             yield f"apt-mark hold {_quote_all(unheld)}"
@@ -457,6 +461,16 @@ def _apt_packages(branch: str, flavour: str, style: str, nvswitch: bool, repo_ur
     # Read after the update (operations run lazily in pyinfra 3): candidates with the branch pin applied.
     policy = host.get_fact(_AptCachePolicy, packages=tuple(wanted))
     specs = []
+    if need_pinning:
+        # NVIDIA's pinning package first, in the driver's transaction: gpufleet's own pin already admits only the
+        # branch, and the driver is installed at the exact version read above
+        if not (policy.get(pinning) or {}).get("candidate"):
+            yield from refuse(
+                f"{pinning}: NVIDIA's branch pinning package is not offered by the configured repositories "
+                f"(repository {repo_url}); check that the repository or mirror carries it"
+            )
+            return None
+        specs.append(pinning)
     if need_driver:
         driver_version = (policy.get(driver) or {}).get("candidate")
         if not driver_version:
@@ -466,6 +480,8 @@ def _apt_packages(branch: str, flavour: str, style: str, nvswitch: bool, repo_ur
             )
             return None
         specs.append(f"{driver}={driver_version}")
+    # the fabric manager in place stays when it already is the version the driver gets (a renamed metapackage)
+    need_fm = need_fm and pkg.upstream_version(fm_version) != pkg.upstream_version(driver_version)
     if need_fm:
         want = pkg.upstream_version(driver_version)
         matching = [
@@ -503,8 +519,10 @@ def _apt_installed() -> tuple[dict[str, set[str]], set[str]]:
 
 
 def _apt_installed_driver(branch: str, flavour: str, style: str) -> str | None:
-    """The installed version of the wanted driver metapackage (branch, flavour, naming style), else None."""
-    return _one(_apt_installed()[0].get(pkg.driver_package(branch, flavour, style)))
+    """The installed version of the wanted driver metapackage (branch, flavour, naming style) when it is of the
+    branch (NVIDIA's names carry none), else None."""
+    version = _one(_apt_installed()[0].get(pkg.driver_package(branch, flavour, style)))
+    return version if driver_on_branch(pkg.upstream_version(version), branch) else None
 
 
 def _hold_list(wanted: list[str], installed: dict, driver_version: str | None) -> list[str]:
@@ -515,7 +533,8 @@ def _hold_list(wanted: list[str], installed: dict, driver_version: str | None) -
         for name, versions in installed.items()
         if name not in wanted
         and pkg.is_apt_driver_component(name)
-        and not (pkg.is_apt_driver_selector(name) or pkg.is_apt_fabricmanager(name))  # only the wanted ones
+        and not (pkg.is_apt_driver_selector(name) or pkg.is_apt_fabricmanager(name)
+                 or pkg.is_apt_pinning(name))  # only the wanted ones
         and any(pkg.upstream_version(version) == release for version in versions)
     )
     return wanted + components
@@ -652,7 +671,8 @@ def nvidia_driver(
     + nvswitch: install the fabric manager of exactly the driver's version and keep it enabled and running
       (HGX/DGX boards with NVSwitch)
     + packages_style: apt package naming, ``"ubuntu"`` (``nvidia-driver-580-server-open`` /
-      ``nvidia-driver-580-server``) or ``"nvidia"`` (``nvidia-open-580`` / ``cuda-drivers-580``); default
+      ``nvidia-driver-580-server``) or ``"nvidia"`` (``nvidia-open`` / ``cuda-drivers`` with NVIDIA's
+      ``nvidia-driver-pinning-580``); default
       ``ubuntu`` on Ubuntu, ``nvidia`` on Debian; ignored on dnf systems (module stream ``580-open`` /
       ``580-dkms``)
     + kernel_headers: install the running kernel's headers (``linux-headers-$(uname -r)`` /
@@ -675,10 +695,13 @@ def nvidia_driver(
        foreign kernel) the operation reports it and goes on - it does not fail, since prebuilt module packages
        do not need them and a DKMS build that does fails loudly itself;
     5. the driver metapackage (and the fabric manager at the version whose upstream part equals the driver's:
-       ``nvidia-fabricmanager-<branch>``, or ``nvidia-fabricmanager`` in NVIDIA's naming from branch 580 on)
-       installed in one apt transaction that also removes other branches', flavours' and styles' metapackages
-       (and fabric managers); then held, with every installed package of the same driver release (``apt upgrade`` cannot
-       move part of it to another point release). A flavour change at the same version writes
+       ``nvidia-fabricmanager-<branch>``, or ``nvidia-fabricmanager`` in NVIDIA's naming from branch 580 on;
+       in NVIDIA's naming, its pinning package ``nvidia-driver-pinning-<branch>`` first) installed in one apt
+       transaction that also removes other branches', flavours' and styles' metapackages, pinning packages and
+       fabric managers (a host converged with the older ``nvidia-open-<branch>`` / ``cuda-drivers-<branch>``
+       names moves to NVIDIA's in that transaction, at the same version: no reboot); then held, with every
+       installed package of the same driver release (``apt upgrade`` cannot move part of it to another point
+       release). A flavour change at the same version writes
        ``/var/run/reboot-required``: nvidia-smi cannot show which modules are loaded. dnf: module stream
        ``nvidia-driver:<branch>-open|-dkms``, ``nvidia-fabric-manager-<driver version>``, ``dnf versionlock``;
     6. the fabric manager unit enabled, and started unless a reboot is pending (it refuses a driver of another

@@ -22,7 +22,7 @@ import textwrap
 from email.utils import formatdate
 from pathlib import Path
 
-from . import dcgm_files, network, repo_dcgm
+from . import dcgm_files, network, nvidia_record, repo_dcgm
 from .paths import cache_dir, sim_dir
 
 PORT = 8731
@@ -107,9 +107,9 @@ WantedBy=multi-user.target
 
 
 def _cuda_repository_driver(package: str) -> bool:
-    """A driver package named as NVIDIA's CUDA repository names them (``nvidia-open-<branch>``); the others are
-    named as Ubuntu's packaging names them (``nvidia-driver-<branch>[-server][-open]``)."""
-    return package.startswith("nvidia-open-")
+    """A driver package named as NVIDIA's CUDA repository names them (``nvidia-open``, ``cuda-drivers``: the
+    record's); the others are named as Ubuntu's packaging names them (``nvidia-driver-<branch>[-server][-open]``)."""
+    return package in (nvidia_record.metapackage("open"), nvidia_record.metapackage("proprietary"))
 
 
 def persistenced_unit(package: str) -> str:
@@ -320,7 +320,7 @@ def _build_deb(tree: Path, out: Path) -> Path:
 
 def _driver_tree(work: Path, package: str, version: str, revision: str, flavour: str, nvml: Path,
                  conflicts: str) -> Path:
-    tree = work / package
+    tree = work / f"{package}_{version}"  # NVIDIA's unsuffixed names come in one version per branch
     lib = tree / "usr/lib/gpufleet-sim"
     (lib / "simgpu").mkdir(parents=True)
     for source in SIMGPU_DIR.glob("*.py"):
@@ -345,9 +345,12 @@ def _driver_tree(work: Path, package: str, version: str, revision: str, flavour:
         "blacklist nouveau\noptions nouveau modeset=0\n")
     debian = tree / "DEBIAN"
     debian.mkdir()
+    depends = "python3"
+    if _cuda_repository_driver(package):  # NVIDIA's metapackage pulls the branch's kernel module package
+        depends += f", {nvidia_record.kernel_module_package(version.split('.')[0], flavour)} (= {version}-{revision})"
     (debian / "control").write_text(_control(
         package, f"{version}-{revision}", f"NVIDIA driver metapackage ({flavour} kernel modules)",
-        Depends="python3", Provides="nvidia-driver-sim, libnvidia-ml1",
+        Depends=depends, Provides="nvidia-driver-sim, libnvidia-ml1",
         Conflicts=conflicts, Replaces=conflicts))
     user = persistenced_user(package)
     create_user = (f"    getent passwd {user} >/dev/null || "
@@ -390,12 +393,14 @@ def packages() -> list[tuple[str, str, str, str]]:
             (f"nvidia-driver-{branch}-server", version, "0ubuntu1", "proprietary"),
             (f"nvidia-driver-{branch}-open", version, "0ubuntu1", "open"),
             (f"nvidia-driver-{branch}", version, "0ubuntu1", "proprietary"),
-            (f"nvidia-open-{branch}", version, "1", "open"),  # NVIDIA's CUDA repository naming
             (f"nvidia-fabricmanager-{branch}", version, "1", "fabricmanager"),  # Ubuntu's archive, CUDA repo < 580
-            # NVIDIA's CUDA repository naming of the proprietary modules (nvidia-packaging/facts.json); it carries the
-            # driver itself, so that no Ubuntu-named driver package rides along for the product to remove
-            (f"cuda-drivers-{branch}", version, "1", "proprietary"),
         ]
+        # NVIDIA's CUDA repository as NVIDIA's driver installation guide installs from it (the record's names):
+        # the unsuffixed metapackages, the branch's kernel module packages they pull, the branch's pinning package
+        found += [(nvidia_record.metapackage(flavour), version, "1", flavour) for flavour in ("open", "proprietary")]
+        found += [(nvidia_record.kernel_module_package(branch, flavour), version, "1", "component")
+                  for flavour in ("open", "proprietary")]
+        found.append((nvidia_record.pinning_package(branch), version, "1", "pinning"))
         if int(branch) >= FABRICMANAGER_UNSUFFIXED_FROM:
             # NVIDIA's CUDA repository from branch 580 on: one name, the branch in the version
             found.append(("nvidia-fabricmanager", version, "1", "fabricmanager"))
@@ -410,7 +415,7 @@ def _source_key() -> str:
     digest = hashlib.sha256()
     for path in sorted([*SIMGPU_DIR.glob("*.py"), *SIMGPU_DIR.glob("*.c"), *GRAFANA_DIR.iterdir(),
                         Path(dcgm_files.__file__), Path(__file__), EXPORTER_WEB, Path(repo_dcgm.__file__),
-                        repo_dcgm.FIELDS_JSON]):
+                        repo_dcgm.FIELDS_JSON, Path(nvidia_record.__file__), nvidia_record.RECORD]):
         digest.update(path.name.encode() + path.read_bytes())
     digest.update(repr(packages()).encode())
     return digest.hexdigest()[:12]
@@ -433,9 +438,10 @@ def build() -> Path:
         out = work / "repo"
         out.mkdir()
         nvml = build_nvml.build(work / "nvml")
-        driver_names = [p for p, _v, _r, kind in packages() if kind in ("open", "proprietary")]
+        driver_names = list(dict.fromkeys(p for p, _v, _r, kind in packages() if kind in ("open", "proprietary")))
         for package, upstream, revision, kind in packages():
             version = f"{upstream}-{revision}" if revision else upstream
+            branch = upstream.split(".")[0]
             if kind in ("open", "proprietary"):
                 others = ", ".join(n for n in driver_names if n != package)
                 tree = _driver_tree(work, package, upstream, revision, kind, nvml, others)
@@ -443,8 +449,13 @@ def build() -> Path:
                 tree = _fabricmanager_tree(work, package, upstream, revision)
             elif kind == "dcgm":
                 tree = _dcgm_tree(work, package, upstream, revision)
-            else:
+            elif kind == "grafana":
                 tree = _grafana_tree(work, upstream, revision)
+            else:  # kernel module and pinning packages: their names and versions (their contents are not recorded)
+                tree = work / f"{package}_{version}"
+                (tree / "DEBIAN").mkdir(parents=True)
+                (tree / "DEBIAN/control").write_text(_control(
+                    package, version, f"NVIDIA driver {branch} branch {kind} package (simulated: no contents)"))
             _build_deb(tree, out / f"{package}_{version}_amd64.deb")
         _write_index(out)
         _sign(out)
@@ -484,9 +495,10 @@ def _sign(repo: Path) -> None:
         subprocess.run([*gpg, "--passphrase", "", "--quick-gen-key", "gpufleet-sim <sim@gpufleet.invalid>",
                         "ed25519", "sign", "never"], check=True)
     subprocess.run([*gpg, "--output", str(repo / KEYRING_NAME), "--export", "gpufleet-sim"], check=True)
-    # the same key armored where Grafana publishes its own (https://apt.grafana.com/gpg-full.key)
-    subprocess.run([*gpg, "--armor", "--output", str(repo / GRAFANA_KEY_NAME), "--export", "gpufleet-sim"],
-                   check=True)
+    # the same key armored where Grafana publishes its own (https://apt.grafana.com/gpg-full.key) and where NVIDIA's
+    # repository directories publish theirs (the record's file names)
+    for name in (GRAFANA_KEY_NAME, *nvidia_record.key_files()):
+        subprocess.run([*gpg, "--armor", "--output", str(repo / name), "--export", "gpufleet-sim"], check=True)
     subprocess.run([*gpg, "--local-user", "gpufleet-sim", "--clearsign", "--output", str(repo / "InRelease"),
                     str(repo / "Release")], check=True)
     subprocess.run([*gpg, "--local-user", "gpufleet-sim", "--detach-sign", "--armor",

@@ -91,7 +91,8 @@ def test_first_run_converges(fleet):
         blacklist = ssh(fleet, name, "cat /etc/modprobe.d/blacklist-nouveau.conf").stdout.splitlines()
         assert "blacklist nouveau" in blacklist and "options nouveau modeset=0" in blacklist
         source = ssh(fleet, name, "cat /etc/apt/sources.list.d/gpufleet-nvidia.list").stdout
-        assert f"deb [signed-by=/etc/apt/keyrings/gpufleet-nvidia.gpg] {fleet.repo_url}/ /" in source
+        # the default key: the file NVIDIA publishes in the repository directory, armored (.asc for apt)
+        assert f"deb [signed-by=/etc/apt/keyrings/gpufleet-nvidia.asc] {fleet.repo_url}/ /" in source
         assert "Pin: version /^([0-9]+:)?580\\./" in ssh(fleet, name, "cat /etc/apt/preferences.d/*").stdout
     # the simulated hosts run the control machine's kernel: no headers package exists, which is reported
     assert "kernel headers: linux-headers-" in output and "is not installed and no configured repository" in output
@@ -149,3 +150,20 @@ def test_flavour_change_flags_the_reboot_the_version_cannot_show(fleet):
     output, total = run(fleet, *flavour, "--limit", PLAIN)
     assert total["success"] == "-" and total["error"] == "-", output
     assert "reboot pending" not in output
+
+
+def test_nvidias_naming_installs_the_guides_packages_with_the_pinning_package(fleet):
+    """NVIDIA's driver installation guide on the simulated repository generated from the record
+    (nvidia-driver-guide/facts.json): the unsuffixed metapackage, the branch's pinning package and the kernel module
+    package it pulls, held; Ubuntu's names removed in the same transaction; a second run changes nothing."""
+    nvidia = ("--data", "gpufleet_test_driver_style=nvidia", "--limit", PLAIN)
+    output, total = run(fleet, *nvidia)
+    assert total["error"] == "-" and total["success"] == "1", output
+    version = f"hi {VERSIONS['580']}-1"
+    assert packages(fleet, PLAIN) == {"nvidia-open": version, "nvidia-driver-pinning-580": version,
+                                      "nvidia-dkms-580-open": version}
+    assert sorted(ssh(fleet, PLAIN, "apt-mark showhold").stdout.split()) == [
+        "nvidia-dkms-580-open", "nvidia-driver-pinning-580", "nvidia-open"]
+    assert f"[{PLAIN}] reboot pending: the loaded NVIDIA kernel module is not the installed driver 580.95.05" in output
+    output, total = run(fleet, *nvidia)
+    assert total["success"] == "-" and total["error"] == "-", output

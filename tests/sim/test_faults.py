@@ -474,7 +474,7 @@ def test_repository_without_the_branch_is_refused_before_any_change(fleet):
     rc, out = converge(inventory(fleet, power="50%"), "--data", "gpufleet_driver_branch=590", expect_rc=None)
     assert rc != 0, out
     offered = ", ".join(sorted(sim_repo.BRANCHES))  # what the simulator's repository serves
-    assert f"offers no nvidia-open-590 of branch 590; allowed: a branch the repository offers ({offered})" in out, out
+    assert f"offers no nvidia-open of branch 590; allowed: a branch the repository offers ({offered})" in out, out
     assert "no host was changed" in out, out
     assert before == {name: (fleet.host(name).dir / "hw" / "gpus.state").read_text() for name in (A100, RTX, LOST)}
 

@@ -147,7 +147,8 @@ def test_first_run_converges_bare_hosts(fleet):
     assert ssh(fleet, "node02", "stat -c '%a %U' /etc/nccl.conf").stdout.strip() == "644 root"
     assert "NCCL_DEBUG=WARN\n" in ssh(fleet, "node02", "cat /etc/nccl.conf").stdout
     held = ssh(fleet, "node02", "apt-mark showhold").stdout.split()
-    assert "nvidia-open-580" in held or "nvidia-driver-580-server-open" in held
+    # NVIDIA's naming (Debian's default): the guide's metapackage with the branch's pinning package
+    assert {"nvidia-open", "nvidia-driver-pinning-580"} <= set(held) or "nvidia-driver-580-server-open" in held
     # NVIDIA's CUDA repository naming (Debian's default): from branch 580 the fabric manager is plain
     # nvidia-fabricmanager (tests/reference/upstream/nvidia-packaging/facts.json), installed and held with the driver
     fm = ssh(fleet, "node01", "dpkg-query -W -f='${db:Status-Abbrev}${Version}' nvidia-fabricmanager").stdout

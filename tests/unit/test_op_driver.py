@@ -63,12 +63,14 @@ def source_text(repo=REPO, keyring=KEYRING):
 
 
 def policy(packages):
-    """apt-cache policy of the simulated repository: every branch at its version, the pin gives candidates."""
+    """apt-cache policy of the simulated repository: every branch at its version, the pin gives candidates (the
+    branch of the pinning package asked for with them, else 580)."""
     known = {}
+    pinned = next((name.rsplit("-", 1)[1] for name in packages if name.startswith("nvidia-driver-pinning-")), "580")
     for name in packages:
-        if name == "nvidia-fabricmanager":  # NVIDIA's plain name: every branch's version, the pin picks
-            versions = [{"version": f"{VERSIONS[b]}-1", "priority": 1000} for b in VERSIONS]
-            known[name] = {"installed": None, "candidate": versions[0]["version"], "versions": versions}
+        if name in ("nvidia-fabricmanager", "nvidia-open", "cuda-drivers"):  # NVIDIA's plain names: the pin picks
+            versions = [{"version": f"{VERSIONS[b]}-1", "priority": 1000 if b == pinned else -1} for b in VERSIONS]
+            known[name] = {"installed": None, "candidate": f"{VERSIONS[pinned]}-1", "versions": versions}
             continue
         match = next((b for b in VERSIONS if f"-{b}" in name), None)
         if match:
@@ -137,6 +139,7 @@ def apt_facts(managed: dict[str, str] | None = None, installed=None, holds=(), e
 def converged(branch="580", style="nvidia", flavour="open", nvswitch=True, extra: dict | None = None):
     """Facts of a host this operation already converged (branch 580 loaded and running)."""
     names = [_packaging.driver_package(branch, flavour, style)]
+    names += [pinning] if (pinning := _packaging.pinning_package(branch, style)) else []
     if nvswitch:
         names.append(_packaging.fabricmanager_package(branch, style))
     version = f"{VERSIONS[branch]}-1"
@@ -198,8 +201,8 @@ def test_bare_debian_host_gets_repository_pin_blacklist_driver_fabricmanager_and
         f"update-initramfs -u || {{ rm -f {NOUVEAU}; exit 1; }}",
         f"{APT_INSTALL} {headers}",
         f"{APT_INSTALL} --allow-downgrades --allow-change-held-packages "
-        "nvidia-open-580=580.95.05-1 nvidia-fabricmanager=580.95.05-1",
-        "apt-mark hold nvidia-open-580 nvidia-fabricmanager",
+        "nvidia-driver-pinning-580 nvidia-open=580.95.05-1 nvidia-fabricmanager=580.95.05-1",
+        "apt-mark hold nvidia-open nvidia-driver-pinning-580 nvidia-fabricmanager",
         "systemctl daemon-reload",
         f"systemctl enable {FM_UNIT}",
         f"systemctl start {FM_UNIT}",
@@ -236,8 +239,6 @@ def test_pin_admits_only_the_branch_first_record_wins():
     for record in records:
         names = next(line for line in record.splitlines() if line.startswith("Package: ")).split()[1:]
         assert {
-            "nvidia-open-580",
-            "cuda-drivers-580",
             "nvidia-driver-580-server-open",
             "nvidia-fabricmanager-580",
             "nvidia-fabricmanager",
@@ -250,20 +251,23 @@ def test_pin_admits_only_the_branch_first_record_wins():
 def test_converged_host_is_noop():
     commands, noops = run(converged())
     assert commands == []
-    assert "nvidia-open-580, nvidia-fabricmanager installed (580.95.05-1) and held" in noops
+    assert "nvidia-open, nvidia-driver-pinning-580, nvidia-fabricmanager installed (580.95.05-1) and held" in noops
     assert f"{FM_UNIT} is enabled and running" in noops
     assert not any("reboot" in noop for noop in noops)
 
 
 def test_converged_host_missing_a_hold_gets_only_the_hold():
-    installed = {"nvidia-open-580": {"580.95.05-1"}, "nvidia-fabricmanager": {"580.95.05-1"}}
-    commands, _ = run(converged(extra={NvidiaPackages: nvidia_packages(installed, holds={"nvidia-open-580"})}))
+    installed = {"nvidia-open": {"580.95.05-1"}, "nvidia-driver-pinning-580": {"580.95.05-1"},
+                 "nvidia-fabricmanager": {"580.95.05-1"}}
+    holds = {"nvidia-open", "nvidia-driver-pinning-580"}
+    commands, _ = run(converged(extra={NvidiaPackages: nvidia_packages(installed, holds=holds)}))
     assert commands == ["apt-mark hold nvidia-fabricmanager"]
 
 
 def test_the_whole_driver_release_is_held_not_container_tools_or_other_versions():
     installed = {
-        "nvidia-open-580": {"580.95.05-1"},
+        "nvidia-open": {"580.95.05-1"},
+        "nvidia-driver-pinning-580": {"580.95.05-1"},
         "nvidia-fabricmanager": {"580.95.05-1"},
         "libnvidia-compute-580": {"580.95.05-0ubuntu1"},
         "nvidia-kernel-common-580": {"580.95.05-0ubuntu1"},
@@ -272,7 +276,7 @@ def test_the_whole_driver_release_is_held_not_container_tools_or_other_versions(
         "nvidia-container-toolkit": {"1.17.8-1"},
         "bash": {"5.2.15-2+b7"},
     }
-    holds = {"nvidia-open-580", "nvidia-fabricmanager"}
+    holds = {"nvidia-open", "nvidia-driver-pinning-580", "nvidia-fabricmanager"}
     commands, _ = run(converged(extra={NvidiaPackages: nvidia_packages(installed, holds)}))
     assert commands == ["apt-mark hold libnvidia-compute-580 nvidia-kernel-common-580"]
 
@@ -282,9 +286,10 @@ def test_branch_change_installs_other_branch_removes_old_and_reports_reboot_pend
     assert commands == [
         f"upload {PIN}\n{_packaging.apt_pin('570')}",  # an existing file of root, mode 644: its text changes
         UPDATE,
-        f"{APT_INSTALL} --allow-downgrades --allow-change-held-packages nvidia-open-570=570.172.08-1 "
-        "nvidia-fabricmanager-570=570.172.08-1 nvidia-fabricmanager- nvidia-open-580-",
-        "apt-mark hold nvidia-open-570 nvidia-fabricmanager-570",
+        f"{APT_INSTALL} --allow-downgrades --allow-change-held-packages nvidia-driver-pinning-570 "
+        "nvidia-open=570.172.08-1 nvidia-fabricmanager-570=570.172.08-1 nvidia-driver-pinning-580- "
+        "nvidia-fabricmanager-",
+        "apt-mark hold nvidia-open nvidia-driver-pinning-570 nvidia-fabricmanager-570",
         "systemctl daemon-reload",
     ]
     assert f"{FM_UNIT} starts after the reboot (it only runs with the driver of its own version loaded)" in noops
@@ -328,10 +333,10 @@ def test_reboot_required_flag_means_reboot_pending():
     [
         (UBUNTU, None, "open", "nvidia-driver-580-server-open"),
         (UBUNTU, None, "proprietary", "nvidia-driver-580-server"),
-        (DEBIAN, None, "open", "nvidia-open-580"),
-        (DEBIAN, None, "proprietary", "cuda-drivers-580"),
+        (DEBIAN, None, "open", "nvidia-open"),
+        (DEBIAN, None, "proprietary", "cuda-drivers"),
         (DEBIAN, "ubuntu", "open", "nvidia-driver-580-server-open"),
-        (UBUNTU, "nvidia", "proprietary", "cuda-drivers-580"),
+        (UBUNTU, "nvidia", "proprietary", "cuda-drivers"),
     ],
 )
 def test_open_and_proprietary_package_names_per_style(distro, style, flavour, package):
@@ -340,7 +345,7 @@ def test_open_and_proprietary_package_names_per_style(distro, style, flavour, pa
     )
     install = next(c for c in commands if "--allow-change-held-packages" in c)
     assert install.endswith(f" {package}=580.95.05-1")
-    assert f"apt-mark hold {package}" in commands
+    assert any(command.startswith(f"apt-mark hold {package}") for command in commands)
 
 
 def test_flavour_change_replaces_the_metapackage_and_flags_the_reboot():
@@ -348,10 +353,10 @@ def test_flavour_change_replaces_the_metapackage_and_flags_the_reboot():
     commands, _ = run(facts, flavour="proprietary", nvswitch=False)
     assert commands == [
         UPDATE,
-        f"{APT_INSTALL} --allow-downgrades --allow-change-held-packages cuda-drivers-580=580.95.05-1 nvidia-open-580-",
+        f"{APT_INSTALL} --allow-downgrades --allow-change-held-packages cuda-drivers=580.95.05-1 nvidia-open-",
         "echo '*** System restart required ***' > /var/run/reboot-required "
-        "&& echo cuda-drivers-580 >> /var/run/reboot-required.pkgs",
-        "apt-mark hold cuda-drivers-580",
+        "&& echo cuda-drivers >> /var/run/reboot-required.pkgs",
+        "apt-mark hold cuda-drivers nvidia-driver-pinning-580",
     ]
 
 
@@ -361,7 +366,7 @@ def test_style_change_of_the_same_flavour_replaces_the_metapackage_without_reboo
     assert commands == [
         UPDATE,
         f"{APT_INSTALL} --allow-downgrades --allow-change-held-packages "
-        "nvidia-driver-580-server-open=580.95.05-1 nvidia-open-580-",
+        "nvidia-driver-580-server-open=580.95.05-1 nvidia-driver-pinning-580- nvidia-open-",
         "apt-mark hold nvidia-driver-580-server-open",
     ]
 
@@ -374,7 +379,7 @@ def test_style_change_on_nvswitch_swaps_the_fabric_manager_name_in_the_same_tran
         UPDATE,
         f"{APT_INSTALL} --allow-downgrades --allow-change-held-packages "
         "nvidia-driver-580-server-open=580.95.05-1 nvidia-fabricmanager-580=580.95.05-1 "
-        "nvidia-fabricmanager- nvidia-open-580-",
+        "nvidia-driver-pinning-580- nvidia-fabricmanager- nvidia-open-",
         "apt-mark hold nvidia-driver-580-server-open nvidia-fabricmanager-580",
     ]
 
@@ -383,20 +388,21 @@ def test_without_nvswitch_no_fabric_manager_and_no_unit():
     commands, _ = run(apt_facts(), nvswitch=False)
     assert not any("fabricmanager" in c for c in commands if not c.startswith("upload "))
     assert not any(c.startswith("systemctl") for c in commands)
-    assert commands[-1] == "apt-mark hold nvidia-open-580"
+    assert commands[-1] == "apt-mark hold nvidia-open nvidia-driver-pinning-580"
 
 
 def test_fabric_manager_of_another_version_is_replaced_by_the_drivers_version_and_restarted():
     facts = converged(
         extra={NvidiaPackages: nvidia_packages(
-            {"nvidia-open-580": {"580.95.05-1"}, "nvidia-fabricmanager": {"580.65.06-1"}},
-            holds={"nvidia-open-580", "nvidia-fabricmanager"})}
+            {"nvidia-open": {"580.95.05-1"}, "nvidia-driver-pinning-580": {"580.95.05-1"},
+             "nvidia-fabricmanager": {"580.65.06-1"}},
+            holds={"nvidia-open", "nvidia-driver-pinning-580", "nvidia-fabricmanager"})}
     )
     commands, _ = run(facts)
     assert commands == [
         UPDATE,
         f"{APT_INSTALL} --allow-downgrades --allow-change-held-packages nvidia-fabricmanager=580.95.05-1",
-        "apt-mark hold nvidia-open-580 nvidia-fabricmanager",
+        "apt-mark hold nvidia-open nvidia-driver-pinning-580 nvidia-fabricmanager",
         "systemctl daemon-reload",
         f"systemctl restart {FM_UNIT}",
     ]
@@ -414,7 +420,7 @@ def test_fabric_manager_missing_in_the_repository_at_the_drivers_version_fails_c
 
 
 def test_branch_missing_from_the_repository_fails_clearly():
-    with pytest.raises(OperationError, match=r"nvidia-open-580: no installable version of driver branch 580"):
+    with pytest.raises(OperationError, match=r"nvidia-driver-pinning-580: NVIDIA.s branch pinning package is not"):
         run(apt_facts(extra={driver._AptCachePolicy: lambda packages: {}}))
 
 
@@ -423,8 +429,8 @@ def test_branch_missing_while_executing_fails_only_this_host(monkeypatch):
     monkeypatch.setattr(State, "is_executing", True)
     commands, _ = run(apt_facts(extra={driver._AptCachePolicy: lambda packages: {}}))
     assert commands[-1] == (
-        "echo 'gpufleet: error: nvidia-open-580: no installable version of driver branch 580 in the configured "
-        f"repositories (repository {REPO}); check that the repository or mirror carries branch 580' >&2; exit 1"
+        "echo 'gpufleet: error: nvidia-driver-pinning-580: NVIDIA'\"'\"'s branch pinning package is not offered by the "
+        f"configured repositories (repository {REPO}); check that the repository or mirror carries it' >&2; exit 1"
     )
     assert not any("apt-mark hold" in command or "install --allow" in command for command in commands)
 
@@ -772,3 +778,27 @@ def test_a_key_fingerprint_is_checked_before_the_key_is_installed():
     commands, _ = run_operation(driver.nvidia_repository, facts=converged(extra=trusted), repo_url=REPO,
                                 keyring_fingerprint=fingerprint)
     assert commands == []
+
+
+def test_a_host_converged_with_the_older_branch_named_package_moves_to_nvidias_names_without_reboot():
+    """Hosts gpufleet converged before it followed NVIDIA's guide carry ``nvidia-open-580`` (held): one transaction
+    installs NVIDIA's pinning package and ``nvidia-open`` at the same version and removes the old name; the loaded
+    driver is the installed one, so no reboot is flagged or pending."""
+    old = nvidia_packages({"nvidia-open-580": {"580.95.05-1"}, "nvidia-fabricmanager": {"580.95.05-1"}},
+                          holds={"nvidia-open-580", "nvidia-fabricmanager"})
+    commands, noops = run(converged(extra={NvidiaPackages: old}))
+    assert commands == [
+        UPDATE,
+        f"{APT_INSTALL} --allow-downgrades --allow-change-held-packages nvidia-driver-pinning-580 "
+        "nvidia-open=580.95.05-1 nvidia-open-580-",
+        "apt-mark hold nvidia-open nvidia-driver-pinning-580 nvidia-fabricmanager",
+    ]
+    assert not any("reboot" in noop for noop in noops)
+
+
+def test_nvidias_unsuffixed_metapackage_of_another_branch_is_not_the_wanted_driver():
+    installed = nvidia_packages({"nvidia-open": {"570.172.08-1"}, "nvidia-driver-pinning-570": {"570.172.08-1"}},
+                                holds={"nvidia-open", "nvidia-driver-pinning-570"})
+    commands, _ = run(converged(nvswitch=False, extra={NvidiaPackages: installed}), nvswitch=False)
+    assert f"{APT_INSTALL} --allow-downgrades --allow-change-held-packages nvidia-driver-pinning-580 " \
+           "nvidia-open=580.95.05-1 nvidia-driver-pinning-570-" in commands

@@ -17,19 +17,24 @@ from gpufleet.preflight_repository import branch_versions, check_driver_reposito
 URL = "http://10.77.23.1:8731/"
 DEBIAN = {"name": "Debian", "major": 12, "release_meta": {"ID": "debian", "VERSION_ID": "12"}}
 # a repository index as apt-helper fetches it on a host (Package/Version lines), named as NVIDIA's CUDA repository
-# names the fabric manager: with the branch up to 575, plain nvidia-fabricmanager from 580 on
+# names its packages: the driver metapackages and pinning packages as NVIDIA's guide installs them, the fabric
+# manager with the branch up to 575, plain nvidia-fabricmanager from 580 on
 SIM_INDEX = """\
-Package: cuda-drivers-570
+Package: cuda-drivers
 Version: 570.172.08-1
-Package: cuda-drivers-580
+Package: cuda-drivers
 Version: 580.95.05-1
 Package: nvidia-fabricmanager-570
 Version: 570.172.08-1
 Package: nvidia-fabricmanager
 Version: 580.95.05-1
-Package: nvidia-open-570
+Package: nvidia-open
 Version: 570.172.08-1
-Package: nvidia-open-580
+Package: nvidia-open
+Version: 580.95.05-1
+Package: nvidia-driver-pinning-570
+Version: 570.172.08-1
+Package: nvidia-driver-pinning-580
 Version: 580.95.05-1
 """
 
@@ -46,7 +51,7 @@ def check(facts: HostFacts, repo: dict, **data) -> tuple[list[str], FakeHost]:
 
 
 def test_index_lines_parse_to_versions_per_package():
-    assert parse_index(SIM_INDEX.splitlines())["nvidia-open-580"] == ["580.95.05-1"]
+    assert parse_index(SIM_INDEX.splitlines())["nvidia-open"] == ["570.172.08-1", "580.95.05-1"]
     assert branch_versions({"nvidia-open-580": ["580.65.06-1", "580.95.05-1", "570.1-1"]}, "nvidia-open-580",
                            "580") == ["580.95.05-1", "580.65.06-1"]
 
@@ -65,7 +70,7 @@ def test_repository_that_does_not_answer_is_an_error_naming_the_url():
 
 def test_branch_not_offered_names_the_branches_that_are():
     assert check(rtx4090_no_driver(), index(), gpufleet_driver_branch="590")[0] == [
-        f"node01: gpufleet_driver_branch='590': the driver repository {URL} offers no nvidia-open-590 of branch 590; "
+        f"node01: gpufleet_driver_branch='590': the driver repository {URL} offers no nvidia-open of branch 590; "
         "allowed: a branch the repository offers (570, 580)"]
 
 
@@ -73,7 +78,7 @@ def test_nvswitch_system_needs_the_fabric_manager_of_the_drivers_version():
     text = SIM_INDEX.replace("nvidia-fabricmanager\nVersion: 580.95.05-1", "nvidia-fabricmanager\nVersion: "
                              "580.65.06-1")
     assert check(hgx_h100_no_driver(), index(text))[0] == [
-        "node01: gpufleet_driver_branch='580': the driver repository http://10.77.23.1:8731/ offers nvidia-open-580 "
+        "node01: gpufleet_driver_branch='580': the driver repository http://10.77.23.1:8731/ offers nvidia-open "
         "580.95.05 but no nvidia-fabricmanager of that version (NVSwitch system); allowed: a repository with "
         "nvidia-fabricmanager 580.95.05 (the fabric manager must be exactly the driver's version)"]
     assert check(rtx4090_no_driver(), index(text))[0] == []  # no NVSwitch: no fabric manager
@@ -85,7 +90,7 @@ def test_fabric_manager_name_follows_the_branch_and_naming_style():
     assert check(hgx_h100_no_driver(), index(), gpufleet_driver_branch="570")[0] == []
     suffixed_only = SIM_INDEX.replace("nvidia-fabricmanager\n", "nvidia-fabricmanager-580\n")
     assert "no nvidia-fabricmanager of that version" in check(hgx_h100_no_driver(), index(suffixed_only))[0][0]
-    ubuntu = suffixed_only.replace("nvidia-open-580\n", "nvidia-driver-580-server-open\n")
+    ubuntu = suffixed_only + "Package: nvidia-driver-580-server-open\nVersion: 580.95.05-1\n"
     assert check(hgx_h100_no_driver(), index(ubuntu), gpufleet_driver_packages_style="ubuntu")[0] == []
     assert "no nvidia-fabricmanager-580 of that version" in check(
         hgx_h100_no_driver(), index(ubuntu.replace("nvidia-fabricmanager-580\n", "nvidia-fabricmanager\n")),
@@ -93,9 +98,9 @@ def test_fabric_manager_name_follows_the_branch_and_naming_style():
 
 
 def test_installed_driver_needs_no_repository_round_trip():
-    installed = {"manager": "dpkg", "packages": {"nvidia-open-580": {"version": "580.95.05-1", "status": "hi ",
-                                                                     "installed": True, "held": True}},
-                 "held": ["nvidia-open-580"], "error": None}
+    held = {"version": "580.95.05-1", "status": "hi ", "installed": True, "held": True}
+    installed = {"manager": "dpkg", "packages": {"nvidia-open": held, "nvidia-driver-pinning-580": held},
+                 "held": ["nvidia-driver-pinning-580", "nvidia-open"], "error": None}
     facts = HostFacts(os=rtx4090_no_driver().os, pci=rtx4090_no_driver().pci, packages=installed)
     errors, host = check(facts, index("E: unreachable", rc=100))
     assert errors == []
@@ -106,3 +111,23 @@ def test_driver_stage_off_reads_nothing():
     errors, host = check(rtx4090_no_driver(), index("E: unreachable", rc=100),
                          gpufleet_stages=["persistence", "power"])
     assert errors == [] and host.fact_calls == []
+
+
+def test_nvidias_naming_needs_the_branchs_pinning_package():
+    """NVIDIA's guide tracks a branch with ``nvidia-driver-pinning-<branch>`` (nvidia-driver-guide/facts.json):
+    a repository without it is refused before any host changes; Ubuntu's naming does not use it."""
+    without = SIM_INDEX.replace("Package: nvidia-driver-pinning-580\nVersion: 580.95.05-1\n", "")
+    assert check(rtx4090_no_driver(), index(without))[0] == [
+        f"node01: gpufleet_driver_branch='580': the driver repository {URL} offers nvidia-open but not "
+        "nvidia-driver-pinning-580, which tracks the branch; allowed: a repository with NVIDIA's pinning package "
+        "nvidia-driver-pinning-580 (or gpufleet_driver_packages_style: ubuntu)"]
+    ubuntu = without + "Package: nvidia-driver-580-server-open\nVersion: 580.95.05-1\n"
+    assert check(rtx4090_no_driver(), index(ubuntu), gpufleet_driver_packages_style="ubuntu")[0] == []
+
+
+def test_nvidias_unsuffixed_driver_of_another_branch_asks_the_repository():
+    held = {"version": "570.172.08-1", "status": "hi ", "installed": True, "held": True}
+    installed = {"manager": "dpkg", "packages": {"nvidia-open": held, "nvidia-driver-pinning-570": held},
+                 "held": ["nvidia-driver-pinning-570", "nvidia-open"], "error": None}
+    facts = HostFacts(os=rtx4090_no_driver().os, pci=rtx4090_no_driver().pci, packages=installed)
+    assert "does not answer from the node" in check(facts, index("E: unreachable", rc=100))[0][0]

@@ -115,7 +115,7 @@ def test_simulated_ubuntu_style_driver_carries_ubuntu_packagings_unit(package):
     assert repo.persistenced_user(package) is None  # runs as root: no user to create
 
 
-@pytest.mark.parametrize("package", ["nvidia-open-580", "nvidia-open-610"])
+@pytest.mark.parametrize("package", ["nvidia-open", "cuda-drivers"])
 def test_simulated_cuda_repository_driver_carries_nvidias_template_and_creates_its_user(package):
     user = PACKAGING["persistenced_default_user"]["value"]
     expected = {name: [(k, v.replace(PACKAGING["persistenced_unit_user_placeholder"]["value"], user))

@@ -2,7 +2,8 @@
 (a mirror, as an air-gapped site has), the fabric manager only on the NVSwitch (HGX H100) host.
 
 Branch and flavour come from host data (``pyinfra --data gpufleet_test_driver_branch=570``, default 580;
-``gpufleet_test_driver_flavour``, default open); reboots only with ``--data gpufleet_test_allow_reboot=yes``.
+``gpufleet_test_driver_flavour``, default open; ``gpufleet_test_driver_style``, default ubuntu); reboots only
+with ``--data gpufleet_test_allow_reboot=yes``.
 """
 
 from pyinfra import host
@@ -15,9 +16,11 @@ driver.nvidia_driver(
     branch=str(host.data.get("gpufleet_test_driver_branch", "580")),
     flavour=host.data.get("gpufleet_test_driver_flavour", "open"),
     repo_url=repo_url,
-    keyring_url=f"{repo_url}/gpufleet-sim-keyring.gpg",
+    # no keyring_url: the key NVIDIA publishes in the repository directory, which the simulator serves under the
+    # recorded file name (3bf863cc.pub on Debian 12)
     nvswitch=host.data.gpufleet_sim_profile == "h100-sxm-8",
-    # the simulator's repository carries Ubuntu's names (nvidia-driver-580-server-open) on its Debian hosts
-    packages_style="ubuntu",
+    # the simulator's repository carries Ubuntu's names (nvidia-driver-580-server-open) and NVIDIA's (nvidia-open
+    # with nvidia-driver-pinning-580); Ubuntu's unless gpufleet_test_driver_style=nvidia
+    packages_style=host.data.get("gpufleet_test_driver_style", "ubuntu"),
     allow_reboot=str(host.data.get("gpufleet_test_allow_reboot", "no")).lower() in ("1", "yes", "true"),
 )
