@@ -44,10 +44,11 @@ def test_both_hosts_converge_with_the_driver_their_gpus_need(fleet):
     listing = ssh(fleet, V100, "nvidia-smi -L").stdout.splitlines()
     assert len(listing) == 8 and all("Tesla V100-SXM2-16GB" in line for line in listing)
     assert "NVIDIA L4" in ssh(fleet, L4, "nvidia-smi -L").stdout
-    held = {name: ssh(fleet, name, "apt-mark showhold").stdout.split() for name in (V100, L4)}
+    held = {name: sorted(ssh(fleet, name, "apt-mark showhold").stdout.split()) for name in (V100, L4)}
     # auto flavour: the closed modules on Volta (the open ones cannot drive it), the open ones on Ada (NVIDIA's
-    # Debian package names: cuda-drivers-580 / nvidia-open-580)
-    assert held == {V100: ["cuda-drivers-580"], L4: ["nvidia-open-580"]}
+    # metapackages cuda-drivers / nvidia-open, the branch's kernel modules and its pinning package)
+    assert held == {V100: ["cuda-drivers", "nvidia-dkms-580", "nvidia-driver-pinning-580"],
+                    L4: ["nvidia-dkms-580-open", "nvidia-driver-pinning-580", "nvidia-open"]}
     mig = ssh(fleet, L4, "nvidia-smi --query-gpu=mig.mode.current --format=csv,noheader").stdout.strip()
     assert mig == "[N/A]"
 
