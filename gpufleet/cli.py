@@ -109,14 +109,12 @@ def rollout(inventory: str, deploy: str, pyinfra_args: PyinfraArgs, yes: bool, c
     DEPLOY: a deploy file (FILE.py) or a deploy function (package.module.function), as pyinfra takes it; default
     gpufleet.deploys.gpu_node.gpu_node. Without -y the plan (waves, what changes on which host) is shown and
     Enter asked for before the first drain or change, as pyinfra does; without a terminal, -y is required.
-    --jobs N: the whole-fleet pass and the waves in N pyinfra worker processes (each wave still validated on all
-    its hosts before any of them changes); the state file, drains, gates and summary stay in this process.
+    --jobs N runs the whole-fleet pass and the waves in N pyinfra worker processes; the state file, drains, gates
+    and summary stay in this process.
 
-    Exit code: 0 every host done, 1 stopped by failures or a host failed, 2 bad input or usage, or the plan not
-    confirmed (nothing drained or changed), 130/143/129 interrupted by SIGINT/SIGTERM/SIGHUP (continue with
-    --resume; at the confirmation prompt nothing was drained or changed); the same with any --jobs (a bad setting
-    on a host of any worker: 2, nothing drained or changed; interrupted: every worker stopped, hosts in flight
-    named).
+    Exit code (the same with any --jobs): 0 every host done, 1 stopped by failures or a host failed, 2 bad input or
+    usage, or the plan not confirmed (nothing drained or changed), 130/143/129 interrupted by SIGINT/SIGTERM/SIGHUP
+    (continue with --resume).
     """
     if waves and batch:
         raise click.UsageError("--waves and --batch: give one of them")

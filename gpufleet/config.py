@@ -1,21 +1,16 @@
 """Validated gpufleet configuration from pyinfra host data.
 
-Every gpufleet setting is a pyinfra data key starting with ``gpufleet_`` (group_data, host data, ``--data``).
-:func:`load_node_config` turns one host's data into a frozen :class:`NodeConfig`; :func:`validate_inventory`
-does it for every host and raises ONE :class:`ConfigErrors` listing every problem of every host, so a run can
-refuse bad input before any host is touched (DESIGN.md §3). Checks that need facts (a power limit within this
-GPU's range, a MIG layout that fits this GPU model) are in :mod:`gpufleet.preflight`.
+Every setting is a pyinfra data key starting with ``gpufleet_``. :func:`load_node_config` turns one host's data into
+a frozen :class:`NodeConfig`; :func:`validate_inventory` raises ONE :class:`ConfigErrors` listing every problem of
+every host, so a run refuses bad input before any host is touched (checks that need facts: :mod:`.preflight`).
 
 Strict: wrong types, out-of-range values, unknown choices and unknown ``gpufleet_*`` keys are errors, with a
-did-you-mean. Keys under ``gpufleet_sim_`` (the simulator's) and any non-``gpufleet_`` key (pyinfra's own
-``ssh_*`` …) are not ours and are ignored. Every error names the host, the key, the value and what is allowed::
+did-you-mean; ``gpufleet_sim_*`` and non-``gpufleet_`` keys are not ours and are ignored. Every error names the
+host, the key, the value and what is allowed::
 
     node03: gpufleet_driver_flavour='opne': unknown choice; allowed: auto, open, proprietary (did you mean 'open'?)
 
-Dependency note: reading a ``gpufleet_mig_config_file`` needs a YAML parser. NVIDIA mig-parted's config files
-are YAML (``version: v1`` / ``mig-configs:``) and accepting them unchanged is a requirement, so gpufleet depends
-on PyYAML (``pyyaml`` in pyproject; ``yaml.safe_load`` only). It is small, pure-Python-capable, ubiquitous, and
-the standard library has no YAML reader.
+mig-parted's config files are YAML, accepted unchanged: hence PyYAML (``yaml.safe_load`` only).
 """
 
 from __future__ import annotations

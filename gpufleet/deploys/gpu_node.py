@@ -1,17 +1,11 @@
 """Converge a GPU node: the stages of ``deploys/gpu_node.py``, in order, each skippable by ``gpufleet_stages``.
 
-The node plan decides the order (:data:`gpufleet.plan.STAGE_ORDER`: driver → persistence → mig → power → nccl →
-clocks → slurm (gres.conf) → exporters) and what each stage is given; this module only calls the operations with
-the plan's decisions. The GPU stages need the GPUs'
-UUIDs and current state, which only the driver can tell: on a host whose driver is installed by this very run they
-are planned at execution time, right after the driver stage, from fresh facts (a nested pyinfra step); on every
-later run they are planned up front like any operation, so a converged node reports no change. Their inputs are the
-node plan (:class:`gpufleet.plan.NodePlan`) resolved from the GPUs the driver lists.
-
-Fact reads go through gpufleet's fact memo (:func:`gpufleet._pyinfra.prepare_deploy_run`, when the first host is
-prepared): each distinct
-read costs one SSH round trip until something changes the host, and the preflight facts and what the previous run
-read on a host are read ahead in one remote command per host.
+The node plan (:class:`gpufleet.plan.NodePlan`) decides the order (:data:`gpufleet.plan.STAGE_ORDER`) and what each
+stage is given; this module only calls the operations with the plan's decisions. The GPU stages need what only the
+driver can tell (the GPUs' UUIDs and state): on a host whose driver this very run installs they are planned right
+after the driver stage, from fresh facts (a nested pyinfra step); on every later run they are planned up front like
+any operation, so a converged node reports no change. Fact reads go through gpufleet's fact memo
+(:func:`gpufleet._pyinfra.prepare_deploy_run`): one round trip per distinct read until something changes the host.
 """
 
 from __future__ import annotations
@@ -256,9 +250,9 @@ def _gpu_stages_after_driver(config: NodeConfig) -> None:
 
 @deploy("gpufleet: GPU node")
 def gpu_node() -> None:
-    # HostLock first, before the others: the lock's generation check then covers every read made with it
-    # the fact memo; a host that stops answering fails within ~30 s (the others go on); SIGINT/SIGTERM/SIGHUP exit
-    # 130/143/129 naming the hosts mid-change
+    # HostLock first, before the others: the lock's generation check then covers every read the fact memo makes.
+    # A host that stops answering fails alone (the others go on); SIGINT/SIGTERM/SIGHUP exit 130/143/129 naming
+    # the hosts mid-change.
     _pyinfra.prepare_deploy_run(host.state, (HostLock, *PREFLIGHT_FACTS), _pyinfra.default_cache_dir())
     config = node_config(host, inventory)
     facts, ok = checked_facts(host, inventory, config)

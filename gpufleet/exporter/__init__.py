@@ -52,8 +52,7 @@ def bundle_files() -> list[tuple[str, bytes]]:
 
 @functools.cache
 def bundle() -> bytes:
-    """The zip application, reproducible; built once per process (the exporters stage asks for it on every host
-    whose GPU exporter is ours: ~3 ms of compression each)."""
+    """The zip application, reproducible; built once per process, not once per host whose GPU exporter is ours."""
     out = io.BytesIO()
     with zipfile.ZipFile(out, "w", compression=zipfile.ZIP_DEFLATED) as archive:
         for name, data in bundle_files():

@@ -5,17 +5,12 @@ explicitly (see ``sections``), so a bare server (no driver, no pciutils, no moku
 
 | fact | module | command |
 | --- | --- | --- |
-| ``GpuInventory`` | nvidia | ``nvidia-smi --query-gpu=... --format=csv`` (again, ``kmd_version``, if refused) |
-| ``MigState`` | mig | ``nvidia-smi mig -lgi`` + ``-lci`` |
+| ``GpuInventory`` / ``MigState`` | nvidia / mig | ``nvidia-smi --query-gpu=...`` / ``nvidia-smi mig -lgi`` + ``-lci`` |
 | ``NvidiaSmiReport`` | nvidia_q | ``nvidia-smi -q``, ``compute_cap``, ``nvlink -s``, ``mig -lgip`` / ``-lgipp`` |
-| ``NvidiaPackages`` | packages | ``dpkg-query -W`` (holds: its ``h``) / ``rpm -qa`` + ``dnf versionlock list`` |
-| ``PackageHolds`` | packages | ``apt-mark showhold`` / ``dnf versionlock list`` (dnf4 and dnf5) |
-| ``DebInstalled``, ``DebSelections`` | packages | ``dpkg-query -W`` of given packages (the exporters'; with holds) |
-| ``UnitStates`` | systemd | ``systemctl show -p Id -p LoadState ... UNIT...`` (all the operations' at once) |
-| ``ManagedState`` | files | stat + sha1 (+ contents) of files, in one read |
+| ``NvidiaPackages``, ``PackageHolds``, ``Deb*`` | packages | ``dpkg-query``, ``apt-mark showhold`` / ``rpm``, ``dnf`` |
+| ``UnitStates`` / ``ManagedState`` | systemd / files | ``systemctl show ...`` / stat + sha1 (+ contents), one read |
 | ``NvidiaPciDevices`` | pci | ``lspci -n -D -d 10de:`` (sysfs when lspci is missing) |
-| ``SecureBoot``, ``OsInfo`` | system | ``mokutil --sb-state``; ``/etc/os-release`` + ``uname -r`` |
-| ``Distribution`` | system | pyinfra's ``LinuxDistribution`` (``/etc/*-release``), parsed once per distinct output |
+| ``SecureBoot``, ``OsInfo``, ``Distribution`` | system | ``mokutil --sb-state``, ``/etc/os-release``, ``uname -r`` |
 """
 
 from .files import ManagedState

@@ -197,10 +197,10 @@ def certificate_watch_texts(paths: tuple[str, ...]) -> tuple[str, str]:
                  + f"Unit={CERTIFICATE_WATCH_SERVICE}\n\n[Install]\nWantedBy=multi-user.target\n")
     # A renewal is a burst of changes (key, certificate, temporary files, symlinks; a deploy writes the key and the
     # certificate in two operations): one restart after it settles, not one per change, each of which could see a
-    # key without its certificate and all of which count against the exporter's start limit (measured: five
-    # restarts in 8 s left it failed). No start limit on this oneshot: a refused trigger leaves the path unit
-    # watching nothing. A restart that still sees half a renewal fails on the mismatched pair, and the exporter's
-    # Restart=on-failure starts it again 5 s later with both.
+    # key without its certificate and all of which count against the exporter's start limit (a few restarts in a
+    # row leave it failed). No start limit on this oneshot: a refused trigger leaves the path unit watching nothing.
+    # A restart that still sees half a renewal fails on the mismatched pair, and the exporter's Restart=on-failure
+    # starts it again with both.
     service = ("# Managed by gpufleet (stage exporters): started by "
                f"{CERTIFICATE_WATCH_PATH_UNIT}\n"
                "[Unit]\nDescription=Restart gpufleet's GPU exporter for its changed TLS certificate\n"
@@ -224,7 +224,7 @@ def _certificate_watch(files: dict, units: dict, paths: tuple[str, ...]):
     return [*changed, *_converge_service(unit, CERTIFICATE_WATCH_PATH_UNIT, bool(changed))]
 
 
-# NVIDIA/dcgm-exporter#606 (open): stopping or restarting the packaged unit can hang until systemd's stop timeout
+# NVIDIA/dcgm-exporter#606: stopping or restarting the packaged unit can hang until systemd's stop timeout
 # (90 s by default) and end in SIGKILL; a restart waits this long at most.
 DCGM_EXPORTER_STOP_TIMEOUT_S = 20
 
@@ -393,15 +393,10 @@ def gpu_exporter(kind: str, listen: str = "0.0.0.0:9400", profiling: bool = Fals
     + version: ``dcgm``: the dcgm-exporter release to install, pin and hold (``4.2.3-4.1.3``); empty: apt's
       candidate, not held
 
-    ``nvml``: uploads ``/opt/gpufleet/exporter/gpufleet-gpu-exporter.pyz`` (the exporter with nvidia-ml-py and
-    prometheus-client: no pip, no internet on the node) and the hardened unit
-    ``gpufleet-exporter.service`` (dynamic unprivileged user, no capabilities, read-only system).
-    ``dcgm``: installs ``datacenter-gpu-manager-4-core`` and ``datacenter-gpu-manager-exporter``, writes the
-    counters file ``/etc/dcgm-exporter/gpufleet-counters.csv`` (the health counters the alerts need switched
-    on, those the installed release's field map knows) and a drop-in of NVIDIA's ``nvidia-dcgm-exporter.service``
-    that runs dcgm-exporter with it on ``listen`` against the host engine of ``nvidia-dcgm.service``
-    (``-r localhost:5555``: one host engine); both units are enabled and running. The other kind's exporter is
-    stopped and disabled. Restarts only when what the exporter reads at start changed.
+    ``nvml`` uploads the exporter's zip file and its hardened unit ``gpufleet-exporter.service``; ``dcgm`` installs
+    DCGM and dcgm-exporter, writes the counters file and a drop-in that runs NVIDIA's unit against the one host
+    engine. The other kind's exporter is stopped and disabled; an exporter restarts only when what it reads at
+    start changed. docs/monitoring.md has the details.
 
     **Example:**
 

@@ -175,43 +175,16 @@ def layout(
     """
     Set MIG mode and exactly the MIG instances of each GPU in ``layout``, now and at every boot.
 
-    + layout: ``{GPU index: {profile: count}}`` for MIG enabled with exactly those GPU instances (each with
-      its default compute instance spanning it, as ``nvidia-smi mig -cgi … -C`` makes), ``{GPU index: None}``
-      for MIG disabled. Profiles are names as ``nvidia-smi mig -lgip`` prints them (``"1g.10gb"``). GPUs not in
-      ``layout`` are left alone. Indices may be given as strings (``{"0": {"1g.10gb": 7}}``, as from the
-      pyinfra CLI).
-    + allow_reboot: reboot the host (``server.reboot``) when a GPU's MIG mode can only change at a reboot
-    + holder_services: systemd units that keep GPUs open and are stopped, only while a MIG mode changes, when
-      they are active (in this order; started again in reverse order): exporters, DCGM, fabric manager,
-      nvidia-persistenced by default
+    + layout: ``{GPU index: {profile: count}}`` for MIG enabled with exactly those GPU instances (each with one
+      compute instance spanning it), ``{GPU index: None}`` for MIG disabled; profiles as ``nvidia-smi mig -lgip``
+      names them (``"1g.10gb"``). GPUs not in ``layout`` are left alone; indices may be strings (pyinfra CLI).
+    + allow_reboot: reboot the host when a GPU's MIG mode can only change at a reboot
+    + holder_services: systemd units that keep GPUs open, stopped while a MIG mode changes and started again
+      (exporters, DCGM, fabric manager, nvidia-persistenced by default)
 
-    MIG instances do not survive a reboot or a driver reload, and changing MIG mode needs an idle GPU. This
-    operation:
-
-    + fails the host, before any command on it, for a GPU that is not on the host, has no MIG, or does not
-      offer a profile (the error names the GPU and its profiles), and a layout that cannot fit (instance
-      counts, slices, placements: the same check as preflight's, ``gpufleet.plan.mig_fit``);
-    + writes the layout to ``/etc/gpufleet/mig-layout.json``, keyed by **PCI bus id** (a layout belongs to
-      a GPU position: a replaced GPU gets its predecessor's layout; indices can shift when a GPU is lost),
-      and installs ``/usr/local/sbin/gpufleet-mig-apply`` (Python 3 standard library; with the comparison it
-      shares with this operation, ``/usr/local/lib/gpufleet/mig_compare.py``) and the enabled
-      ``Type=oneshot`` ``RemainAfterExit=yes`` unit ``gpufleet-mig.service`` (``After=``
-      nvidia-persistenced and fabric manager, ``Before=`` ``gpufleet-power-limits.service``, DCGM and the
-      exporters) that, at boot, recreates the instances a GPU lacks and sets a MIG mode that differs;
-    + switches MIG mode only on GPUs where it differs, with ``gpufleet-mig-apply mode``: a GPU a compute
-      process runs on is not touched; for the others the active ``holder_services`` are stopped, MIG
-      instances destroyed when disabling, ``nvidia-smi -i N -mig 1|0`` run, a GPU left *pending* reset
-      (``nvidia-smi -r -i N``), and the services started again, whatever happened;
-    + on a GPU still not in the wanted mode (in use, reset not supported), leaves its instances alone and
-      warns that a **reboot is required** (with the reason); reboots when ``allow_reboot`` (the boot unit
-      then applies the layout), and fails this host when the mode is still wrong after that reboot;
-    + on a GPU in the wanted mode whose instances differ from the layout (compared as a multiset of profile
-      IDs; each GPU instance must hold one full compute instance), destroys its compute then GPU instances
-      (``nvidia-smi mig -i N -dci`` / ``-dgi``; refused, and the operation fails, while processes run on
-      the GPU) and creates the layout largest first (``nvidia-smi mig -i N -cgi 9,14,19,19 -C``).
-
-    Matching GPUs are not touched: a second run changes nothing. Where ``nvidia-smi`` cannot list the GPUs
-    (driver not loaded yet, reboot pending) nothing is done and a warning says so.
+    The layout is checked as preflight checks it, kept by PCI bus id in ``/etc/gpufleet/mig-layout.json`` and
+    reapplied at boot by ``gpufleet-mig.service``; a mode that cannot change without a reboot is reported, not
+    half-applied. Matching GPUs are not touched. docs/converging.md describes the steps.
 
     **Example:**
 

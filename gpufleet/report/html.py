@@ -156,8 +156,8 @@ def _host_link(name: str) -> str:
 
 def heatmap(hosts: list[dict[str, Any]], precision: str | None) -> str:
     """One SVG for the whole fleet: a row per host (worst first), a cell per GPU coloured by the GPU's verdict,
-    its temperature (and the matmul fraction of dense peak when benchmarked) in the cell's tooltip. Replaces a
-    chart per host: 1000 hosts stay one picture the eye can scan for the red cells."""
+    its temperature (and the matmul fraction of dense peak when benchmarked) in the cell's tooltip, so a large
+    fleet stays one picture the eye can scan for the red cells."""
     rows = [h for h in hosts if h.get("gpus")]
     if not rows:
         return ""
@@ -169,7 +169,7 @@ def heatmap(hosts: list[dict[str, Any]], precision: str | None) -> str:
              f'height="{height}" viewBox="0 0 {width} {height}" role="img" aria-label="GPU verdicts, host x GPU">']
     parts += [f'<text x="{label_w + i * (cell + gap)}" y="12">{i}</text>' for i in range(cols)]
     for r, host in enumerate(rows):
-        # One <g> per host row: the host name once, cells positioned inside it (keeps 1000 x 8 cells small).
+        # One <g> per host row: the host name once, cells positioned inside it (keeps a large fleet's SVG small).
         parts.append(f'<g class="row" data-host="{escape(host["host"])}" '
                      f'transform="translate(0,{top + r * (cell + gap)})">'
                      f'<text x="2" y="{cell - 2}">{escape(host["host"])}</text>')

@@ -2,19 +2,9 @@
 
 A drainer answers four questions per node: drain it (returns whether this rollout drained it: a node already
 drained by someone else is never ours to resume), is it drained yet (its jobs finished), resume it, and why not.
-
-``command:CMD`` is the generic hook for any scheduler: gpufleet runs ``CMD drain NODE``, ``CMD drained NODE``
-(exit 0 once the node runs no job; polled while ``--wait-for-jobs`` lasts) and ``CMD resume NODE`` (argv, no
-shell; CMD is split like a shell would). A non-zero exit of ``drain`` / ``resume`` fails the node with the hook's
-output as the reason.
-
-``slurm`` drains and resumes nodes with Slurm's own client commands (``scontrol``, ``sinfo``; the client is
-:mod:`gpufleet.slurm`) on the machine that runs the rollout; ``slurm:PREFIX`` runs them through PREFIX instead, e.g.
-``slurm:ssh root@slurm-ctl`` where the rollout's machine is no Slurm client. The Slurm node name is the inventory
-host name. The drain reason names the rollout (``gpufleet rollout <id>``); that reason is the record of whose drain
-it is. A node already drained (or draining) with another reason (an admin, or Slurm itself, e.g. a GRES mismatch)
-is converged while it stays out of service, but never resumed by the rollout. A node that fails keeps its drain,
-with the reason saying why.
+``command:CMD`` calls a hook for any scheduler (argv, no shell); ``slurm`` uses Slurm's own client commands
+(:mod:`gpufleet.slurm`), here or through ``slurm:PREFIX``. With Slurm, the drain reason naming the rollout is the
+record of whose drain it is; a failed node keeps its drain, with the reason. docs/rollout.md has the commands.
 """
 
 from __future__ import annotations

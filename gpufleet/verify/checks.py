@@ -3,19 +3,8 @@
 Control side. ``evaluate()`` returns the CheckResults of one host; ``evaluate_host()`` wraps them in a HostResult
 with the per-GPU summary the reports draw; ``build_fleet_result()`` adds the fleet-relative outlier checks.
 
-Check ids (stable: JUnit test names and the Prometheus ``check`` label):
-
-host.reachable, host.probe,
-config.driver_branch, config.persistence, config.power_limit, config.mig, config.nccl, config.service.<unit>,
-config.exporter.gpu, config.exporter.node, config.exporter.gpu_counters,
-health.gpu_count, health.gpu_model, health.gpu_status, health.temperature, health.clock_events, health.ecc,
-health.row_remap, health.pcie, health.nvlink, health.recovery_action, health.xid, health.services,
-perf.bench, perf.matmul.<precision>, perf.memory_bandwidth, perf.host_transfer, perf.clock_events_during_run,
-perf.nccl_all_reduce, perf.dcgm_diag,
-fleet.gpu_outlier, fleet.node_outlier.
-
-Every verdict names the host and, for GPU checks, the GPU index and UUID; every non-pass carries a one-line
-remediation hint.
+Check ids are stable (JUnit test names, the Prometheus ``check`` label; listed in docs/verify.md). Every verdict
+names the host and, for GPU checks, the GPU index and UUID; every non-pass carries a one-line remediation hint.
 """
 
 from __future__ import annotations

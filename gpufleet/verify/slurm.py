@@ -1,43 +1,13 @@
 """``gpufleet verify --via slurm``: the probe runs on every node as ONE Slurm job, and its results go through the same
 checks and reports as over SSH.
 
-* **Where the Slurm commands run**: on the machine running verify (a Slurm client), or through a prefix with
-  ``--via "slurm:PREFIX"`` (e.g. ``slurm:ssh root@slurm-ctl``), exactly as rollout's ``--drain slurm:PREFIX``
-  (both go through the one Slurm client, :mod:`gpufleet.slurm`). The Slurm node name is the inventory host name,
-  as for rollout.
-* **Which nodes**: ``sinfo -h -N -n LIST -o "%N|%T|%E"`` first. A node Slurm does not know, or that cannot take a
-  job now (down, drained or draining, failing, not responding ``*``, every CPU in a job, ...), is reported
-  ``unreachable`` with Slurm's state and reason and left out of the job: a job naming it would wait or be refused.
-* **The job**: ``srun --job-name=gpufleet-verify-<id> -N n --ntasks-per-node=1 -w LIST --time=T --immediate=S
-  --label --kill-on-bad-exit=0 --input=all sh -c TASK``. ``--time`` bounds the job by the probe's own timeout
-  (:data:`gpufleet.verify.remote.PROBE_TIMEOUT_S`), ``--immediate`` gives up when Slurm cannot start it soon, and
-  the srun command itself is killed (and the job cancelled by name) when it outlives both: never a hang.
-* **How the probe reaches the nodes**: the probe bundle (the same files SSH verify installs, :mod:`.bundle`) is
-  piped as one tar.gz into srun's stdin, which srun broadcasts to every task; each task unpacks it into a fresh
-  ``mktemp -d`` directory, runs the probe there and removes it. No shared filesystem is assumed (many clusters have
-  none for root, and Slurm's ``sbcast``/``--bcast`` moves one executable file only, which would have to be copied
-  to the Slurm client first); nothing is left on the node; it works as any user that may run srun.
-* **The exporters' credentials**: the probe scrapes the node's exporters as over SSH, given their URLs, user and
-  password on its stdin (``--exporters-stdin``). They travel on the same srun stdin, before the bundle
-  (:func:`exporters_header`); the task reads its node's line into an unexported shell variable and pipes it into
-  the probe with the shell's ``printf`` builtin. So the password is on no command line (srun's, the task's: ``ps``),
-  in no environment (srun exports the caller's to the job), in no Slurm record (``scontrol show job``, the job's
-  submit line; an srun job has no batch script) and in no file on the node (a file, even 0600 in the job's own
-  directory, outlives a task killed at its time limit).
-* **The output**: each task prints ``@@gpufleet-slurm begin NODE`` (``$SLURMD_NODENAME``), the PCI section and the
-  probe's section (the SSH engine's own script, :func:`gpufleet.verify.remote.probe_script`), then
-  ``@@gpufleet-slurm end NODE``; ``--label`` prefixes every line with its task number, so interleaved output of
-  many nodes is taken apart line by line (:func:`split_tasks`). A node missing from the output is
-  ``unreachable`` (with srun's own message about it where there is one); a node whose output stops before its end
-  marker was cut short (the time limit): its probe failed; output that holds no probe document is a probe failure
-  with its last lines, as over SSH.
-* **A node whose slurmd is gone before Slurm noticed** (still ``idle`` in sinfo): srun cannot launch the task there
-  (``Task launch for StepId=... failed on node N``) and aborts the whole job step, the other nodes' tasks with it;
-  that node is unreachable with srun's message, and the nodes without a result run once more in a second job
-  without it (Slurm's own step-abort wait, about 30 s, comes on top).
-
-Node textfiles (``gpufleet_verify_textfile_dir``) are written by a second, equally bounded srun over the nodes
-that answered: each task takes its own file from the tar.gz on stdin and renames it into place.
+``sinfo`` first leaves out (as ``unreachable``, with Slurm's reason) the nodes that cannot take a job now, since a
+job naming them would wait or be refused. One bounded ``srun`` then broadcasts the probe bundle and the exporters'
+credentials on its stdin: no shared filesystem is assumed, nothing is left on the nodes, and the password is on no
+command line, environment, Slurm record or file. ``--label`` and per-node markers take the interleaved output apart
+(:func:`split_tasks`). A node whose slurmd died unnoticed aborts the whole step, so the others run once more without
+it. The Slurm commands run here or through ``slurm:PREFIX``, as rollout's drain (:mod:`gpufleet.slurm`).
+docs/verify.md describes the job.
 """
 
 from __future__ import annotations
