@@ -482,7 +482,9 @@ def leftovers(net: str | None = None) -> list[str]:
     found = network.leftovers(net)
     found += [f"cgroup {c}" for c in cgroups.fleet_cgroups(network.net_tag(net)) if c.exists()]
     mounts = Path("/proc/mounts").read_text().splitlines()
-    found += [f"mount {m.split()[1]}" for m in mounts if m.split()[1].startswith(str(sim_dir()))]
+    root = str(sim_dir())
+    # this fleet's directory and what is under it, not a sibling fleet's (``/tmp/sim`` is no mount of ``/tmp/sim-2``)
+    found += [f"mount {m.split()[1]}" for m in mounts if m.split()[1] == root or m.split()[1].startswith(root + "/")]
     hosts_root = sim_dir() / "hosts"
     if hosts_root.exists():
         for h in hosts_root.iterdir():

@@ -107,3 +107,23 @@ def test_every_profile_has_distinct_pci_devices_for_gpus_and_nvswitches(profile,
     spec = hardware.PROFILES[profile]
     assert sum(cls.startswith("0x03") for cls in devices.values()) == spec.gpu_count
     assert sum(cls == "0x068000" for cls in devices.values()) == spec.nvswitch_count
+
+
+def test_leftovers_count_this_fleets_mounts_not_a_sibling_fleets(monkeypatch, tmp_path):
+    from pathlib import Path as RealPath
+
+    from gpufleet.sim import cgroups, network, repo
+
+    fleet = tmp_path / "sim"
+    monkeypatch.setenv("GPUFLEET_SIM_DIR", str(fleet))
+    mounts = f"overlay {fleet}/hosts/a/root overlay rw 0 0\noverlay {fleet}-2/hosts/a/root overlay rw 0 0\n"
+
+    class FakePath(type(RealPath())):
+        def read_text(self, *args, **kwargs):
+            return mounts if str(self) == "/proc/mounts" else super().read_text(*args, **kwargs)
+
+    monkeypatch.setattr(hosts, "Path", FakePath)
+    monkeypatch.setattr(network, "leftovers", lambda net: [])
+    monkeypatch.setattr(cgroups, "fleet_cgroups", lambda tag: [])
+    monkeypatch.setattr(repo, "server_pid", lambda: None)
+    assert hosts.leftovers("10.77.250") == [f"mount {fleet}/hosts/a/root"]
