@@ -52,6 +52,8 @@ LAYERS: dict[str, int] = {
     "gpufleet.deploys": 5,
     # 6: verify's model, checks and engines (SSH, Slurm)
     "gpufleet.verify": 6,
+    "gpufleet.healthcheck": 6,  # the node-side health check judges with verify's checks
+    "gpufleet.healthcheck.bundle": 0,  # packs its files (read as files, not imported)
     # 7: reports render verify's model
     "gpufleet.report": 7,
     # 8: the verify command (runs the engines, writes the reports); monitoring, whose rules come from verify's
