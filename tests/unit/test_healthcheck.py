@@ -118,3 +118,44 @@ def test_health_settings_reach_the_node_config():
                                             "gpufleet_health_node_state": ["IDLE", "CYCLE"]})
     assert (cfg.health.interval, cfg.health.checks, cfg.health.node_state) == (30, ("xid",), ("IDLE", "CYCLE"))
     assert copy.deepcopy(cfg.health.reason_prefix) == "gpufleet health"
+
+
+def test_the_slurm_conf_lines_and_node_states_are_slurm_22_05s():
+    facts = json.loads((Path(__file__).resolve().parents[1] / "reference" / "upstream" / "slurm" / "facts.json")
+                       .read_text())["files"]["slurm/doc/man/man5/slurm.conf.5"]["statements"]
+    from gpufleet.operations.slurm import HEALTHCHECK_PROGRAM, slurm_conf_lines
+    lines = slurm_conf_lines(30, ["IDLE", "CYCLE"])
+    assert [line.split("=", 1)[0] for line in lines] == ["HealthCheckProgram", "HealthCheckInterval",
+                                                         "HealthCheckNodeState"]
+    for line, fact in zip(lines, ("health_check_program", "health_check_interval", "health_check_node_state"),
+                          strict=True):
+        assert facts[fact]["value"].startswith(line.split("=", 1)[0] + ":")
+    assert lines[0] == f"HealthCheckProgram={HEALTHCHECK_PROGRAM}" and HEALTHCHECK_PROGRAM.startswith("/")
+    assert lines[2] == "HealthCheckNodeState=IDLE,CYCLE"  # "Multiple state values ... with a comma separator"
+    assert "comma separator" in facts["health_check_node_state"]["value"]
+    assert facts["health_check_node_states"]["value"].split(", ") == list(config.HEALTH_NODE_STATES)
+    assert "within 60 seconds" in facts["health_check_timeout"]["value"] and node.SLURM_TIMEOUT_S * 2 < 60
+
+
+def test_dry_says_what_it_would_do_and_runs_no_scontrol(monkeypatch, tmp_path, capsys):
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(PLAN))
+    doc = probe()
+    doc["kernel_log"]["xid_lines"] = [XID_79]
+    monkeypatch.setattr(node, "collect", lambda **_: doc)
+    ran = []
+
+    def run(argv):
+        ran.append(argv)
+        return subprocess.CompletedProcess(argv, 0, "idle|none|root\n" if argv[0] == "sinfo" else "", "")
+
+    monkeypatch.setattr(node, "_run", run)
+    assert node.main(["--plan", str(plan), "--dry"]) == 1
+    assert [argv[0] for argv in ran] == ["sinfo"]
+    out = capsys.readouterr().out
+    assert "would run: scontrol update nodename=gpu01 state=drain reason=gpufleet health: health.xid: GPU 3 " in out
+    ran.clear()
+    assert node.main(["--plan", str(plan)]) == 1
+    assert [argv[:4] for argv in ran] == [["sinfo", "-h", "-n", "gpu01"],
+                                          ["scontrol", "update", "nodename=gpu01", "state=drain"]]
+    assert ran[1][4].startswith("reason=gpufleet health: health.xid: GPU 3 GPU-bad2c546")
