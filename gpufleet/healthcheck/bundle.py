@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import io
-import zipfile
 from pathlib import Path
+
+from gpufleet.exporter import reproducible_zip
 
 BUNDLE_NAME = "gpufleet-healthcheck.pyz"
 PACKAGE = Path(__file__).resolve().parent.parent  # gpufleet/
@@ -24,7 +24,6 @@ MODULES = ("__init__.py", "config.py", "control_files.py", "masking.py", "web_au
            "verify/xid_catalog.json", "probe/__init__.py", "probe/probe.py", "probe/probe_nvml.py")
 PACKAGES = ("catalog", "node", "plan")  # every .py and .json under them
 _MAIN = b"import sys\nfrom gpufleet.healthcheck.node import main\nsys.exit(main())\n"
-_EPOCH = (1980, 1, 1, 0, 0, 0)
 
 
 def bundle_files() -> list[tuple[str, bytes]]:
@@ -48,11 +47,4 @@ def bundle_files() -> list[tuple[str, bytes]]:
 @functools.cache
 def bundle() -> bytes:
     """The zip application, reproducible; built once per process."""
-    out = io.BytesIO()
-    with zipfile.ZipFile(out, "w", compression=zipfile.ZIP_DEFLATED) as archive:
-        for name, data in bundle_files():
-            info = zipfile.ZipInfo(name, date_time=_EPOCH)
-            info.external_attr = 0o644 << 16
-            info.compress_type = zipfile.ZIP_DEFLATED
-            archive.writestr(info, data)
-    return out.getvalue()
+    return reproducible_zip(bundle_files())

@@ -7,15 +7,12 @@ own state and reason (``sinfo``) and by the stage's report. One module fleet, sh
 
 from __future__ import annotations
 
-import secrets
-import subprocess
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from conftest import BIN, REPO, bring_up, grand_total, ssh
-from slurm_sim import SLURM_CONF_COMMON, fetch_debs, stage_setup_files, wait_for
-from test_verify_slurm import fake_gpu_devices, scontrol_node
+from conftest import bring_up, grand_total, ssh
+from slurm_sim import SLURM_CONF_COMMON, install_cluster, wait_for
+from test_verify_slurm import deploy, scontrol_node, sinfo
 
 from gpufleet.operations.slurm import slurm_conf_lines
 from gpufleet.sim import faults, hosts
@@ -43,24 +40,8 @@ WITHIN_S = INTERVAL + 15
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
-    debs = fetch_debs()
     fleet = bring_up(tmp_path_factory, ["rtx4090-1", "h100-sxm-8", "rtx4090-1"], driver="preinstalled")
-    key = secrets.token_bytes(1024)
-    etc_hosts = "".join(f"{h.address} {h.name}\n" for h in fleet.hosts)
-
-    def set_up(h) -> None:
-        stage = stage_setup_files(h, debs, key, SLURM_CONF, etc_hosts)
-        (stage / "fakegpu.conf").write_text(fake_gpu_devices(GPUS.get(h.name, 0)))
-        role = ("systemctl enable --now slurmctld && systemctl disable --now slurmd" if h.name == "node01" else
-                "cp fakegpu.conf /etc/tmpfiles.d/ && systemd-tmpfiles --create --boot /etc/tmpfiles.d/fakegpu.conf; "
-                "systemctl disable --now slurmctld; systemctl enable slurmd && systemctl restart slurmd")
-        ssh(fleet, h.name, "set -e; cd /var/tmp/slurm-setup; DEBIAN_FRONTEND=noninteractive dpkg -i *.deb >/dev/null; "
-            "sed -i '/^127.0.1.1/d' /etc/hosts; cat hosts >> /etc/hosts; "
-            "install -o munge -g munge -m 0400 munge.key /etc/munge/munge.key; systemctl restart munge; "
-            "install -m 0644 slurm.conf cgroup.conf /etc/slurm/; " + role, timeout=180)
-
-    with ThreadPoolExecutor(len(fleet.hosts)) as pool:
-        list(pool.map(set_up, fleet.hosts))
+    install_cluster(fleet, SLURM_CONF, GPUS)
     inventory = tmp_path_factory.mktemp("health") / "inventory.py"
     inventory.write_text(INVENTORY)
     wait_for("slurmd on node02, node03 to register", lambda: all(n in sinfo(fleet) for n in COMPUTE))
@@ -73,17 +54,6 @@ def fleet(tmp_path_factory):
     wait_for("node02, node03 to be idle", lambda: all(sinfo(fleet)[n][0] == "idle" for n in COMPUTE), timeout=60)
     yield fleet
     hosts.down(log=lambda *_: None)
-
-
-def deploy(inventory) -> subprocess.CompletedProcess:
-    return subprocess.run([str(BIN / "pyinfra"), "-y", str(inventory), "deploys/gpu_node.py"], cwd=REPO,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
-
-
-def sinfo(fleet) -> dict[str, tuple[str, str]]:
-    out = ssh(fleet, "node01", "sinfo -h -N -o '%N|%T|%E'", check=False).stdout
-    rows = [line.split("|", 2) for line in out.splitlines() if line.count("|") >= 2]
-    return {n: (state, "" if reason == "none" else reason) for n, state, reason in rows}
 
 
 def wait_state(fleet, node: str, want, what: str, timeout: float = WITHIN_S) -> float:
