@@ -123,10 +123,11 @@ def checks_by_host(report: Path) -> dict[str, list[tuple]]:
 def test_gres_stage_writes_what_slurmd_accepts_and_a_second_run_changes_nothing(fleet):
     first, second = fleet.gres_runs
     assert first.returncode == 0, first.stdout
-    assert grand_total(first.stdout)["success"] == "12", first.stdout  # gres.conf and the exporters stage's three
+    # per host: gres.conf, the health check (gpufleet-healthcheck) and the exporters stage's three
+    assert grand_total(first.stdout)["success"] == "15", first.stdout
     assert second.returncode == 0, second.stdout
     total = grand_total(second.stdout)
-    assert (total["success"], total["error"], total["no_change"]) == ("-", "-", "15"), second.stdout  # idempotent
+    assert (total["success"], total["error"], total["no_change"]) == ("-", "-", "18"), second.stdout  # idempotent
     # before: slurmd without gres.conf registered no GPU, so Slurm refused the node's registration (0 < 8 GPUs)
     assert all("INVALID_REG" in fleet.before_gres[n]["State"] for n in COMPUTE), fleet.before_gres
     text = ssh(fleet, "node02", "cat /etc/slurm/gres.conf").stdout
