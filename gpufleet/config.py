@@ -25,7 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pyinfra.api.exceptions import PyinfraError
+try:
+    from pyinfra.api.exceptions import PyinfraError
+except ImportError:  # on a node: the health check's zip carries this module, not pyinfra (it raises no InputError)
+    PyinfraError = Exception
 
 from gpufleet.catalog import CatalogError, GpuModel, UnknownGpuModel, load_catalog, use_user_models
 from gpufleet.masking import mask_urls
@@ -37,6 +40,12 @@ CONFIG_VERSION = 1
 # The stage names a user may list, in any order: they run in the plan's order (gpufleet.plan.STAGE_ORDER)
 STAGES = ("clocks", "driver", "exporters", "mig", "nccl", "persistence", "power", "slurm")
 DEFAULT_STAGES = ("driver", "exporters", "mig", "nccl", "persistence", "power")
+# Stage ``slurm``: the health check's check groups (gpufleet/healthcheck/node.py GROUP_CHECKS) and the node states
+# slurm.conf's HealthCheckNodeState takes in Slurm 22.05 (tests/reference/upstream/slurm/facts.json).
+HEALTH_CHECKS = ("gpus", "persistence", "xid", "memory", "nvlink", "throttle", "fabricmanager", "mig")
+HEALTH_NODE_STATES = ("ALLOC", "ANY", "CYCLE", "IDLE", "MIXED")
+HEALTH_INTERVAL_RANGE = (5, 86400)  # seconds: well above one check's time, at most a day
+_REASON_PREFIX_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 ._-]{0,47}$")
 # Stage ``slurm`` (gres.conf): ``files`` lists every GPU (Name=gpu Type=... File=/dev/nvidiaN), ``nvml`` lets
 # slurmd find them (AutoDetect=nvml: a slurmd built with NVML), ``auto`` is files, or nvml where a MIG layout is
 # configured (MIG devices' files exist only once the driver created the instances: gpufleet/operations/slurm.py).
@@ -254,6 +263,16 @@ class ClocksConfig:
 
 
 @dataclass(frozen=True)
+class HealthConfig:
+    """Stage ``slurm``: the node's health check (gpufleet/healthcheck), its slurm.conf lines."""
+
+    interval: int = 60  # HealthCheckInterval (seconds)
+    checks: tuple[str, ...] = HEALTH_CHECKS
+    reason_prefix: str = "gpufleet health"
+    node_state: tuple[str, ...] = ("ANY",)  # HealthCheckNodeState
+
+
+@dataclass(frozen=True)
 class NodeConfig:
     host: str
     version: int = CONFIG_VERSION
@@ -266,6 +285,7 @@ class NodeConfig:
     clocks: ClocksConfig = field(default_factory=ClocksConfig)
     exporters: ExportersConfig = field(default_factory=lambda: ExportersConfig())
     slurm_gres: str = "auto"  # stage slurm: how gres.conf names the GPUs (SLURM_GRES_MODES)
+    health: HealthConfig = field(default_factory=lambda: HealthConfig())
 
     def stage_enabled(self, stage: str) -> bool:
         if stage not in STAGES:
@@ -1119,6 +1139,42 @@ def _exporters_config(ctx: _Ctx, values: Mapping[str, Any], data: Mapping) -> Ex
 # ------------------------------------------------------------------------------------------------- schema
 
 # key -> (parser, default). The MIG keys are parsed together (_mig).
+def _health_interval(ctx: _Ctx, key: str, value: Any) -> Any:
+    low, high = HEALTH_INTERVAL_RANGE
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        ctx.error(key, value, f"seconds, an integer {low}..{high} (slurm.conf HealthCheckInterval)", "not an interval")
+        return _INVALID
+    return value
+
+
+def _names(choices: tuple[str, ...], what: str):
+    """A non-empty list of distinct names out of ``choices``."""
+
+    def parse(ctx: _Ctx, key: str, value: Any) -> Any:
+        allowed = f"a non-empty list of {what} out of: {', '.join(choices)}"
+        if not isinstance(value, (list, tuple)) or not value:
+            ctx.error(key, value, allowed, "not a non-empty list")
+            return _INVALID
+        bad = [v for v in value if v not in choices]
+        if bad:
+            ctx.error(key, value, allowed + did_you_mean(bad[0], choices), f"unknown {what[:-1]} {bad[0]!r}")
+            return _INVALID
+        if len(set(value)) != len(value):
+            ctx.error(key, value, allowed + ", each once", "listed twice")
+            return _INVALID
+        return tuple(value)
+
+    return parse
+
+
+def _reason_prefix(ctx: _Ctx, key: str, value: Any) -> Any:
+    if not isinstance(value, str) or not _REASON_PREFIX_RE.match(value):
+        ctx.error(key, value, "1-48 characters: letters, digits, space, '.', '_', '-' (starting with a letter or "
+                  "digit)", "not a drain reason prefix")
+        return _INVALID
+    return value
+
+
 def _templates_dir(ctx: _Ctx, key: str, value: Any) -> Any:
     if not isinstance(value, str | os.PathLike) or not os.path.isdir(value):
         ctx.error(key, value, "a directory on the control machine holding templates named as gpufleet's "
@@ -1161,6 +1217,10 @@ _KEYS: dict[str, tuple[Any, Any]] = {
     "gpufleet_clocks": (_clocks, None),
     "gpufleet_templates_dir": (_templates_dir, None),  # read by gpufleet.resources through host data
     "gpufleet_slurm_gres": (_choice(SLURM_GRES_MODES), "auto"),
+    "gpufleet_health_interval": (_health_interval, HealthConfig.interval),
+    "gpufleet_health_checks": (_names(HEALTH_CHECKS, "check groups"), HEALTH_CHECKS),
+    "gpufleet_health_reason_prefix": (_reason_prefix, HealthConfig.reason_prefix),
+    "gpufleet_health_node_state": (_names(HEALTH_NODE_STATES, "node states"), ("ANY",)),
     **{key: (parser, default) for key, parser, default, _doc in EXPORTER_SETTINGS},
 }
 _MIG_KEYS = ("gpufleet_mig", "gpufleet_mig_config_file", "gpufleet_mig_config")
@@ -1244,6 +1304,9 @@ def _collect(host_name: str, data: Mapping) -> tuple[NodeConfig | None, list[Con
         clocks=values["gpufleet_clocks"] or ClocksConfig(),
         exporters=exporters,
         slurm_gres=values["gpufleet_slurm_gres"],
+        health=HealthConfig(interval=values["gpufleet_health_interval"], checks=values["gpufleet_health_checks"],
+                            reason_prefix=values["gpufleet_health_reason_prefix"],
+                            node_state=values["gpufleet_health_node_state"]),
     )
     return config, []
 

@@ -125,6 +125,18 @@ _DOCS: dict[str, tuple[str, str, str, str, str | None]] = {
     "gpufleet_slurm_gres": ("`auto` \\| `files` \\| `nvml`", "slurm",
                             "gres.conf: every GPU listed (files), AutoDetect=nvml (nvml), or files unless a MIG "
                             "layout is configured (auto)", '"nvml"', None),
+    "gpufleet_health_interval": ("int seconds, 5..86400", "slurm",
+                                 "slurm.conf HealthCheckInterval: how often Slurm runs gpufleet-healthcheck", "30",
+                                 None),
+    "gpufleet_health_checks": ("list of `gpus` `persistence` `xid` `memory` `nvlink` `throttle` `fabricmanager` "
+                               "`mig`", "slurm", "the check groups whose failure drains the node (verify's checks "
+                               "and thresholds)", '["gpus", "xid", "memory"]', None),
+    "gpufleet_health_reason_prefix": ("1-48 letters, digits, ` ._-`", "slurm",
+                                      "the drain reason's prefix: only a drain whose reason starts with it is resumed",
+                                      '"gpufleet health"', None),
+    "gpufleet_health_node_state": ("list of `ALLOC` `ANY` `CYCLE` `IDLE` `MIXED`", "slurm",
+                                   "slurm.conf HealthCheckNodeState printed by the stage (a drained node is "
+                                   "resumed only where the check runs on it)", '["ANY"]', None),
     # exporters: the doc is config.EXPORTER_SETTINGS' own (None here)
     "gpufleet_exporters_gpu": ("`auto` \\| `dcgm` \\| `nvml` \\| `none`", "exporters", None, '"nvml"', None),
     "gpufleet_exporters_gpu_listen": ("ADDRESS:PORT", "exporters", None, '"10.0.0.5:9400"', _MGMT + "9400"),

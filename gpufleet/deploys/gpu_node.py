@@ -125,9 +125,26 @@ def slurm_gres_args(config: NodeConfig, plan: NodePlan) -> dict:
             "mig": {index: dict(counts) for index, counts in layout.items() if counts}, "mode": config.slurm_gres}
 
 
+def health_plan(config: NodeConfig, plan: NodePlan, nvswitch: bool) -> dict:
+    """What ``gpufleet-healthcheck`` checks this node against: the node plan's GPUs, persistence, MIG layout and
+    NVSwitches (fabric manager), and the health settings."""
+    names = {gpu.display_name for gpu in plan.gpus}
+    layout = plan.mig.layout if plan.mig is not None else None
+    return {"node": host.name, "gpu_count": len(plan.gpus), "gpu_model": names.pop() if len(names) == 1 else None,
+            "persistence": plan.persistence.mode if plan.persistence is not None else None,
+            "mig": None if layout is None else {str(i): None if c is None else dict(c) for i, c in layout.items()},
+            "nvswitch": nvswitch, "checks": list(config.health.checks), "reason_prefix": config.health.reason_prefix}
+
+
 def slurm_stage(config: NodeConfig, plan: NodePlan) -> None:
-    """Slurm's gres.conf for this node (stage ``slurm``)."""
+    """Slurm's gres.conf and health check for this node (stage ``slurm``); the slurm.conf lines to add are
+    printed."""
     slurm.gres_conf(name="Slurm gres.conf", **slurm_gres_args(config, plan))
+    nvswitch = bool((host.get_fact(NvidiaPciDevices) or {}).get("nvswitch_present"))
+    slurm.healthcheck(name="Slurm health check (gpufleet-healthcheck)", plan=health_plan(config, plan, nvswitch))
+    lines = slurm.slurm_conf_lines(config.health.interval, list(config.health.node_state))
+    logger.info(f"{host.name}: slurm.conf lines for gpufleet-healthcheck (add them where they are missing): "
+                + "; ".join(lines))
 
 
 def exporters_stage(config: NodeConfig, facts: preflight.HostFacts, driver_changes: bool = False) -> None:

@@ -53,9 +53,15 @@ def bundle_files() -> list[tuple[str, bytes]]:
 @functools.cache
 def bundle() -> bytes:
     """The zip application, reproducible; built once per process, not once per host whose GPU exporter is ours."""
+    return reproducible_zip(bundle_files())
+
+
+def reproducible_zip(files: list[tuple[str, bytes]]) -> bytes:
+    """A zip of ``files`` ((archive name, content), in that order) with fixed timestamps and modes: the same files
+    make the same bytes (gpufleet's zip applications: this exporter, gpufleet.healthcheck_bundle)."""
     out = io.BytesIO()
     with zipfile.ZipFile(out, "w", compression=zipfile.ZIP_DEFLATED) as archive:
-        for name, data in bundle_files():
+        for name, data in files:
             info = zipfile.ZipInfo(name, date_time=_EPOCH)
             info.external_attr = 0o644 << 16
             info.compress_type = zipfile.ZIP_DEFLATED

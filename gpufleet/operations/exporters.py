@@ -6,13 +6,11 @@ NVML exporter. Both GPU exporters answer in dcgm-exporter's metric names and lab
 
 from __future__ import annotations
 
-import hashlib
-import io
 import posixpath
 import shlex
 
 from pyinfra import host
-from pyinfra.api import FileUploadCommand, StringCommand, operation
+from pyinfra.api import StringCommand, operation
 
 from gpufleet.config import DEFAULT_TEXTFILE_DIR
 from gpufleet.exporter import BUNDLE_NAME, bundle
@@ -23,7 +21,7 @@ from . import _packaging as pkg
 from . import apt_lists, dcgm_package
 from .dcgm_package import DCGM_PACKAGES, DCGM_PROFILING_PACKAGE
 from .errors import refuse, report
-from .managed_files import SETTINGS_DIR, put_file, remove_file, render
+from .managed_files import SETTINGS_DIR, put_bytes, put_file, remove_file, render
 from .reads import get_state, read_together
 from .units import UNIT_DIR, is_running, systemctl
 
@@ -247,14 +245,6 @@ def dcgm_drop_in_text(listen: str, collect_interval_ms: int, web_config: bool = 
             f"TimeoutStopSec={DCGM_EXPORTER_STOP_TIMEOUT_S}s\n")
 
 
-def _put_bytes(current: dict | None, path: str, data: bytes, mode: str = "644"):
-    if current is None or current.get("sha1") != hashlib.sha1(data).hexdigest():
-        yield StringCommand("mkdir", "-p", shlex.quote(posixpath.dirname(path)))
-        yield FileUploadCommand(io.BytesIO(data), path, remote_temp_filename=host.get_temp_filename(path))
-    if current is None or (current["user"], current["group"], current["mode"]) != ("root", "root", mode):
-        yield StringCommand("chown", "root:root", shlex.quote(path), "&&", "chmod", mode, shlex.quote(path))
-
-
 def _converge_service(status: dict, unit: str, changed: bool):
     """daemon-reload / enable / start or restart ``unit`` as needed; yields the commands."""
     if status["need_daemon_reload"] or changed:
@@ -420,7 +410,7 @@ def gpu_exporter(kind: str, listen: str = "0.0.0.0:9400", profiling: bool = Fals
     if kind != "dcgm":
         commands += _stop_and_disable(units[DCGM_EXPORTER_UNIT], DCGM_EXPORTER_UNIT)
     if kind == "nvml":
-        changed = list(_put_bytes(files[NVML_BUNDLE], NVML_BUNDLE, bundle()))
+        changed = list(put_bytes(files[NVML_BUNDLE], NVML_BUNDLE, bundle()))
         if web_config:  # systemd copies it for the dynamic user at start (LoadCredential=): a change restarts
             changed += put_file(files[NVML_WEB_CONFIG], NVML_WEB_CONFIG, web_config, mode="600", secret=True)
         changed += put_file(files[NVML_UNIT_PATH], NVML_UNIT_PATH,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import posixpath
 import shlex
-from io import StringIO
+from io import BytesIO, StringIO
 
 from pyinfra import host, logger, state
 from pyinfra.api import FileUploadCommand, OperationValueError, StringCommand
@@ -49,6 +49,15 @@ def _show_diff(path: str, content: str, current: dict | None) -> None:
     for line in generate_color_diff(current_lines, content.splitlines(keepends=True)):
         logger.info("  %s", line)
     logger.info("")
+
+
+def put_bytes(current: dict | None, path: str, data: bytes, mode: str = "644"):
+    """Commands that make ``path`` a root-owned regular file holding ``data`` (a binary: no diff shown)."""
+    if current is None or current.get("sha1") != hashlib.sha1(data).hexdigest():
+        yield StringCommand("mkdir", "-p", shlex.quote(posixpath.dirname(path)))
+        yield FileUploadCommand(BytesIO(data), path, remote_temp_filename=host.get_temp_filename(path))
+    if current is None or (current["user"], current["group"], current["mode"]) != ("root", "root", mode):
+        yield StringCommand("chown", "root:root", shlex.quote(path), "&&", "chmod", mode, shlex.quote(path))
 
 
 def put_file(current: dict | None, path: str, content: str, mode: str = "644", user: str = "root",

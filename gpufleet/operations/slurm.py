@@ -23,6 +23,9 @@ device numbers are not known to nvidia-smi's query (only ``nvidia-smi -q``'s "Mi
 
 from __future__ import annotations
 
+import json
+import posixpath
+import shlex
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
@@ -30,14 +33,19 @@ from pyinfra import host
 from pyinfra.api import OperationValueError, operation
 
 from gpufleet.facts.files import check_path
+from gpufleet.healthcheck_bundle import BUNDLE_NAME, bundle
 
-from .managed_files import put_file
+from .managed_files import put_bytes, put_file
 from .reads import get_state, read_together
 from .units import systemctl
 
 GRES_CONF = "/etc/slurm/gres.conf"
 SLURMD = "slurmd.service"
-read_together(SLURMD, files=(GRES_CONF,))
+HEALTHCHECK_BUNDLE = posixpath.join("/opt/gpufleet/healthcheck", BUNDLE_NAME)
+HEALTHCHECK_PROGRAM = "/usr/local/sbin/gpufleet-healthcheck"  # slurm.conf HealthCheckProgram: an absolute path
+HEALTHCHECK_PLAN = "/etc/gpufleet/healthcheck.json"  # gpufleet.healthcheck.node.PLAN_PATH
+PYTHON = "/usr/bin/python3"
+read_together(SLURMD, files=(GRES_CONF, HEALTHCHECK_BUNDLE, HEALTHCHECK_PROGRAM, HEALTHCHECK_PLAN))
 MODES = ("auto", "files", "nvml")
 HEADER = "# Managed by gpufleet (slurm stage), overwritten on every run."
 
@@ -134,3 +142,53 @@ def gres_conf(gpus: list[str], mig: dict[int, dict[str, int]] | None = None, mod
     yield from commands
     if current["units"][SLURMD]["load_state"] == "loaded":
         yield systemctl("try-restart", SLURMD)
+
+
+def healthcheck_program_text() -> str:
+    """``gpufleet-healthcheck``: the bundle under the node's Python, with root's usual PATH (slurmd runs it with
+    an environment of its own; the check calls ``sinfo``, ``scontrol`` and ``journalctl``)."""
+    return ("#!/bin/sh\n# Managed by gpufleet (slurm stage): Slurm's HealthCheckProgram (gpufleet/healthcheck).\n"
+            "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\nexport PATH\n"
+            f"exec {shlex.quote(PYTHON)} {shlex.quote(HEALTHCHECK_BUNDLE)} \"$@\"\n")
+
+
+def slurm_conf_lines(interval: int, node_state: list[str]) -> list[str]:
+    """The slurm.conf lines that make Slurm run the health check (slurm.conf.5 of Slurm 22.05)."""
+    return [f"HealthCheckProgram={HEALTHCHECK_PROGRAM}", f"HealthCheckInterval={interval}",
+            f"HealthCheckNodeState={','.join(node_state)}"]
+
+
+@operation()
+def healthcheck(plan: dict):
+    """
+    Install ``gpufleet-healthcheck``, Slurm's health check program for this GPU node, and the node's plan it
+    checks against.
+
+    + plan: the node's plan for the check (``gpufleet.healthcheck.node``): ``node`` (its Slurm name), ``gpu_count``,
+      ``gpu_model``, ``persistence``, ``mig``, ``nvswitch``, ``checks`` (the check groups), ``reason_prefix``
+
+    Writes the zip application (verify's checks, the probe, nvidia-ml-py) under /opt/gpufleet/healthcheck,
+    ``/usr/local/sbin/gpufleet-healthcheck`` (0755) and ``/etc/gpufleet/healthcheck.json``. Nothing restarts: Slurm
+    runs the program afresh every ``HealthCheckInterval``.
+
+    **Example:**
+
+    .. code:: python
+
+        from gpufleet.operations import slurm
+
+        slurm.healthcheck(
+            name="Slurm health check",
+            plan={"node": "gpu01", "gpu_count": 8, "gpu_model": "NVIDIA H100 80GB HBM3", "persistence": True,
+                  "mig": None, "nvswitch": True, "checks": ["gpus", "xid"], "reason_prefix": "gpufleet health"},
+        )
+    """
+    current = get_state(paths=(HEALTHCHECK_BUNDLE, HEALTHCHECK_PROGRAM, HEALTHCHECK_PLAN))["files"]
+    commands = [*put_bytes(current[HEALTHCHECK_BUNDLE], HEALTHCHECK_BUNDLE, bundle()),
+                *put_file(current[HEALTHCHECK_PROGRAM], HEALTHCHECK_PROGRAM, healthcheck_program_text(), mode="755"),
+                *put_file(current[HEALTHCHECK_PLAN], HEALTHCHECK_PLAN, json.dumps(plan, indent=1, sort_keys=True)
+                          + "\n")]
+    if not commands:
+        host.noop(f"{HEALTHCHECK_PROGRAM} checks {plan.get('gpu_count')} GPU(s)")
+        return
+    yield from commands

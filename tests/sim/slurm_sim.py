@@ -5,11 +5,15 @@ the hosts with dpkg (the hosts have no route to a Debian mirror)."""
 
 from __future__ import annotations
 
+import secrets
 import subprocess
 import time
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from conftest import ssh
 
 DEBS = Path("/var/cache/gpufleet-test-slurm-debs")
 PACKAGES = ["install-info", "libhwloc15", "liblua5.1-0", "libmunge2", "libnuma1", "libyaml-0-2", "munge",
@@ -73,3 +77,30 @@ def wait_for(what: str, probe, timeout: float = 90, every: float = 0.2) -> None:
     while not probe():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(every)
+
+
+def fake_gpu_devices(count: int) -> str:
+    """systemd-tmpfiles lines for placeholder /dev/nvidiaN character devices (major 195, as the driver's)."""
+    return "".join(f"c! /dev/nvidia{i} 0666 root root - 195:{i}\n" for i in range(count))
+
+
+def install_cluster(fleet, slurm_conf: str, gpus: Mapping[str, int]) -> None:
+    """Slurm on every host of ``fleet`` at once: slurmctld on node01, slurmd on the others with ``gpus[name]``
+    placeholder GPU device files; one munge key, the hosts' addresses in /etc/hosts, ``slurm_conf`` everywhere."""
+    debs = fetch_debs()
+    key = secrets.token_bytes(1024)
+    etc_hosts = "".join(f"{h.address} {h.name}\n" for h in fleet.hosts)
+
+    def set_up(h) -> None:
+        stage = stage_setup_files(h, debs, key, slurm_conf, etc_hosts)
+        (stage / "fakegpu.conf").write_text(fake_gpu_devices(gpus.get(h.name, 0)))
+        role = ("systemctl enable --now slurmctld && systemctl disable --now slurmd" if h.name == "node01" else
+                "cp fakegpu.conf /etc/tmpfiles.d/ && systemd-tmpfiles --create --boot /etc/tmpfiles.d/fakegpu.conf; "
+                "systemctl disable --now slurmctld; systemctl enable slurmd && systemctl restart slurmd")
+        ssh(fleet, h.name, "set -e; cd /var/tmp/slurm-setup; DEBIAN_FRONTEND=noninteractive dpkg -i *.deb >/dev/null; "
+            "sed -i '/^127.0.1.1/d' /etc/hosts; cat hosts >> /etc/hosts; "
+            "install -o munge -g munge -m 0400 munge.key /etc/munge/munge.key; systemctl restart munge; "
+            "install -m 0644 slurm.conf cgroup.conf /etc/slurm/; " + role, timeout=180)
+
+    with ThreadPoolExecutor(len(fleet.hosts)) as pool:  # dpkg on every host at once
+        list(pool.map(set_up, fleet.hosts))

@@ -20,17 +20,15 @@ from __future__ import annotations
 import json
 import os
 import re
-import secrets
 import shlex
 import signal
 import subprocess
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from conftest import BIN, REPO, bring_up, grand_total, ssh
-from slurm_sim import SLURM_CONF_COMMON, fetch_debs, stage_setup_files, wait_for
+from slurm_sim import SLURM_CONF_COMMON, install_cluster, wait_for
 
 from gpufleet import web_auth
 from gpufleet.sim import faults, hosts
@@ -52,11 +50,6 @@ gpu_nodes = [(name, dict(data, gpufleet_stages=["exporters", "slurm"], gpufleet_
 TEXTFILES = "/var/tmp/gpufleet-textfiles"
 
 
-def fake_gpu_devices(count: int) -> str:
-    """systemd-tmpfiles lines for placeholder /dev/nvidiaN character devices (major 195, as the driver's)."""
-    return "".join(f"c! /dev/nvidia{i} 0666 root root - 195:{i}\n" for i in range(count))
-
-
 def scontrol_node(fleet, node: str) -> dict[str, str]:
     out = ssh(fleet, "node01", f"scontrol show node {node}").stdout
     return dict(word.split("=", 1) for word in out.split() if "=" in word)
@@ -76,24 +69,8 @@ def fleet(tmp_path_factory):
     slurm stage then writes gres.conf and restarts slurmd, the nodes register their GPUs, and are resumed from
     the drain Slurm set itself."""
     started = time.monotonic()
-    debs = fetch_debs()
     fleet = bring_up(tmp_path_factory, ["rtx4090-1", "h100-sxm-8", "a100-40gb-1", "rtx4090-1"], driver="preinstalled")
-    key = secrets.token_bytes(1024)
-    etc_hosts = "".join(f"{h.address} {h.name}\n" for h in fleet.hosts)
-
-    def set_up(h) -> None:
-        stage = stage_setup_files(h, debs, key, SLURM_CONF, etc_hosts)
-        (stage / "fakegpu.conf").write_text(fake_gpu_devices(GPUS.get(h.name, 0)))
-        role = ("systemctl enable --now slurmctld && systemctl disable --now slurmd" if h.name == "node01" else
-                "cp fakegpu.conf /etc/tmpfiles.d/ && systemd-tmpfiles --create --boot /etc/tmpfiles.d/fakegpu.conf; "
-                "systemctl disable --now slurmctld; systemctl enable slurmd && systemctl restart slurmd")
-        ssh(fleet, h.name, "set -e; cd /var/tmp/slurm-setup; DEBIAN_FRONTEND=noninteractive dpkg -i *.deb >/dev/null; "
-            "sed -i '/^127.0.1.1/d' /etc/hosts; cat hosts >> /etc/hosts; "
-            "install -o munge -g munge -m 0400 munge.key /etc/munge/munge.key; systemctl restart munge; "
-            "install -m 0644 slurm.conf cgroup.conf /etc/slurm/; " + role, timeout=180)
-
-    with ThreadPoolExecutor(len(fleet.hosts)) as pool:  # dpkg on the four hosts at once
-        list(pool.map(set_up, fleet.hosts))
+    install_cluster(fleet, SLURM_CONF, GPUS)
     inventory = tmp_path_factory.mktemp("verify-slurm") / "inventory.py"
     inventory.write_text(INVENTORY.format(textfiles=TEXTFILES))
     fleet.gpu_inventory = inventory
@@ -146,10 +123,11 @@ def checks_by_host(report: Path) -> dict[str, list[tuple]]:
 def test_gres_stage_writes_what_slurmd_accepts_and_a_second_run_changes_nothing(fleet):
     first, second = fleet.gres_runs
     assert first.returncode == 0, first.stdout
-    assert grand_total(first.stdout)["success"] == "12", first.stdout  # gres.conf and the exporters stage's three
+    # per host: gres.conf, the health check (gpufleet-healthcheck) and the exporters stage's three
+    assert grand_total(first.stdout)["success"] == "15", first.stdout
     assert second.returncode == 0, second.stdout
     total = grand_total(second.stdout)
-    assert (total["success"], total["error"], total["no_change"]) == ("-", "-", "15"), second.stdout  # idempotent
+    assert (total["success"], total["error"], total["no_change"]) == ("-", "-", "18"), second.stdout  # idempotent
     # before: slurmd without gres.conf registered no GPU, so Slurm refused the node's registration (0 < 8 GPUs)
     assert all("INVALID_REG" in fleet.before_gres[n]["State"] for n in COMPUTE), fleet.before_gres
     text = ssh(fleet, "node02", "cat /etc/slurm/gres.conf").stdout

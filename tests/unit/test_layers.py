@@ -31,6 +31,7 @@ LAYERS: dict[str, int] = {
     "gpufleet.interruption": 0,
     "gpufleet.probe": 0,
     "gpufleet.exporter": 0,
+    "gpufleet.healthcheck_bundle": 0,  # packs the node-side health check's files (read as files, not imported)
     "gpufleet.node": 0,
     # 1: the validated configuration; where node-side files are found; the one Slurm client
     "gpufleet.config": 1,
@@ -56,6 +57,7 @@ LAYERS: dict[str, int] = {
     #    verify's thresholds and the reports' regressions; the deploys (the GPU node's, and the monitoring host's,
     #    built from monitoring)
     "gpufleet.verify": 8,
+    "gpufleet.healthcheck": 8,  # the node-side health check judges with verify's checks
     "gpufleet.monitoring": 8,
     "gpufleet.deploys": 8,
     # 9: commands on top: rollout (runs verify; its in-process pyinfra runs), drift, the settings table of every
