@@ -189,6 +189,12 @@ class MigPlan:
                 continue
             if not matches or not mig_config.entries[matches[0]].mig_enabled:
                 continue
+            if gpu.model is None and mig_capable(gpu) is False:
+                out.errors.append(Problem(
+                    host, f"{base}[{matches[0]}].mig-enabled", True,
+                    "false, or a devices / device-filter selection without this GPU (nvidia-smi reports its MIG "
+                    "mode as N/A: it has no MIG)", "MIG requested on a GPU without MIG", gpu_label([gpu])))
+                continue
             if gpu.model is None:
                 out.notes.append(f"{base}[{matches[0]}]: model of {gpu_label([gpu])} not in the catalog; "
                                  "MIG layout not checked")
@@ -225,15 +231,22 @@ def _entry_problems(host: str, key: str, entry: MigDeviceConfig, model: GpuModel
     return out
 
 
+def mig_capable(gpu: Gpu) -> bool | None:
+    """Whether a GPU has MIG by the driver's live ``mig.mode.current`` (``N/A``: no MIG); None without a driver."""
+    if gpu.source == "pci":
+        return None
+    return gpu.mig_current is not None
+
+
 def mig_target(gpu: Gpu, want: Mapping[str, int] | None) -> tuple[MigTarget | None, str | None]:
     """The target of one GPU for a layout entry (``None``: MIG disabled), or why this GPU cannot take it."""
     if want is None:
         return MigTarget(gpu, False), None
-    if gpu.model is None:
-        return None, f"{gpu.label} is not in gpufleet's GPU catalog: its MIG profiles are unknown"
-    if gpu.model.mig is None or gpu.mig_current is None:
+    if mig_capable(gpu) is not True or (gpu.model is not None and gpu.model.mig is None):
         return None, (f"{gpu.label} does not support MIG (mig.mode.current is "
                       f"{_MODES.get(gpu.mig_current) or 'N/A'})")
+    if gpu.model is None:
+        return None, f"{gpu.label} is not in gpufleet's GPU catalog: its MIG profiles are unknown"
     profiles, issues = mig_fit(gpu.model, want)
     if issues:
         issue = issues[0]
