@@ -248,6 +248,70 @@ def _confirm_apply(plan: str) -> bool:
     return not answer
 
 
+@main.group()
+def catalog() -> None:
+    """The GPU catalog: gpufleet's models and the user's own (gpufleet_catalog/ beside the inventory, or the
+    directory gpufleet_catalog_dir names). Exit code: 0 done, 2 bad input (a model file, a key, a host)."""
+
+
+_DIR_OPTION = click.option("--dir", "directory", type=click.Path(file_okay=False), default=None,
+                           help="the user's model directory (default: gpufleet_catalog/ beside --inventory)")
+_INVENTORY_OPTION = click.option("-i", "--inventory", default=None, help="an inventory, for its gpufleet_catalog/")
+
+
+@catalog.command("list")
+@_INVENTORY_OPTION
+@_DIR_OPTION
+def catalog_list(inventory: str | None, directory: str | None) -> None:
+    """Every model: key, name, architecture, MIG, power limits per board variant, packaged or the user's.
+
+    Exit code: 0 listed, 2 a user's model file the loader refuses."""
+    from . import catalog_command as cc  # noqa: PLC0415
+
+    try:
+        lines = cc.list_lines(cc.catalog_with(cc.user_directory(inventory, directory)))
+    except cc.CommandError as err:
+        click.echo(f"gpufleet catalog list: {err}", err=True)
+        sys.exit(2)
+    click.echo("\n".join(lines))
+
+
+@catalog.command("show")
+@click.argument("key")
+@_INVENTORY_OPTION
+@_DIR_OPTION
+def catalog_show(key: str, inventory: str | None, directory: str | None) -> None:
+    """One model (KEY: a catalog key or the name nvidia-smi prints): every value and its source.
+
+    Exit code: 0 shown, 2 no such model (the known ones are listed) or a model file the loader refuses."""
+    from . import catalog_command as cc  # noqa: PLC0415
+    from .catalog import UnknownGpuModel  # noqa: PLC0415
+
+    try:
+        cat = cc.catalog_with(cc.user_directory(inventory, directory))
+        model = cat.get(key) if key in cat else cat.by_name(key)
+    except (cc.CommandError, UnknownGpuModel) as err:
+        click.echo(f"gpufleet catalog show: {err}", err=True)
+        sys.exit(2)
+    click.echo(cc.show_text(model))
+
+
+@catalog.command("learn")
+@click.argument("inventory")
+@click.argument("host")
+@pyinfra_options(verbose=False)
+@_DIR_OPTION
+@click.option("--force", is_flag=True, help="replace a model file of the same key")
+def catalog_learn(inventory: str, host: str, pyinfra_args: PyinfraArgs, directory: str | None, force: bool) -> None:
+    """Read HOST of INVENTORY over SSH (nvidia-smi -q, compute_cap, nvlink -s, mig -lgip/-lgipp; nothing is
+    changed) and write its GPU's model to gpufleet_catalog/KEY.json beside INVENTORY (or --dir), tagged real with
+    the host and date. The driver must answer; MIG profiles are read while MIG is enabled (else the catalogued
+    model's are kept). Exit code: 0 written, 2 not (the message says why)."""
+    from .catalog_command import learn_command  # noqa: PLC0415
+
+    sys.exit(learn_command(inventory, host, directory, force, pyinfra_args, click.echo))
+
+
 @main.command()
 @click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
 def completion(shell: str) -> None:

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpufleet.catalog import GpuModel, UnknownGpuModel, load_catalog
+from gpufleet.catalog import CatalogError, GpuModel, UnknownGpuModel, load_catalog, use_user_models
 from gpufleet.masking import mask_urls
 
 KEY_PREFIX = "gpufleet_"
@@ -1111,7 +1111,23 @@ def _templates_dir(ctx: _Ctx, key: str, value: Any) -> Any:
     return os.fspath(value)
 
 
+def _catalog_dir(ctx: _Ctx, key: str, value: Any) -> Any:
+    if not isinstance(value, str | os.PathLike) or not os.path.isdir(value):
+        ctx.error(key, value, "a directory on the control machine holding GPU model files (<key>.json, as "
+                  "`gpufleet catalog learn` writes them)", "not a directory")
+        return _INVALID
+    try:
+        use_user_models(value)
+    except CatalogError as err:
+        ctx.error(key, value, "model files the catalog's strict loader accepts, one directory for the whole fleet",
+                  str(err))
+        return _INVALID
+    return os.path.abspath(value)
+
+
+# the catalog directory first: the user's models are in the catalog before any GPU model name is validated
 _KEYS: dict[str, tuple[Any, Any]] = {
+    "gpufleet_catalog_dir": (_catalog_dir, None),
     "gpufleet_config_version": (_config_version, CONFIG_VERSION),
     "gpufleet_stages": (_stages, DEFAULT_STAGES),
     "gpufleet_allow_reboot": (_bool, False),

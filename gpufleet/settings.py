@@ -105,6 +105,9 @@ _DOCS: dict[str, tuple[str, str, str, str, str | None]] = {
                       '{"NCCL_SOCKET_IFNAME": "=eth0", "NCCL_DEBUG": "WARN"}', "`{}`"),
     "gpufleet_clocks": ('`{"lock_gpu_mhz": [min, max]}` \\| `"reset"`', "clocks", "locked GPU clocks, or reset them",
                         '{"lock_gpu_mhz": [1980, 1980]}', None),
+    "gpufleet_catalog_dir": ("directory on the control machine, one for the whole fleet", "all",
+                            "GPU model files (`<key>.json`) that join gpufleet's catalog; one with a packaged key "
+                            "replaces that model", '"gpufleet_catalog"', None),
     "gpufleet_templates_dir": ("directory on the control machine", "all",
                                "templates found there (by name) replace gpufleet's own", '"site-templates"', None),
     "gpufleet_verify_textfile_dir": ("absolute directory path, or `False`", "verify",

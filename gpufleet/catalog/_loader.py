@@ -154,6 +154,17 @@ class MigSpec:
 
 
 @dataclass(frozen=True)
+class PowerLimits:
+    """One board variant's power limits in watts as nvidia-smi reports them (``Default / Min / Max Power Limit``);
+    ``None``: not known. Boards sold under one name differ (VBIOS, cooling, OEM): each variant seen is kept."""
+
+    default_w: float | None
+    min_w: float | None
+    max_w: float | None
+    source: str = field(repr=False, compare=False)  # the same figures are the same variant, whoever saw them
+
+
+@dataclass(frozen=True)
 class GpuModel:
     """One GPU model. Values are as nvidia-smi prints them; ``None`` = not known (see ``sources``).
 
@@ -173,10 +184,8 @@ class GpuModel:
     sm_count: int | None  # None: never printed by a real source for this GPU (see sources)
     memory_mib: int
     memory_type: str
-    memory_bandwidth_gbs: float
-    power_default_w: float | None
-    power_min_w: float | None
-    power_max_w: float | None
+    memory_bandwidth_gbs: float | None  # None: not known (a learned model before its datasheet figure)
+    power_limits_w: tuple[PowerLimits, ...]  # one entry per board variant seen (see power_default_w & co.)
     clocks_max_sm_mhz: int | None
     clocks_max_mem_mhz: int | None
     clocks_max_graphics_mhz: int | None
@@ -213,6 +222,23 @@ class GpuModel:
 
     def __repr__(self) -> str:
         return f"GpuModel(key={self.key!r}, name={self.name!r})"
+
+    @property
+    def power_default_w(self) -> float | None:
+        """The default power limit every known board variant shares; None when they differ or none is known (the
+        driver's own figure decides then)."""
+        defaults = {v.default_w for v in self.power_limits_w}
+        return defaults.pop() if len(defaults) == 1 else None
+
+    @property
+    def power_min_w(self) -> float | None:
+        """The lowest minimum any known board variant accepts (None: not known)."""
+        return min((v.min_w for v in self.power_limits_w if v.min_w is not None), default=None)
+
+    @property
+    def power_max_w(self) -> float | None:
+        """The highest maximum any known board variant accepts (None: not known)."""
+        return max((v.max_w for v in self.power_limits_w if v.max_w is not None), default=None)
 
     @property
     def mig_capable(self) -> bool:
@@ -287,18 +313,22 @@ class Catalog:
         self._by_norm_name = by_norm
 
     @classmethod
-    def from_directory(cls, directory: str | Path | Any) -> Catalog:
+    def from_directory(cls, directory: str | Path | Any, allow_empty: bool = False) -> Catalog:
         """Load every ``*.json`` under ``directory`` (a path or an importlib.resources Traversable)."""
         if isinstance(directory, str):
             directory = Path(directory)
         models: dict[str, GpuModel] = {}
         entries = sorted((e for e in directory.iterdir() if e.name.endswith(".json")), key=lambda e: e.name)
         for entry in entries:
-            model = parse_model(json.loads(entry.read_text(encoding="utf-8")), origin=entry.name)
+            try:
+                doc = json.loads(entry.read_text(encoding="utf-8"))
+            except ValueError as err:
+                raise CatalogError(f"{entry.name}: not JSON: {err}") from None
+            model = parse_model(doc, origin=entry.name)
             if entry.name != f"{model.key}.json":
                 raise CatalogError(f"{entry.name}: file name must be {model.key}.json")
             models[model.key] = model
-        if not models:
+        if not models and not allow_empty:
             raise CatalogError(f"no GPU model files in {directory}")
         return cls(models)
 
@@ -534,6 +564,23 @@ def _mig(o: str, w: str, v: Any) -> MigSpec | None:
     )
 
 
+_POWER_KEYS = {"default_w", "min_w", "max_w", "source"}
+
+
+def _power_limits(o: str, w: str, v: Any) -> tuple[PowerLimits, ...]:
+    _check(isinstance(v, list) and v, o, w, "expected a non-empty list of board variants")
+    out = []
+    for i, item in enumerate(v):
+        iw = f"{w}[{i}]"
+        _check(isinstance(item, dict) and set(item) == _POWER_KEYS, o, iw,
+               f"keys must be exactly {sorted(_POWER_KEYS)}")
+        low, default, high = (_opt_num(o, f"{iw}.{k}", item[k]) for k in ("min_w", "default_w", "max_w"))
+        known = [x for x in (low, default, high) if x is not None]
+        _check(known == sorted(known), o, iw, f"expected min_w <= default_w <= max_w, got {low}, {default}, {high}")
+        out.append(PowerLimits(default, low, high, _source(o, f"{iw}.source", item["source"])))
+    return tuple(out)
+
+
 # Field name -> converter; the order is the GpuModel order (key and sources are handled separately).
 _MODEL_FIELDS: dict[str, Callable[[str, str, Any], Any]] = {
     "name": _str,
@@ -545,10 +592,8 @@ _MODEL_FIELDS: dict[str, Callable[[str, str, Any], Any]] = {
     "sm_count": _opt_pos_int,
     "memory_mib": _pos_int,
     "memory_type": _str,
-    "memory_bandwidth_gbs": _num,
-    "power_default_w": _opt_num,
-    "power_min_w": _opt_num,
-    "power_max_w": _opt_num,
+    "memory_bandwidth_gbs": _opt_num,
+    "power_limits_w": _power_limits,
     "clocks_max_sm_mhz": _opt_pos_int,
     "clocks_max_mem_mhz": _opt_pos_int,
     "clocks_max_graphics_mhz": _opt_pos_int,

@@ -7,6 +7,7 @@ explicitly (see ``sections``), so a bare server (no driver, no pciutils, no moku
 | --- | --- | --- |
 | ``GpuInventory`` | nvidia | ``nvidia-smi --query-gpu=... --format=csv`` (again, ``kmd_version``, if refused) |
 | ``MigState`` | mig | ``nvidia-smi mig -lgi`` + ``-lci`` |
+| ``NvidiaSmiReport`` | nvidia_q | ``nvidia-smi -q``, ``compute_cap``, ``nvlink -s``, ``mig -lgip`` / ``-lgipp`` |
 | ``NvidiaPackages`` | packages | ``dpkg-query -W`` (holds: its ``h``) / ``rpm -qa`` + ``dnf versionlock list`` |
 | ``PackageHolds`` | packages | ``apt-mark showhold`` / ``dnf versionlock list`` (dnf4 and dnf5) |
 | ``DebInstalled`` | packages | ``dpkg-query -W`` of given package names (the exporters' packages) |
@@ -20,6 +21,7 @@ explicitly (see ``sections``), so a bare server (no driver, no pciutils, no moku
 from .files import ManagedState
 from .mig import MigState, instances_by_gpu
 from .nvidia import GpuInventory
+from .nvidia_q import NvidiaSmiReport
 from .packages import DebInstalled, NvidiaPackages, PackageHolds, upstream_version
 from .pci import NvidiaPciDevices
 from .system import Distribution, OsInfo, SecureBoot
@@ -32,6 +34,7 @@ __all__ = [
     "ManagedState",
     "MigState",
     "NvidiaPackages",
+    "NvidiaSmiReport",
     "NvidiaPciDevices",
     "PackageHolds",
     "OsInfo",

@@ -112,6 +112,12 @@ class PowerPlan:
             grouped.setdefault((t.key, str(t.setting), t.watts, low, high, t.gpu.display_name), []).append(t.gpu)
         for (key, shown, watts, low, high, _name), members in grouped.items():
             label = gpu_label(members)
+            defaults = _board_defaults(members[0])
+            if watts is None and members[0].source == "pci" and len(defaults) > 1:
+                out.notes.append(f"{key}: {label}: boards of this model default to "
+                                 f"{' or '.join(f'{w:g} W' for w in defaults)}; {shown} is resolved once the "
+                                 "driver answers (this run, after the driver stage)")
+                continue
             if watts is None:
                 out.errors.append(Problem(
                     host, key, Shown(shown), "a limit in watts (this GPU's default power limit is unknown)",
@@ -129,6 +135,12 @@ class PowerPlan:
                 out.errors.append(Problem(host, key, Shown(shown), allowed,
                                           f"outside this GPU's power limit range{resolved}", label))
         return out
+
+
+def _board_defaults(gpu: Gpu) -> list[float]:
+    """The default power limits the catalog's board variants of this GPU's model report (empty: model unknown)."""
+    variants = gpu.model.power_limits_w if gpu.model is not None else ()
+    return sorted({v.default_w for v in variants if v.default_w is not None})
 
 
 # What becomes of a per-UUID setting that names no GPU the host lists (:func:`absent_uuids`)

@@ -13,7 +13,7 @@ import hashlib
 import uuid
 from dataclasses import dataclass
 
-from gpufleet.catalog import GpuModel, MigProfile, load_catalog
+from gpufleet.catalog import GpuModel, MigProfile, PowerLimits, load_catalog
 
 SCHEMA = "1"
 
@@ -25,6 +25,12 @@ class Profile:
     gpu_count: int
     nvswitch_count: int
     description: str
+    # per GPU: which of the model's power-limit board variants (catalog power_limits_w) it is; default the first
+    power_variants: tuple[int, ...] = ()
+
+    def power_limits(self, model: GpuModel, index: int) -> PowerLimits:
+        variants = self.power_variants
+        return model.power_limits_w[variants[index] if index < len(variants) else 0]
 
 
 class UnknownProfile(ValueError):
@@ -42,6 +48,11 @@ _PROFILE_LIST = [
     Profile("a100-40gb-1", "a100-sxm4-40gb", 1, 0, "1x A100-SXM4-40GB, no NVSwitch (cloud VM, e.g. a2-highgpu-1g)"),
     Profile("l40s-4", "l40s", 4, 0, "4x L40S PCIe, no NVLink"),
     Profile("rtx4090-1", "rtx4090", 1, 0, "1x GeForce RTX 4090 workstation"),
+    # pre-Turing (closed kernel modules only, last branch 580) and a GPU whose MIG Mode is N/A
+    # the boards' minimum power limits as in the real 8x V100 server: 150 W on GPUs 0, 4, 6, 7, 100 W on the others
+    Profile("v100-16gb-8", "v100-sxm2-16gb", 8, 0, "8x Tesla V100-SXM2-16GB, no NVSwitch (DGX-1 class)",
+            (0, 1, 1, 1, 0, 1, 0, 0)),
+    Profile("l4-1", "l4", 1, 0, "1x NVIDIA L4 PCIe (cloud VM, e.g. g2-standard-8)"),
     Profile("b200-8", "b200", 8, 2, "HGX B200 8-GPU: 8x B200, 2 NVLink Switch chips (DGX B200 class)"),
     # A compute tray sees no NVSwitch on its PCI bus (the switches sit in separate NVLink switch trays), so the
     # simulated host has neither NVLink nor fabric manager.
@@ -56,6 +67,7 @@ _BUS_IDS = {
     ("Ampere", 8): ["07", "0F", "47", "4E", "87", "90", "B7", "BD"],
     ("Blackwell", 8): ["1B", "43", "52", "61", "9D", "C3", "D1", "DF"],
     ("Blackwell", 4): ["29", "3F", "9C", "B2"],  # real 4x GB200 tray (qx-gb200.xml)
+    ("Volta", 8): ["04", "05", "06", "07", "08", "09", "0A", "0B"],  # real 8x V100 VM (00000000:00:04.0 ...)
     4: ["17", "65", "CA", "E3"],
     2: ["17", "CA"],
     1: ["01"],
@@ -66,14 +78,18 @@ _IDLE = {
     "Blackwell": {"pstate": "P0", "sm": 345, "video": 765, "temp": 31, "mem_temp": 36, "pcie_idle_gen": None},
     "Ampere": {"pstate": "P0", "sm": 210, "video": 585, "temp": 30, "mem_temp": 33, "pcie_idle_gen": None},
     "Ada Lovelace": {"pstate": "P8", "sm": 210, "video": 1185, "temp": 34, "mem_temp": None, "pcie_idle_gen": 1},
+    "Volta": {"pstate": "P0", "sm": 135, "video": 555, "temp": 37, "mem_temp": 33, "pcie_idle_gen": None},
 }
-_IDLE_DRAW_W = {"h100-sxm": 69.85, "h200": 77.71, "b200": 142.5, "a100-sxm4-80gb": 61.2, "a100-sxm4-40gb": 54.3}
+_IDLE_DRAW_W = {"h100-sxm": 69.85, "h200": 77.71, "b200": 142.5, "a100-sxm4-80gb": 61.2, "a100-sxm4-40gb": 54.3,
+               "v100-sxm2-16gb": 44.5, "l4": 16.47}
 _VBIOS = {"Ampere": "92.00.45.00.03", "Hopper": "96.00.A5.00.01", "Blackwell": "97.00.FA.00.09",
           "Ada Lovelace": "95.02.3C.40.5E"}  # fmt: skip
 _NVLINK_SPEED = {"Ampere": "25.781", "Hopper": "26.562", "Blackwell": "53.125"}
-_MAX_OPERATING_C = {"Hopper": 87, "Blackwell": 87, "Ampere": 85, "Ada Lovelace": 88}
+# per architecture, or per model where a real board says otherwise (a real L4: 33 C current + 53 C T.Limit)
+_MAX_OPERATING_C = {"Hopper": 87, "Blackwell": 87, "Ampere": 85, "Ada Lovelace": 88, "l4": 86}
+# HBM's own limit where nvidia-smi prints it absolute (real 8x V100 550.127.05: "Memory Max Operating Temp : 85 C")
+_MEMORY_MAX_OPERATING_C = {"Volta": 85}
 # fallbacks for models whose catalog entry lacks a captured value (listed in the sim's documentation)
-_FALLBACK_CLOCKS = {"rtx4090": (3120, 10501)}
 _FALLBACK_SUBSYS = {"a100-sxm4-80gb": 0x147F10DE, "h200": 0x18BE10DE, "rtx4090": 0x16F010DE}
 
 # Board identity as real nvidia-smi prints it per model (Board / GPU Part Number, Inforom Image / OEM / ECC object,
@@ -87,6 +103,8 @@ _IDENTITY = {
     "a100-sxm4-40gb": ("692-2G506-0200-003", "20B0-884-A1", "G506.0200.00.04", "2.0", "6.16", 640),
     "l40s": ("900-2G133-A880-000", "26B9-896-A1", "G133.0242.00.03", "2.1", "6.16", 192),
     "gb200": ("900-2G548-A801-000", "2941-892-A1", "G548.0201.00.06", "2.1", "7.16", 3968),
+    "v100-sxm2-16gb": ("900-2G503-0300-000", "1DB1-895-A1", "G503.0201.00.03", "1.1", "5.0", 0),
+    "l4": ("900-2G193-0000-000", "27B8-895-A1", "G193.0200.00.01", "2.1", "6.16", 96),
 }
 
 PROFILES: dict[str, Profile] = {p.name: p for p in _PROFILE_LIST}
@@ -156,22 +174,24 @@ def _gpu_state(model: GpuModel, profile: Profile, hostname: str, index: int, bus
     brand = _attr(model, "brand", "NVIDIA" if model.datacenter else "GeForce")
     geforce = brand == "GeForce"
     jitter = _seed(hostname, index, "idle")
-    max_sm, max_mem = _FALLBACK_CLOCKS.get(model.key, (2520, 10501))
+    max_sm, max_mem = 2520, 10501
     max_sm = _attr(model, "clocks_max_sm_mhz", max_sm)
     max_mem = _attr(model, "clocks_max_mem_mhz", max_mem)
     max_gr = _attr(model, "clocks_max_graphics_mhz", max_sm)
     max_video = _attr(model, "clocks_max_video_mhz", int(max_gr * 0.78))
     hbm = model.memory_type.upper().startswith("HBM")
-    default_mw = round(model.power_default_w * 1000)
+    power = profile.power_limits(model, index)
+    default_mw = round(power.default_w * 1000)
     if model.key in _IDLE_DRAW_W:
         idle_w = _IDLE_DRAW_W[model.key]
     else:
-        idle_w = (0.08 if geforce else 0.1) * model.power_default_w + (3.0 if hbm else 0.0)
+        idle_w = (0.08 if geforce else 0.1) * power.default_w + (3.0 if hbm else 0.0)
     draw_mw = round(idle_w * 1000) + (jitter % 2400) - 1200
     temp = idle["temp"] + (jitter >> 12) % 7
-    max_op = _MAX_OPERATING_C.get(arch, 87) + (2 if geforce else 0)
-    shutdown_t = _attr(model, "temp_shutdown_tlimit_c", -8)
-    slowdown_t = _attr(model, "temp_slowdown_tlimit_c", -2)
+    max_op = _MAX_OPERATING_C.get(model.key, _MAX_OPERATING_C.get(arch, 87)) + (2 if geforce else 0)
+    max_op = _attr(model, "temp_max_operating_c", max_op)
+    shutdown_t = _attr(model, "temp_shutdown_tlimit_c", max_op - _attr(model, "temp_shutdown_c", max_op + 8))
+    slowdown_t = _attr(model, "temp_slowdown_tlimit_c", max_op - _attr(model, "temp_slowdown_c", max_op + 2))
     sub = _attr(model, "pci_sub_device_id_example", _FALLBACK_SUBSYS.get(model.key, 0x000010DE))
     reserved = _attr(model, "memory_reserved_mib", 400 + model.memory_mib // 650)
     gen_max = model.pcie_gen_max
@@ -199,8 +219,8 @@ def _gpu_state(model: GpuModel, profile: Profile, hostname: str, index: int, bus
         "memory.used_mib": "1" if geforce else "0",
         "bar1.total_mib": str(_pow2_at_least(model.memory_mib)),
         "power.default_mw": str(default_mw),
-        "power.min_mw": str(round(model.power_min_w * 1000)),
-        "power.max_mw": str(round(model.power_max_w * 1000)),
+        "power.min_mw": str(round(power.min_w * 1000)),
+        "power.max_mw": str(round(power.max_w * 1000)),
         "power.limit_mw": str(default_mw),
         "power.draw_mw": str(draw_mw),
         "persistence": "0",
@@ -211,6 +231,7 @@ def _gpu_state(model: GpuModel, profile: Profile, hostname: str, index: int, bus
         "temp.slowdown": str(max_op - slowdown_t),
         "temp.shutdown": str(max_op - shutdown_t),
         "temp.target": str(_attr(model, "temp_target_c", 84 if geforce else "")),
+        "temp.memory_max_operating": str(_MEMORY_MAX_OPERATING_C.get(arch, "")),
         "fan": "0" if geforce else "",
         "pstate": idle["pstate"],
         "util.gpu": "0",

@@ -389,7 +389,9 @@ def packages() -> list[tuple[str, str, str, str]]:
             (f"nvidia-driver-{branch}", version, "0ubuntu1", "proprietary"),
             (f"nvidia-open-{branch}", version, "1", "open"),  # NVIDIA's CUDA repository naming
             (f"nvidia-fabricmanager-{branch}", version, "1", "fabricmanager"),  # Ubuntu's archive, CUDA repo < 580
-            (f"cuda-drivers-{branch}", version, "1", "cuda-drivers"),
+            # NVIDIA's CUDA repository naming of the proprietary modules (nvidia-packaging/facts.json); it carries the
+            # driver itself, so that no Ubuntu-named driver package rides along for the product to remove
+            (f"cuda-drivers-{branch}", version, "1", "proprietary"),
         ]
         if int(branch) >= FABRICMANAGER_UNSUFFIXED_FROM:
             # NVIDIA's CUDA repository from branch 580 on: one name, the branch in the version
@@ -430,7 +432,6 @@ def build() -> Path:
         driver_names = [p for p, _v, _r, kind in packages() if kind in ("open", "proprietary")]
         for package, upstream, revision, kind in packages():
             version = f"{upstream}-{revision}" if revision else upstream
-            branch = upstream.split(".")[0]
             if kind in ("open", "proprietary"):
                 others = ", ".join(n for n in driver_names if n != package)
                 tree = _driver_tree(work, package, upstream, revision, kind, nvml, others)
@@ -438,14 +439,8 @@ def build() -> Path:
                 tree = _fabricmanager_tree(work, package, upstream, revision)
             elif kind == "dcgm":
                 tree = _dcgm_tree(work, package, upstream, revision)
-            elif kind == "grafana":
-                tree = _grafana_tree(work, upstream, revision)
             else:
-                tree = work / package
-                (tree / "DEBIAN").mkdir(parents=True)
-                (tree / "DEBIAN/control").write_text(_control(
-                    package, version, f"CUDA drivers {branch} branch metapackage",
-                    Depends=f"nvidia-driver-{branch}-server (= {upstream}-0ubuntu1)"))
+                tree = _grafana_tree(work, upstream, revision)
             _build_deb(tree, out / f"{package}_{version}_amd64.deb")
         _write_index(out)
         _sign(out)

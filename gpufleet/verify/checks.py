@@ -202,7 +202,7 @@ def _check_count_and_model(ctx: _Ctx, probe: dict[str, Any], expected: ExpectedS
                 "check the node's hardware and its inventory group", observed=names)
     elif unknown:
         ctx.add("health.gpu_model", WARN, f"{unknown[0]} is not in the gpufleet catalog: no performance thresholds",
-                "add the model to gpufleet/catalog/models/", observed=names)
+                "learn it: gpufleet catalog learn INVENTORY HOST (then gpufleet_catalog_dir)", observed=names)
     else:
         ctx.add("health.gpu_model", PASS, f"{len(usable)}x {names[0]}", observed=names)
 

@@ -178,7 +178,7 @@ def test_host_down_in_a_wave_counts_as_a_failure(fleet, tmp_path):
 
 
 def test_bad_input_stops_before_any_drain_or_change(fleet, tmp_path):
-    ro = Rollout(tmp_path, 900)  # above the RTX 4090's 600 W maximum
+    ro = Rollout(tmp_path, 900)  # above every RTX 4090 board's maximum (450 W, or 600 W by VBIOS)
     before = {n: power_w(fleet, n) for n in NODES}
     result = ro.run()
     assert result.returncode == 2, result.stdout + result.stderr

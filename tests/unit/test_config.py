@@ -179,9 +179,11 @@ BAD_INPUTS = [
     pytest.param(
         {"gpufleet_power_limit_by_model": {"NVIDIA H100 80GB HMB3": 600}},
         "node01: gpufleet_power_limit_by_model['NVIDIA H100 80GB HMB3']='NVIDIA H100 80GB HMB3': unknown GPU model; "
-        "allowed: a GPU name as nvidia-smi prints it or a catalog key: a100-pcie-40gb, a100-pcie-80gb, "
-        "a100-sxm4-40gb, a100-sxm4-80gb, a30, b200, gb200, gb300, h100-nvl, h100-pcie, h100-sxm, h200, l40s, "
-        "rtx2080-super, rtx4080-super, rtx4090, t4 (did you mean 'NVIDIA H100 80GB HBM3'?)",
+        "allowed: a GPU name as nvidia-smi prints it or a catalog key: a10, a100-pcie-40gb, a100-pcie-80gb, "
+        "a100-sxm4-40gb, a100-sxm4-80gb, a10g, a30, a40, b200, gb200, gb300, gh200-480gb, h100-nvl, h100-pcie, "
+        "h100-sxm, h20, h200, h200-nvl, l4, l40, l40s, rtx-a6000, rtx-pro-6000-blackwell-server, rtx2080-super, "
+        "rtx4080-super, rtx4090, rtx6000-ada, t4, v100-sxm2-16gb, v100-sxm2-32gb (did you mean 'NVIDIA H100 80GB "
+        "HBM3'?)",
         id="power-model-typo",
     ),
     pytest.param(

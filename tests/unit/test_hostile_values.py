@@ -35,6 +35,7 @@ HOSTILE = [
 # Settings whose strings never reach a generated file on a host, and why.
 NOT_IN_A_FILE = {
     "gpufleet_templates_dir": "a directory on the control machine",
+    "gpufleet_catalog_dir": "a directory on the control machine (model files read by the strict loader)",
     "gpufleet_mig_config_file": "a file on the control machine, read and validated as the inline layout",
     "gpufleet_mig_config": "a label of that file",
     "gpufleet_verify_textfile_dir": "a directory in verify's shell command (shlex-quoted), not in a file",

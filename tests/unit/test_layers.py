@@ -66,6 +66,7 @@ LAYERS: dict[str, int] = {
     "gpufleet.rollout": 9,
     "gpufleet._pyinfra.inprocess": 9,
     "gpufleet.drift": 9,
+    "gpufleet.catalog_command": 9,
     "gpufleet.settings": 9,
     "gpufleet.sim": 9,
     "gpufleet.apply": 9,

@@ -137,6 +137,21 @@ def test_power_unknown_default_for_relative_limit():
         "limit; allowed: a limit in watts (this GPU's default power limit is unknown)"]
 
 
+def test_power_relative_limit_waits_for_the_driver_where_boards_differ():
+    """A bare A100-SXM4-80GB host: its boards default to 400 W or 500 W (real), so 80 % is resolved from the
+    driver's own default once it answers; an absolute limit is still checked against every board's range."""
+    bare = HostFacts(os=os_fact(), secure_boot=sb_fact("SecureBoot disabled"),
+                     pci=pci_fact("0000:07:00.0 0302: 10de:20b2 (rev a1)"))
+    config = load_node_config("node01", {"gpufleet_power_limit": "80%"})
+    result = run_preflight("node01", config, bare)
+    assert result.errors == []
+    assert ("gpufleet_power_limit: GPU 0 (NVIDIA A100-SXM4-80GB): boards of this model default to 400 W or 500 W; "
+            "80% is resolved once the driver answers (this run, after the driver stage)") in result.notes
+    assert messages({"gpufleet_power_limit": 550}, bare) == [
+        "node01: gpufleet_power_limit=550 W on GPU 0 (NVIDIA A100-SXM4-80GB): outside this GPU's power limit range; "
+        "allowed: 100-500 W"]
+
+
 def test_power_stage_off_skips_check():
     assert messages({"gpufleet_power_limit": 800, "gpufleet_stages": ["driver"]}, h100_with_driver()) == []
 

@@ -51,7 +51,8 @@ def test_a_key_the_validators_know_and_the_table_does_not_is_an_error(monkeypatc
 
 # examples that need something beyond the table (a UUID of a real GPU, a mig-parted file, a directory)
 _CONTEXTUAL = {"gpufleet_power_limit_by_uuid", "gpufleet_mig_config_file", "gpufleet_mig_config",
-               "gpufleet_templates_dir", "gpufleet_monitoring_routes"}  # routes: to a receiver defined beside
+               "gpufleet_templates_dir", "gpufleet_catalog_dir",
+               "gpufleet_monitoring_routes"}  # routes: to a receiver defined beside
 
 
 @pytest.mark.parametrize("setting", [s for s in settings.table() if s.name not in _CONTEXTUAL], ids=lambda s: s.name)

@@ -1152,7 +1152,7 @@ def test_every_profile_prints_list_table_and_query(make_smi, profile):
     count = PROFILES[profile].gpu_count
     out, rc = smi("-L")
     assert rc == 0
-    assert re.fullmatch(rf"(GPU \d: NVIDIA [^\n]+ \(UUID: GPU-[0-9a-f-]{{36}}\)\n){{{count}}}", out)
+    assert re.fullmatch(rf"(GPU \d: (?:NVIDIA|Tesla) [^\n]+ \(UUID: GPU-[0-9a-f-]{{36}}\)\n){{{count}}}", out)
     out, rc = smi()
     assert rc == 0
     assert all(len(line) == 91 for line in out.split("\n")[1:] if line.startswith(("|", "+")))

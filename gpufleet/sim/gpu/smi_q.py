@@ -15,6 +15,9 @@ DISPLAY_TYPES = {
 }  # fmt: skip
 KEY_WIDTH = 55
 NA = "N/A"
+# pre-Turing GPUs print the older ECC / retired-pages / absolute-temperature sections (real 8x V100, 550.127.05)
+PRE_TURING = ("Kepler", "Maxwell", "Pascal", "Volta")
+_VOLTA_ECC_UNITS = ("Device Memory", "Register File", "L1 Cache", "L2 Cache", "Texture Memory", "Texture Shared", "CBU")
 
 
 def line(level: int, label: str, value: str | None = None, width: int = KEY_WIDTH) -> str:
@@ -89,6 +92,34 @@ def _utilization(g: Gpu) -> list[str]:
     ]
 
 
+def _pre_turing(g: Gpu) -> bool:
+    return g.s("architecture") in PRE_TURING
+
+
+def _ecc_by_unit(g: Gpu) -> list[str]:
+    """The pre-Turing ECC Errors section: single and double bit counts per memory unit."""
+    out = []
+    for scope in ("Volatile", "Aggregate"):
+        out.append(line(2, scope))
+        for bits, key in (("Single Bit", "corrected"), ("Double Bit", "uncorrected")):
+            count = g.i(f"ecc.{scope.lower()}.{key}") if g.ecc_on else None
+            out.append(line(3, bits, "").rstrip(": ") + " " * 12)
+            for unit in _VOLTA_ECC_UNITS:
+                texture = unit.startswith("Texture") or (unit == "CBU" and bits == "Single Bit")
+                value = NA if count is None or texture else str(count if unit == "Device Memory" else 0)
+                out.append(line(4, unit, value))
+            out.append(line(4, "Total", NA if count is None else str(count)))
+    return out
+
+
+def _retired_pages(g: Gpu) -> list[str]:
+    if not _pre_turing(g) or not g.ecc_on:
+        return [line(1, "Retired Pages"), line(2, "Single Bit ECC", NA), line(2, "Double Bit ECC", NA),
+                line(2, "Pending Page Blacklist", NA)]
+    return [line(1, "Retired Pages"), line(2, "Single Bit ECC", "0"), line(2, "Double Bit ECC", "0"),
+            line(2, "Pending Page Blacklist", "No")]
+
+
 def _ecc(g: Gpu) -> list[str]:
     sup = g.flag("ecc.supported")
     out = [
@@ -97,6 +128,8 @@ def _ecc(g: Gpu) -> list[str]:
         line(2, "Pending", _en(g.flag("ecc.pending")) if sup else NA),
         line(1, "ECC Errors"),
     ]
+    if _pre_turing(g):
+        return out + _ecc_by_unit(g)
     for scope in ("Volatile", "Aggregate"):
         key = scope.lower()
         on = sup and g.flag("ecc.current")
@@ -145,7 +178,7 @@ def _temperature(g: Gpu) -> list[str]:
     def c(key: str) -> str:
         return f"{g.i(key)} C" if g.has(key) else NA
 
-    if g.geforce:
+    if g.geforce or _pre_turing(g):
         return [
             line(1, "Temperature"),
             line(2, "GPU Current Temp", f"{temp} C"),
@@ -155,7 +188,7 @@ def _temperature(g: Gpu) -> list[str]:
             line(2, "GPU Max Operating Temp", c("temp.max_operating")),
             line(2, "GPU Target Temperature", c("temp.target")),
             line(2, "Memory Current Temp", c("temp.memory")),
-            line(2, "Memory Max Operating Temp", NA),
+            line(2, "Memory Max Operating Temp", c("temp.memory_max_operating")),
         ]
     limit = g.i("temp.max_operating")
 
@@ -356,7 +389,7 @@ def gpu_block(g: Gpu, version: str, fabric: str, only: set[str] | None) -> list[
             line(1, "Display Attached", DEFAULTS["display_attached"]),
             line(1, "Display Active", _en(g.flag("display.active"))),
             line(1, "Persistence Mode", _en(g.flag("persistence"))),
-            line(1, "Addressing Mode", "None" if hopper else "HMM"),
+            line(1, "Addressing Mode", NA if _pre_turing(g) else "None" if hopper else "HMM"),
             line(1, "MIG Mode"),
             line(2, "Current", _en(g.flag("mig.current")) if mig else NA),
             line(2, "Pending", _en(g.flag("mig.pending")) if mig else NA),
@@ -399,7 +432,7 @@ def gpu_block(g: Gpu, version: str, fabric: str, only: set[str] | None) -> list[
             line(2, "vGPU Heterogeneous Mode", NA),
             line(1, "GPU Recovery Action", "None"),
         ]),
-        ("GSP_FIRMWARE_VERSION", [line(1, "GSP Firmware Version", version)]),
+        ("GSP_FIRMWARE_VERSION", [line(1, "GSP Firmware Version", NA if _pre_turing(g) else version)]),
         ("", [
             line(1, "IBMNPU"),
             line(2, "Relaxed Ordering Mode", NA),
@@ -452,12 +485,7 @@ def gpu_block(g: Gpu, version: str, fabric: str, only: set[str] | None) -> list[
         ]),
         ("", [line(1, "DRAM Encryption Mode"), line(2, "Current", NA), line(2, "Pending", NA)]),
         ("ECC", _ecc(g)),
-        ("PAGE_RETIREMENT", [
-            line(1, "Retired Pages"),
-            line(2, "Single Bit ECC", NA),
-            line(2, "Double Bit ECC", NA),
-            line(2, "Pending Page Blacklist", NA),
-        ]),
+        ("PAGE_RETIREMENT", _retired_pages(g)),
         ("ROW_REMAPPER", _remap(g)),
         ("TEMPERATURE", _temperature(g)),
         ("POWER", _power(g, only is not None)),
