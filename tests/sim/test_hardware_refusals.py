@@ -10,6 +10,7 @@ import subprocess
 import pytest
 from conftest import BIN, REPO, bring_up, save_deb_cache, ssh
 
+from gpufleet.facts import NvidiaPciDevices
 from gpufleet.sim import hosts
 
 INVENTORY = REPO / "inventories" / "sim.py"
@@ -41,6 +42,17 @@ def untouched(fleet, name: str) -> bool:
                              "ls -d /etc/nccl.conf /etc/gpufleet 2>/dev/null; "
                              "command -v nvidia-smi; dpkg -l | grep -c nvidia", check=False)
     return probe.stdout.split() == ["0"]
+
+
+def test_bare_hosts_name_their_chips_from_debians_pci_ids(fleet):
+    """The simulated hosts have Debian's pci.ids as a real Debian node does (pciutils depends on it); gpufleet's one
+    PCI command names each GPU's chip from it, before any driver exists."""
+    assert ssh(fleet, V100, "dpkg-query -W -f '${Status}' pci.ids").stdout == "install ok installed"
+    names = {}
+    for name in (V100, L4):
+        fact = NvidiaPciDevices().process(ssh(fleet, name, NvidiaPciDevices().command()).stdout.splitlines())
+        names[name] = {g["pci_name"] for g in fact["gpus"]}
+    assert names == {V100: {"GV100GL [Tesla V100 SXM2 16GB]"}, L4: {"AD104GL [L4]"}}
 
 
 def test_branch_590_on_the_v100_host_is_refused_before_any_change(fleet, tmp_path):
