@@ -126,28 +126,28 @@ def dkms_needed(config: NodeConfig, os_fact: Mapping) -> bool:
     return DriverPlan.resolve(config, [], os_fact.get("id")).dkms
 
 
+def _flavour_refused(requested: str, gpus: list[Gpu]) -> tuple[list[Gpu], str, str]:
+    """The GPUs that cannot take the requested kernel module flavour (by architecture), what is allowed and why."""
+    if requested == "proprietary":
+        refused = [g for g in gpus if kernel_flavour_of(g) == "open"]
+        return refused, (f"open or auto ({refused[0].architecture if refused else ''} GPUs work only with NVIDIA's "
+                         "open kernel modules)"), "proprietary kernel modules requested"
+    if requested == "open":
+        return ([g for g in gpus if g.architecture in PRE_TURING_ARCHITECTURES],
+                "proprietary or auto (the open kernel modules support Turing and newer GPUs only)",
+                "open kernel modules requested")
+    return ([g for g in gpus if g.architecture is None],
+            "open (Turing and newer) or proprietary (before Turing), as this GPU's architecture requires",
+            "the GPU's architecture is unknown (no catalog model, no compute_cap from nvidia-smi, no chip code for its "
+            f"device id in the PCI ID database {PCI_IDS})")
+
+
 def _check_driver(host: str, config: NodeConfig, facts: HostFacts, gpus: list[Gpu],
                   result: PreflightResult) -> None:
-    requested = config.driver.flavour
-    needing = [g for g in gpus if kernel_flavour_of(g) == "open"]
-    if needing and requested == "proprietary":
-        result.errors.append(PreflightError(
-            host, "gpufleet_driver_flavour", requested,
-            f"open or auto ({needing[0].architecture} GPUs work only with NVIDIA's open kernel modules)",
-            "proprietary kernel modules requested", gpu_label(needing)))
-    old = [g for g in gpus if g.architecture in PRE_TURING_ARCHITECTURES]
-    if old and requested == "open":
-        result.errors.append(PreflightError(
-            host, "gpufleet_driver_flavour", requested,
-            "proprietary or auto (the open kernel modules support Turing and newer GPUs only)",
-            "open kernel modules requested", gpu_label(old)))
-    unknown = [g for g in gpus if g.architecture is None]
-    if unknown and requested == "auto":
-        result.errors.append(PreflightError(
-            host, "gpufleet_driver_flavour", requested,
-            "open (Turing and newer) or proprietary (before Turing), as this GPU's architecture requires",
-            "the GPU's architecture is unknown (no catalog model, no compute_cap from nvidia-smi, no chip code for "
-            f"its device id in the PCI ID database {PCI_IDS})", gpu_label(unknown)))
+    refused, allowed, reason = _flavour_refused(config.driver.flavour, gpus)
+    if refused:
+        result.errors.append(PreflightError(host, "gpufleet_driver_flavour", config.driver.flavour, allowed, reason,
+                                            gpu_label(refused)))
     for architecture in sorted({g.architecture for g in gpus if not branch_supported(g.architecture,
                                                                                       config.driver.branch)}):
         last = LAST_BRANCH[architecture]

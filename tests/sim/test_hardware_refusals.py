@@ -9,6 +9,7 @@ import subprocess
 
 import pytest
 from conftest import BIN, REPO, bring_up, save_deb_cache, ssh
+from test_gpu_node import untouched
 
 from gpufleet.facts import NvidiaPciDevices
 from gpufleet.sim import hosts
@@ -33,15 +34,6 @@ def run_gpu_node(tmp_path, data: str) -> subprocess.CompletedProcess:
     return subprocess.run([str(BIN / "pyinfra"), "-y", "--group-data", str(tmp_path / "group_data"),
                            str(INVENTORY), str(DEPLOY)], cwd=REPO, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, timeout=900)
-
-
-def untouched(fleet, name: str) -> bool:
-    """Nothing of gpufleet's on the host: no apt source but the release's own, no NCCL or gpufleet file, no
-    driver."""
-    probe = ssh(fleet, name, "ls -A /etc/apt/sources.list.d | grep -vx debian.sources; "
-                             "ls -d /etc/nccl.conf /etc/gpufleet 2>/dev/null; "
-                             "command -v nvidia-smi; dpkg -l | grep -c nvidia", check=False)
-    return probe.stdout.split() == ["0"]
 
 
 def test_bare_hosts_name_their_chips_from_debians_pci_ids(fleet):
