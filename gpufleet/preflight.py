@@ -8,9 +8,10 @@ It checks:
   verify use): each GPU's resolved limit within its min/max (NVML's when the driver answers, the catalog's
   otherwise), per-UUID limits naming a GPU of the host; MIG profiles, instance counts, slices and placements,
   device indices, a GPU selected twice, MIG on a GPU without MIG; a clock lock above the GPU's max SM clock;
-* driver: open kernel modules required (Blackwell, Grace) but ``proprietary`` requested (and ``open`` on
-  pre-Turing GPUs); DKMS-built modules with Secure Boot on and no signing set up; an OS the driver stage does not
-  support.
+* driver (by each GPU's architecture: catalog, ``compute_cap``, else the PCI ID database's chip code): open kernel
+  modules required (Blackwell, Grace) but ``proprietary`` requested, ``open`` on pre-Turing GPUs, ``auto`` where the
+  architecture is unknown, a branch newer than the last that supports the architecture;
+  DKMS-built modules with Secure Boot on and no signing set up; an OS the driver stage does not support.
 
 Without a driver the GPUs are known from their PCI device ids (``catalog.by_pci_device_id``), in PCI address
 order (nvidia-smi's index order). Where a check cannot run (model unknown, range unknown) it is skipped and a
@@ -28,20 +29,23 @@ from dataclasses import dataclass, field
 from gpufleet.config import NodeConfig, listen_problem, tls_files
 from gpufleet.facts.nvidia import GpuInventory
 from gpufleet.facts.packages import NvidiaPackages
-from gpufleet.facts.pci import NvidiaPciDevices
+from gpufleet.facts.pci import PCI_IDS, NvidiaPciDevices
 from gpufleet.facts.system import OsInfo, SecureBoot
 from gpufleet.plan import (
+    LAST_BRANCH,
     PRE_TURING_ARCHITECTURES,
     DriverPlan,
     Gpu,
     NodePlan,
     Problem,
+    branch_supported,
     driver_on_branch,
     gpu_label,
     gpus_from_facts,
-    required_kernel_flavour,
+    kernel_flavour_of,
 )
 from gpufleet.plan import choose_kernel_flavour as choose_kernel_flavour  # the plan's decision, re-exported
+from gpufleet.plan import required_kernel_flavour as required_kernel_flavour
 
 # OS (ID, VERSION_ID major) the driver stage supports
 SUPPORTED_OS = {
@@ -122,25 +126,36 @@ def dkms_needed(config: NodeConfig, os_fact: Mapping) -> bool:
     return DriverPlan.resolve(config, [], os_fact.get("id")).dkms
 
 
+def _flavour_refused(requested: str, gpus: list[Gpu]) -> tuple[list[Gpu], str, str]:
+    """The GPUs that cannot take the requested kernel module flavour (by architecture), what is allowed and why."""
+    if requested == "proprietary":
+        refused = [g for g in gpus if kernel_flavour_of(g) == "open"]
+        return refused, (f"open or auto ({refused[0].architecture if refused else ''} GPUs work only with NVIDIA's "
+                         "open kernel modules)"), "proprietary kernel modules requested"
+    if requested == "open":
+        return ([g for g in gpus if g.architecture in PRE_TURING_ARCHITECTURES],
+                "proprietary or auto (the open kernel modules support Turing and newer GPUs only)",
+                "open kernel modules requested")
+    return ([g for g in gpus if g.architecture is None],
+            "open (Turing and newer) or proprietary (before Turing), as this GPU's architecture requires",
+            "the GPU's architecture is unknown (no catalog model, no compute_cap from nvidia-smi, no chip code for its "
+            f"device id in the PCI ID database {PCI_IDS})")
+
+
 def _check_driver(host: str, config: NodeConfig, facts: HostFacts, gpus: list[Gpu],
                   result: PreflightResult) -> None:
-    models = [g.model for g in gpus]
-    requested = config.driver.flavour
-    need = required_kernel_flavour(models)
-    if need == "open" and requested == "proprietary":
-        needing = [g for g in gpus if required_kernel_flavour([g.model]) == "open"]
-        arch = needing[0].model.architecture if needing and needing[0].model else "this GPU"
+    refused, allowed, reason = _flavour_refused(config.driver.flavour, gpus)
+    if refused:
+        result.errors.append(PreflightError(host, "gpufleet_driver_flavour", config.driver.flavour, allowed, reason,
+                                            gpu_label(refused)))
+    for architecture in sorted({g.architecture for g in gpus if not branch_supported(g.architecture,
+                                                                                      config.driver.branch)}):
+        last = LAST_BRANCH[architecture]
         result.errors.append(PreflightError(
-            host, "gpufleet_driver_flavour", requested,
-            f"open or auto ({arch} GPUs work only with NVIDIA's open kernel modules)",
-            "proprietary kernel modules requested", gpu_label(needing)))
-    if requested == "open":
-        old = [g for g in gpus if g.model is not None and g.model.architecture in PRE_TURING_ARCHITECTURES]
-        if old:
-            result.errors.append(PreflightError(
-                host, "gpufleet_driver_flavour", requested,
-                "proprietary or auto (the open kernel modules support Turing and newer GPUs only)",
-                "open kernel modules requested", gpu_label(old)))
+            host, "gpufleet_driver_branch", config.driver.branch,
+            f"{last} or an older branch (NVIDIA: the {last} series is the last to support {architecture} GPUs)",
+            f"driver branch {config.driver.branch} does not support {architecture} GPUs",
+            gpu_label(g for g in gpus if g.architecture == architecture)))
 
     os_fact = facts.os or {}
     os_id, version = os_fact.get("id"), os_fact.get("version_id") or ""

@@ -3,6 +3,10 @@
 Works without a driver: this is how gpufleet knows which GPU models a bare server has (device id ->
 ``catalog.by_pci_device_id``). Where ``lspci`` (pciutils) is not installed, the same lines are produced
 from sysfs (``/sys/bus/pci/devices/*/{vendor,device,class,revision}``) and parsed the same way.
+
+The same command reads the names of those device ids from the node's PCI ID database (:data:`PCI_IDS`, Debian's
+``pci.ids``, which pciutils depends on): ``GV100GL [Tesla V100 SXM2 16GB]``, whose chip code gives the architecture of
+a GPU no catalog knows (:mod:`gpufleet.plan.architecture`).
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ import re
 from pyinfra.api import FactBase
 
 from .sections import parse_sections, section
+
+PCI_IDS = "/usr/share/misc/pci.ids"
 
 NVIDIA_VENDOR = "10de"
 # PCI class codes (base class + subclass)
@@ -30,6 +36,14 @@ _SYSFS_SCRIPT = (
     '"$(cut -c3-6 "$d/device")" "$(cut -c3-4 "$d/revision")"; '
     "done"
 )
+# the NVIDIA device lines of pci.ids for the device ids on stdin (lspci -n lines); stops at the vendor's end
+_PCI_IDS_AWK = (
+    "awk 'NR == FNR { split($3, a, \":\"); want[a[2]] = 1; next } "
+    "/^10de / { v = 1; next } /^[0-9a-f]/ { if (v) exit } "
+    "v && /^\\t[0-9a-f][0-9a-f][0-9a-f][0-9a-f] / { if (substr($0, 2, 4) in want) print substr($0, 2) }' "
+    f"- {PCI_IDS}"
+)
+_PCI_IDS_LINE_RE = re.compile(r"^([0-9a-f]{4})\s+(\S.*)$")
 
 
 def _kind(cls: str) -> str:
@@ -68,6 +82,11 @@ def parse_lspci(lines: list[str]) -> list[dict]:
     return sorted(devices, key=lambda d: d["address"])
 
 
+def parse_pci_ids(lines: list[str]) -> dict[str, str]:
+    """pci.ids device lines (``1db1  GV100GL [Tesla V100 SXM2 16GB]``) -> {device id: name}."""
+    return {m[1]: m[2].strip() for m in map(_PCI_IDS_LINE_RE.match, lines) if m}
+
+
 class NvidiaPciDevices(FactBase):
     """
     NVIDIA PCI functions of the host.
@@ -77,7 +96,8 @@ class NvidiaPciDevices(FactBase):
         {
             "source": "lspci",          # lspci | sysfs | None
             "devices": [{"address": "0000:18:00.0", "class": "0302", "vendor": "10de", "device": "2330",
-                         "pci_device_id": "0x233010DE", "revision": "a1", "kind": "gpu"}, ...],
+                         "pci_device_id": "0x233010DE", "revision": "a1", "kind": "gpu",
+                         "pci_name": "GH100 [H100 SXM5 80GB]"}, ...],   # pci_name: None where pci.ids lacks it
             "gpus": [...],              # kind == "gpu" (class 0300 / 0302 / 0380), by address
             "nvswitches": [...],        # class 0680 bridges
             "nvswitch_present": True,
@@ -95,7 +115,9 @@ class NvidiaPciDevices(FactBase):
     def command(self) -> str:
         lspci = section("lspci", "lspci -n -D -d 10de:")
         sysfs = section("sysfs", _SYSFS_SCRIPT)
-        return f"if command -v lspci >/dev/null 2>&1; then {lspci}; else {sysfs}; fi"
+        names = section("pci_ids", f"if command -v lspci >/dev/null 2>&1; then lspci -n -d 10de:; "
+                                   f"else {_SYSFS_SCRIPT}; fi | {_PCI_IDS_AWK}")
+        return f"if command -v lspci >/dev/null 2>&1; then {lspci}; else {sysfs}; fi; {names}"
 
     def process(self, output):
         sections = parse_sections(output)
@@ -107,6 +129,9 @@ class NvidiaPciDevices(FactBase):
         if sec.rc != 0:
             result["error"] = sec.text or f"{sec.name} exited {sec.rc}"
         devices = parse_lspci(sec.lines)
+        names = parse_pci_ids(sections["pci_ids"].lines) if "pci_ids" in sections else {}
+        for device in devices:
+            device["pci_name"] = names.get(device["device"])
         result["devices"] = devices
         result["gpus"] = [d for d in devices if d["kind"] == "gpu"]
         result["nvswitches"] = [d for d in devices if d["kind"] == "nvswitch"]

@@ -45,6 +45,7 @@ Lower layer than operations and verify: imports config, catalog and the node-sid
 
 from __future__ import annotations
 
+from .architecture import LAST_BRANCH, branch_supported
 from .clocks import ClocksDiff, ClocksPlan, clocks_conf_text, clocks_plan_diff
 from .driver import (
     OPEN_ONLY_ARCHITECTURES,
@@ -52,6 +53,7 @@ from .driver import (
     DriverPlan,
     choose_kernel_flavour,
     driver_on_branch,
+    kernel_flavour_of,
     packages_style_for,
     required_kernel_flavour,
 )
@@ -132,6 +134,7 @@ __all__ = [
     "NcclPlan",
     "NodePlan",
     "OPEN_ONLY_ARCHITECTURES",
+    "LAST_BRANCH",
     "PERSISTENCED",
     "POWER_CONF",
     "POWER_TOLERANCE_W",
@@ -151,6 +154,8 @@ __all__ = [
     "catalog_model",
     "choose_gpu_exporter",
     "choose_kernel_flavour",
+    "kernel_flavour_of",
+    "branch_supported",
     "clocks_conf_text",
     "clocks_plan_diff",
     "creation_order",

@@ -16,27 +16,33 @@ OPEN_ONLY_ARCHITECTURES = ("Blackwell",)
 PRE_TURING_ARCHITECTURES = ("Kepler", "Maxwell", "Pascal", "Volta")
 
 
-def required_kernel_flavour(models: Iterable[GpuModel | None]) -> str | None:
-    """``open`` when a GPU needs the open kernel modules (Blackwell, Grace), ``proprietary`` when one needs the
-    proprietary ones (pre-Turing), None when either works (or nothing is known)."""
-    need = None
-    for model in models:
-        if model is None:
-            continue
-        if model.architecture.startswith(OPEN_ONLY_ARCHITECTURES) or "Grace" in model.architecture \
-                or any(tag in model.name for tag in ("GH200", "GB200", "GB300")):
-            need = "open"
-        elif model.architecture in PRE_TURING_ARCHITECTURES and need is None:
-            need = "proprietary"
-    return need
+def kernel_flavour_of(gpu: Gpu | GpuModel | None) -> str | None:
+    """``open`` when this GPU needs the open kernel modules (Blackwell, Grace), ``proprietary`` when it needs the
+    proprietary ones (pre-Turing), None when either works or its architecture is unknown."""
+    architecture = gpu.architecture if gpu is not None else None
+    if architecture is None:
+        return None
+    name = f"{gpu.name or ''} {getattr(gpu, 'pci_name', None) or ''}"
+    if architecture.startswith(OPEN_ONLY_ARCHITECTURES) or "Grace" in architecture \
+            or any(tag in name for tag in ("GH200", "GB200", "GB300")):
+        return "open"
+    return "proprietary" if architecture in PRE_TURING_ARCHITECTURES else None
 
 
-def choose_kernel_flavour(requested: str, models: Iterable[GpuModel | None]) -> str:
+def required_kernel_flavour(gpus: Iterable[Gpu | GpuModel | None]) -> str | None:
+    """``open`` when a GPU needs the open kernel modules, else ``proprietary`` when one needs the proprietary ones,
+    None when either works (or nothing is known)."""
+    needs = {kernel_flavour_of(gpu) for gpu in gpus}
+    return "open" if "open" in needs else "proprietary" if "proprietary" in needs else None
+
+
+def choose_kernel_flavour(requested: str, gpus: Iterable[Gpu | GpuModel | None]) -> str:
     """The kernel module flavour to install: ``requested`` unless ``auto``; ``auto`` is ``open`` (NVIDIA's
-    recommendation for Turing and newer, required on Blackwell/Grace) unless a GPU is pre-Turing."""
+    recommendation for Turing and newer, required on Blackwell/Grace) unless a GPU is pre-Turing. Preflight refuses
+    ``auto`` where a GPU's architecture is unknown (:attr:`Gpu.architecture`)."""
     if requested != "auto":
         return requested
-    return "proprietary" if required_kernel_flavour(models) == "proprietary" else "open"
+    return "proprietary" if required_kernel_flavour(gpus) == "proprietary" else "open"
 
 
 def packages_style_for(os_id: str | None, requested: str | None = None) -> str:
@@ -69,7 +75,7 @@ class DriverPlan:
     def resolve(cls, config: NodeConfig, gpus: Iterable[Gpu], os_id: str | None, nvswitch: bool = False
                 ) -> DriverPlan:
         style = packages_style_for(os_id, config.driver.packages_style)
-        return cls(config.driver.branch, choose_kernel_flavour(config.driver.flavour, [g.model for g in gpus]),
+        return cls(config.driver.branch, choose_kernel_flavour(config.driver.flavour, list(gpus)),
                    style,
                    # Ubuntu's packages on Ubuntu come with Canonical-signed precompiled modules
                    # (linux-modules-nvidia-*); NVIDIA's repository packages build with DKMS

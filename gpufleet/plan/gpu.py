@@ -9,6 +9,8 @@ from typing import Any
 from gpufleet.catalog import Catalog, GpuModel, UnknownGpuModel, load_catalog
 from gpufleet.node import mig_compare
 
+from .architecture import architecture_of_chip, architecture_of_compute_cap, chip_of
+
 
 def catalog_model(name: Any = None, pci_device_id: Any = None, catalog: Catalog | None = None) -> GpuModel | None:
     """The catalog model of a GPU: by the name nvidia-smi prints (or a catalog key), else by PCI device id."""
@@ -50,10 +52,12 @@ class Gpu:
     mig_pending: bool | None = None
     persistence: bool | None = None
     clocks_max_sm_mhz: int | None = None
+    compute_cap: str | None = None  # nvidia-smi's, once a driver answers
+    pci_name: str | None = None  # the PCI ID database's name of the device id: ``GV100GL [Tesla V100 SXM2 16GB]``
 
     @classmethod
-    def from_fact(cls, gpu: Mapping, catalog: Catalog | None = None) -> Gpu:
-        """From one GPU dict of the ``GpuInventory`` fact."""
+    def from_fact(cls, gpu: Mapping, catalog: Catalog | None = None, pci_name: str | None = None) -> Gpu:
+        """From one GPU dict of the ``GpuInventory`` fact (``pci_name``: from the ``NvidiaPciDevices`` fact)."""
         return cls(
             index=gpu.get("index", 0), source="nvidia-smi",
             model=catalog_model(gpu.get("name"), gpu.get("pci_device_id"), catalog),
@@ -62,13 +66,14 @@ class Gpu:
             power_default_w=gpu.get("power_default_w"), power_min_w=gpu.get("power_min_w"),
             power_max_w=gpu.get("power_max_w"), mig_current=_mode(gpu.get("mig_current")),
             mig_pending=_mode(gpu.get("mig_pending")), persistence=_mode(gpu.get("persistence_mode")),
-            clocks_max_sm_mhz=gpu.get("clocks_max_sm_mhz"))
+            clocks_max_sm_mhz=gpu.get("clocks_max_sm_mhz"), compute_cap=gpu.get("compute_cap"), pci_name=pci_name)
 
     @classmethod
     def from_pci(cls, index: int, device: Mapping, catalog: Catalog | None = None) -> Gpu:
         """From one device of the ``NvidiaPciDevices`` fact (no driver: identity from the PCI device id only)."""
         return cls(index=index, source="pci", model=catalog_model(None, device.get("pci_device_id"), catalog),
-                   pci_device_id=device.get("pci_device_id"), pci_bus_id=device.get("address"))
+                   pci_device_id=device.get("pci_device_id"), pci_bus_id=device.get("address"),
+                   pci_name=device.get("pci_name"))
 
     @classmethod
     def from_probe(cls, gpu: Mapping, catalog: Catalog | None = None) -> Gpu:
@@ -91,7 +96,22 @@ class Gpu:
             return self.name
         if self.model is not None:
             return self.model.name
+        if self.pci_name:
+            return f"{self.pci_name} {self.pci_device_id or ''}".strip()
         return f"unknown NVIDIA GPU {self.pci_device_id or ''}".strip()
+
+    @property
+    def chip(self) -> str | None:
+        """The chip code from the PCI ID database (``GV100GL``), if it has one for this device id."""
+        return chip_of(self.pci_name)
+
+    @property
+    def architecture(self) -> str | None:
+        """The architecture: the catalog model's, else from nvidia-smi's ``compute_cap``, else from the chip code of
+        the PCI ID database; None when none of them knows this GPU."""
+        if self.model is not None:
+            return self.model.architecture
+        return architecture_of_compute_cap(self.compute_cap) or architecture_of_chip(self.chip)
 
     @property
     def label(self) -> str:
@@ -120,7 +140,9 @@ def gpus_from_facts(gpu_inventory: Mapping | None, pci: Mapping | None = None,
     order, nvidia-smi's index order)."""
     listed = (gpu_inventory or {}).get("gpus") or []
     if listed:
-        return [Gpu.from_fact({"index": i, **gpu}, catalog) for i, gpu in enumerate(listed)]
+        names = {d.get("pci_device_id"): d.get("pci_name") for d in (pci or {}).get("gpus") or []}
+        return [Gpu.from_fact({"index": i, **gpu}, catalog, names.get(gpu.get("pci_device_id")))
+                for i, gpu in enumerate(listed)]
     return [Gpu.from_pci(i, dev, catalog) for i, dev in enumerate((pci or {}).get("gpus") or [])]
 
 

@@ -179,6 +179,7 @@ class MigPlan:
                     "GPU index 0 (this host has 1 GPU)" if count == 1 else f"GPU indices 0-{count - 1} (this host "
                     f"has {count} GPUs)", f"device index {', '.join(map(str, missing))} does not exist on this host"))
         by_entry: dict[tuple[int, str], list[Gpu]] = {}  # 8 identical GPUs give one message
+        without_mig: dict[int, list[Gpu]] = {}  # uncatalogued GPUs whose live MIG mode is N/A
         for gpu in gpus:
             matches = mig_config.matching_entries(gpu.index, gpu.pci_device_id)
             if len(matches) > 1:
@@ -189,11 +190,19 @@ class MigPlan:
                 continue
             if not matches or not mig_config.entries[matches[0]].mig_enabled:
                 continue
+            if gpu.model is None and mig_capable(gpu) is False:
+                without_mig.setdefault(matches[0], []).append(gpu)
+                continue
             if gpu.model is None:
                 out.notes.append(f"{base}[{matches[0]}]: model of {gpu_label([gpu])} not in the catalog; "
                                  "MIG layout not checked")
                 continue
             by_entry.setdefault((matches[0], gpu.model.key), []).append(gpu)
+        for i, members in without_mig.items():
+            out.errors.append(Problem(
+                host, f"{base}[{i}].mig-enabled", True,
+                "false, or a devices / device-filter selection without this GPU (nvidia-smi reports its MIG mode "
+                "as N/A: it has no MIG)", "MIG requested on a GPU without MIG", gpu_label(members)))
         for (i, _model_key), members in by_entry.items():
             entry = mig_config.entries[i]
             model = members[0].model
@@ -225,15 +234,22 @@ def _entry_problems(host: str, key: str, entry: MigDeviceConfig, model: GpuModel
     return out
 
 
+def mig_capable(gpu: Gpu) -> bool | None:
+    """Whether a GPU has MIG by the driver's live ``mig.mode.current`` (``N/A``: no MIG); None without a driver."""
+    if gpu.source == "pci":
+        return None
+    return gpu.mig_current is not None
+
+
 def mig_target(gpu: Gpu, want: Mapping[str, int] | None) -> tuple[MigTarget | None, str | None]:
     """The target of one GPU for a layout entry (``None``: MIG disabled), or why this GPU cannot take it."""
     if want is None:
         return MigTarget(gpu, False), None
-    if gpu.model is None:
-        return None, f"{gpu.label} is not in gpufleet's GPU catalog: its MIG profiles are unknown"
-    if gpu.model.mig is None or gpu.mig_current is None:
+    if mig_capable(gpu) is not True or (gpu.model is not None and gpu.model.mig is None):
         return None, (f"{gpu.label} does not support MIG (mig.mode.current is "
                       f"{_MODES.get(gpu.mig_current) or 'N/A'})")
+    if gpu.model is None:
+        return None, f"{gpu.label} is not in gpufleet's GPU catalog: its MIG profiles are unknown"
     profiles, issues = mig_fit(gpu.model, want)
     if issues:
         issue = issues[0]

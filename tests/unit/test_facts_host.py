@@ -7,6 +7,7 @@ import hashlib
 import os
 import pwd
 import subprocess
+from pathlib import Path
 
 import pytest
 from pyinfra.facts.server import LinuxDistribution
@@ -23,6 +24,7 @@ from gpufleet.facts import (
     upstream_version,
 )
 from gpufleet.facts.packages import DebInstalled, DebSelections, parse_versionlock
+from gpufleet.facts.pci import PCI_IDS
 from gpufleet.facts.sections import print_file
 from gpufleet.facts.system import Distribution
 
@@ -149,7 +151,7 @@ def test_pci_hgx_h100():
     assert fact["source"] == "lspci" and fact["error"] is None
     assert len(fact["gpus"]) == 8 and len(fact["nvswitches"]) == 4 and fact["nvswitch_present"] is True
     assert fact["gpus"][0] == {"address": "0000:18:00.0", "class": "0302", "vendor": "10de", "device": "2330",
-                               "pci_device_id": "0x233010DE", "revision": "a1", "kind": "gpu"}
+                               "pci_device_id": "0x233010DE", "revision": "a1", "kind": "gpu", "pci_name": None}
     assert [d["address"] for d in fact["devices"]][:2] == ["0000:05:00.0", "0000:06:00.0"]  # address order
 
 
@@ -179,7 +181,40 @@ def test_pci_sysfs_fallback_prints_lspci_format(tmp_path):
     out = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
     fact = NvidiaPciDevices().process(out.stdout.splitlines())
     assert fact["gpus"] == [{"address": "0000:18:00.0", "class": "0302", "vendor": "10de", "device": "2330",
-                             "pci_device_id": "0x233010DE", "revision": "a1", "kind": "gpu"}]
+                             "pci_device_id": "0x233010DE", "revision": "a1", "kind": "gpu",
+                             "pci_name": pci_ids_name("2330")}]
+
+
+def pci_ids_name(device: str) -> str | None:
+    """The name Debian's pci.ids on this machine gives an NVIDIA device id, read here without gpufleet's awk."""
+    if not Path(PCI_IDS).is_file():
+        pytest.skip(f"Debian's pci.ids is not installed ({PCI_IDS})")
+    vendor = False
+    for line in Path(PCI_IDS).read_text(encoding="utf-8", errors="replace").splitlines():
+        if line.startswith("10de "):
+            vendor = True
+        elif vendor and line[:1] not in ("\t", "#", ""):
+            return None
+        elif vendor and line.startswith(f"\t{device} "):
+            return line[1:].split(None, 1)[1].strip()
+    return None
+
+
+def test_pci_names_from_the_pci_id_database_in_the_same_command():
+    """One command: the lspci lines, then the pci.ids lines of exactly those NVIDIA device ids (Debian's database:
+    a V100 is 'GV100GL [...]'); a device id the database lacks has no name; no database, no names (and no error)."""
+    lspci = "0000:18:00.0 0302: 10de:1db1 (rev a1)\n0000:3b:00.0 0300: 10de:1180 (rev a1)\n"
+    command = NvidiaPciDevices().command().replace("command -v lspci", "true").replace(
+        "lspci -n -D -d 10de:", f"printf {lspci!r}").replace("lspci -n -d 10de:", f"printf {lspci!r}")
+    fact = NvidiaPciDevices().process(subprocess.run(["sh", "-c", command], capture_output=True, text=True,
+                                                     check=True).stdout.splitlines())
+    assert [(g["device"], g["pci_name"]) for g in fact["gpus"]] == [("1db1", pci_ids_name("1db1")),
+                                                                    ("1180", pci_ids_name("1180"))]
+    assert fact["gpus"][0]["pci_name"].startswith("GV100") and fact["gpus"][1]["pci_name"].startswith("GK104")
+    missing = NvidiaPciDevices().process(subprocess.run(
+        ["sh", "-c", command.replace(PCI_IDS, "/nonexistent/pci.ids")], capture_output=True, text=True,
+        check=True).stdout.splitlines())
+    assert [g["pci_name"] for g in missing["gpus"]] == [None, None] and missing["error"] is None
 
 
 # ----------------------------------------------------------------------------------------------------- OS
