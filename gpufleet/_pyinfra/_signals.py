@@ -5,12 +5,10 @@ Why: pyinfra's CLI answers SIGINT with "Exiting upon user request!" and exit sta
 handler) - a converge stopped in the middle of a MIG mode change looked like a success to a script or CI job - and
 SIGTERM kills it without a word.
 
-What: :func:`install` (called by the converge deploy when the first host is prepared, only under the pyinfra CLI:
-a program using pyinfra's API keeps its own signal handling) replaces those handlers, the one patch here, made for
-the run of the state it is given. On the first signal it prints, to stderr, every host that was executing an
-operation and the operation's name (the stage; a nested operation is shown after its parent: pyinfra's
-``Host.executing_op_hash`` / ``nested_executing_op_hash`` and ``State.get_op_meta``), then exits 128 + signal number
-at once.
+What: :func:`guard_cli_start` (run when pyinfra loads gpufleet's connector entry point, before it connects) and
+:func:`install` (the converge deploy, once per run) replace those handlers, only under the pyinfra CLI. On the first
+signal the handler prints every host executing an operation and the operation's name (the stage), then exits
+128 + signal number at once.
 """
 
 from __future__ import annotations
@@ -43,6 +41,40 @@ def report(state, signum: int) -> str:
     return "\n".join(stop_report(signum, bool(state.is_executing), mid_change(state) if state.is_executing else []))
 
 
+def _exit(signum: int, text: str) -> None:
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
+    # Exit now: SystemExit would wait for the commands in flight (the hub keeps their greenlets), which is what the
+    # user interrupted; the kernel closes the SSH connections, the hosts see them end.
+    os._exit(exit_status(signum))
+
+
+def _tick() -> None:
+    # Python runs a signal handler when the main thread next executes Python code; under gevent, while every greenlet
+    # waits on the network, that is only when one of them returns. A ticking greenlet makes it within a quarter second.
+    while True:
+        gevent.sleep(0.25)
+
+
+def _handle_all(handle) -> None:
+    for signum in SIGNALS:
+        signal.signal(signum, lambda signum, _frame: handle(signum))
+
+
+def guard_cli_start() -> bool:
+    """Under pyinfra's CLI, from the moment it loads its connectors (before it connects): SIGINT, SIGTERM and SIGHUP
+    exit 128 + signal number, not 0 as pyinfra_cli's own SIGINT handler does; False where that handler is not set
+    (a program using pyinfra's API keeps its own signal handling)."""
+    handler = signal.getsignal(signal.SIGINT)
+    if getattr(handler, "__module__", None) != "pyinfra_cli.main":
+        return False
+    _handle_all(lambda signum: _exit(signum, "\n".join(stop_report(signum, False, []))))
+    gevent.spawn(_tick)
+    return True
+
+
 def install(state) -> bool:
     """Register the handlers for ``state``'s run (once); False (nothing done) outside the pyinfra CLI."""
     if not getattr(pyinfra, "is_cli", False) or state in _installed:
@@ -51,27 +83,10 @@ def install(state) -> bool:
 
     def handle(signum: int) -> None:
         current = ref()
-        text = report(current, signum) if current is not None else f"gpufleet: interrupted by signal {signum}"
-        for stream in (sys.stdout, sys.stderr):
-            stream.flush()
-        sys.stderr.write(text + "\n")
-        sys.stderr.flush()
-        # Exit now: SystemExit would wait for the commands in flight (the hub keeps their greenlets), which is
-        # what the user interrupted; the kernel closes the SSH connections, the hosts see them end.
-        os._exit(exit_status(signum))
+        _exit(signum, report(current, signum) if current is not None else f"gpufleet: interrupted by signal {signum}")
 
-    def tick() -> None:
-        # Python runs a signal handler when the main thread next executes Python code; under gevent, while every
-        # greenlet waits on a remote command, that is only when one of them returns. A ticking greenlet makes it
-        # within a quarter second. (gevent.signal_handler cannot take over SIGINT: pyinfra's CLI has set its own.)
-        while True:
-            gevent.sleep(0.25)
-
-    for signum in SIGNALS:
-        # a patch: pyinfra_cli.main's own SIGINT handler exits 0 ("Exiting upon user request!"); SIGTERM/SIGHUP
-        # have none. Only under the CLI, for this state's run (the process is that run)
-        signal.signal(signum, lambda signum, _frame: handle(signum))
-    _installed[state] = gevent.spawn(tick)
+    _handle_all(handle)
+    _installed[state] = gevent.spawn(_tick)
     return True
 
 
