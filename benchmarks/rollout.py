@@ -169,8 +169,7 @@ def at_scale(count: int, runs: int, work: Path) -> None:
     if scale.stale(scale.RECORDING):
         scale.record(scale.RECORDING)
     recorded = json.loads(scale.RECORDING.read_text())["hosts"]
-    env = {"GPUFLEET_CACHE_DIR": str(work / "fake-cache")}
-    found = scale.measure_jobs("rollout", work, [count], 2, runs, env, recorded)
+    found = scale.measure_jobs("rollout", work, [count], 2, runs, {}, recorded)
     scale.report_jobs("rollout", found, 2)
 
 

@@ -256,7 +256,7 @@ class Worker:
         env = {**os.environ, "PYINFRA_PROGRESS": "off"}  # one view: the coordinator's; no spinner per worker
         self.process = subprocess.Popen(
             [*(command or [sys.executable, "-m", WORKER_MODULE]), json.dumps(spec)], cwd=cwd, env=env,
-            stdin=subprocess.PIPE, stdout=sys.stderr.fileno(), pass_fds=(write,))
+            stdin=subprocess.PIPE, stdout=sys.stderr.fileno(), pass_fds=(write,), start_new_session=True)
         os.close(write)
         self.pipe = os.fdopen(read, "rb")
         self.buffer = b""
@@ -277,9 +277,11 @@ class Worker:
             self.process.stdin.flush()
 
     def signal(self, signum: int) -> None:
+        """Pass ``signum`` on (a worker is in a session of its own: a terminal's signals reach the coordinator
+        only); a worker that has not said a word yet is still starting, has connected nowhere, and is killed."""
         with contextlib.suppress(ProcessLookupError):
             if self.process.poll() is None:
-                self.process.send_signal(signum)
+                self.process.send_signal(signum if self.messages else signal.SIGKILL)
 
 
 @dataclass
@@ -434,6 +436,8 @@ class Coordinator(Pool):
 
     def _run(self) -> Outcome:
         self._start()
+        if not self.view.live:
+            self.view.say("--> Connecting to hosts...")
         # Phase 1: every worker validated, preflighted and prepared its slice (or failed to)
         self._wait(lambda w: w.prepared is not None or w.finished is not None)
         usage = [w.finished for w in self.workers if w.finished and w.finished["type"] == "error"]

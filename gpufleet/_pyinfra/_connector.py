@@ -24,8 +24,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pyinfra.connectors import ssh as _ssh
+
 from gpufleet.config import ConfigError, ConfigErrors
 from gpufleet.connection import SshBounds, SshSettingsError, bound_socket, connect_kwargs, load_bounds
+
+from . import _signals
 
 
 @dataclass(eq=False)
@@ -241,3 +245,15 @@ def after_connect(host, callback: Callable[[Any], None]) -> None:
     runs there; what it raises fails the connect."""
     adopt(host.state)
     hooks(host.state).after_connect.setdefault(host, []).append(callback)
+
+
+class SSHConnector(gpufleet_class(_ssh.SSHConnector)):
+    """pyinfra's SSH connector with gpufleet's hooks, for hosts named ``@gpufleet/HOSTNAME``; registered through the
+    ``pyinfra.connectors`` entry point, which pyinfra's CLI loads before it connects (:func:`guard_cli_start`)."""
+
+    @staticmethod
+    def make_names_data(name):
+        yield f"@gpufleet/{name}", {"ssh_hostname": name}, []
+
+
+_signals.guard_cli_start()

@@ -5,12 +5,10 @@ Why: pyinfra's CLI answers SIGINT with "Exiting upon user request!" and exit sta
 handler) - a converge stopped in the middle of a MIG mode change looked like a success to a script or CI job - and
 SIGTERM kills it without a word.
 
-What: :func:`install` (called by the converge deploy when the first host is prepared, only under the pyinfra CLI:
-a program using pyinfra's API keeps its own signal handling) replaces those handlers, the one patch here, made for
-the run of the state it is given. On the first signal it prints, to stderr, every host that was executing an
-operation and the operation's name (the stage; a nested operation is shown after its parent: pyinfra's
-``Host.executing_op_hash`` / ``nested_executing_op_hash`` and ``State.get_op_meta``), then exits 128 + signal number
-at once.
+What: :func:`guard_cli_start` (run when pyinfra loads gpufleet's connector entry point, before it connects) and
+:func:`install` (the converge deploy, once per run) replace those handlers, only under the pyinfra CLI. On the first
+signal the handler prints every host executing an operation and the operation's name (the stage), then exits
+128 + signal number at once.
 """
 
 from __future__ import annotations
@@ -43,9 +41,7 @@ def report(state, signum: int) -> str:
     return "\n".join(stop_report(signum, bool(state.is_executing), mid_change(state) if state.is_executing else []))
 
 
-def _stop(signum: int, state) -> None:
-    """Print the stop report of ``state``'s run (None: not built yet) and exit 128 + ``signum`` at once."""
-    text = report(state, signum) if state is not None else "\n".join(stop_report(signum, False, []))
+def _exit(signum: int, text: str) -> None:
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     sys.stderr.write(text + "\n")
@@ -55,39 +51,42 @@ def _stop(signum: int, state) -> None:
     os._exit(exit_status(signum))
 
 
+def _tick() -> None:
+    # Python runs a signal handler when the main thread next executes Python code; under gevent, while every greenlet
+    # waits on the network, that is only when one of them returns. A ticking greenlet makes it within a quarter second.
+    while True:
+        gevent.sleep(0.25)
+
+
+def _handle_all(handle) -> None:
+    for signum in SIGNALS:
+        signal.signal(signum, lambda signum, _frame: handle(signum))
+
+
+def guard_cli_start() -> bool:
+    """Under pyinfra's CLI, from the moment it loads its connectors (before it connects): SIGINT, SIGTERM and SIGHUP
+    exit 128 + signal number, not 0 as pyinfra_cli's own SIGINT handler does; False where that handler is not set
+    (a program using pyinfra's API keeps its own signal handling)."""
+    handler = signal.getsignal(signal.SIGINT)
+    if getattr(handler, "__module__", None) != "pyinfra_cli.main":
+        return False
+    _handle_all(lambda signum: _exit(signum, "\n".join(stop_report(signum, False, []))))
+    gevent.spawn(_tick)
+    return True
+
+
 def install(state) -> bool:
     """Register the handlers for ``state``'s run (once); False (nothing done) outside the pyinfra CLI."""
     if not getattr(pyinfra, "is_cli", False) or state in _installed:
         return False
     ref = weakref.ref(state)
 
-    def tick() -> None:
-        # Python runs a signal handler when the main thread next executes Python code; under gevent, while every
-        # greenlet waits on a remote command, that is only when one of them returns. A ticking greenlet makes it
-        # within a quarter second. (gevent.signal_handler cannot take over SIGINT: pyinfra's CLI has set its own.)
-        while True:
-            gevent.sleep(0.25)
+    def handle(signum: int) -> None:
+        current = ref()
+        _exit(signum, report(current, signum) if current is not None else f"gpufleet: interrupted by signal {signum}")
 
-    for signum in SIGNALS:
-        # pyinfra_cli.main's own SIGINT handler exits 0 ("Exiting upon user request!"); SIGTERM/SIGHUP have none
-        signal.signal(signum, lambda signum, _frame: _stop(signum, ref()))
-    _installed[state] = gevent.spawn(tick)
-    return True
-
-
-def _pyinfra_cli_handler(handler) -> bool:
-    return getattr(handler, "__module__", "") == "pyinfra_cli.main" and getattr(
-        handler, "__qualname__", "").endswith("_handle_interrupt")
-
-
-def install_early() -> bool:
-    """Under the pyinfra CLI, before it connects: SIGINT exits 130 instead of pyinfra's 0 ("Exiting upon user
-    request!"). Only pyinfra_cli's own handler is replaced; a program with its own keeps it."""
-    if not getattr(pyinfra, "is_cli", False) or not _pyinfra_cli_handler(signal.getsignal(signal.SIGINT)):
-        return False
-    from pyinfra.context import ctx_state  # noqa: PLC0415
-
-    signal.signal(signal.SIGINT, lambda signum, _frame: _stop(signum, ctx_state.get()))
+    _handle_all(handle)
+    _installed[state] = gevent.spawn(_tick)
     return True
 
 

@@ -14,8 +14,8 @@ fails), then, on ``go``, that plan executed. Messages to the coordinator are JSO
 **pyinfra internals** (all those the workers use are here): a ``BaseStateCallback`` handler on the run's ``State``
 for the progress counters; ``State.check_for_changes`` turned off while preparing with ``-y`` (pyinfra -y skips
 change detection; the Session prepares as ``--dry`` otherwise); ``State.failed_hosts``, ``State.is_executing``,
-``State.op_meta`` and ``Config.DIFF``; ``pyinfra.api.inventory.get_all_connectors`` looked up once
-(:func:`_connectors_found_once`). The Session's ``_connect`` (where the run's ``State`` is first seen) and
+``State.op_meta`` and ``Config.DIFF``; ``pyinfra.api.inventory.get_all_connectors`` looked up once for the
+worker's run (:func:`_connectors_found_once`). The Session's ``_connect`` (where the run's ``State`` is first seen) and
 ``_stop`` (where an interrupted run is stopped) are extended for that.
 """
 
@@ -27,6 +27,7 @@ import os
 import resource
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 PROGRESS_EVERY_S = 0.3
@@ -147,18 +148,23 @@ def _wait_order() -> str:
     return data.decode().strip()
 
 
-def _connectors_found_once() -> None:
+def _connectors_found_once() -> Callable[[], None]:
     """pyinfra's ``Inventory.make_hosts_and_groups`` (3.10) calls ``get_all_connectors()`` for every ``@connector``
-    host (``@fake/...``, ``@docker/...``), and each call scans every installed package's entry points: ~8 ms a
-    host here, paid by every worker for every host of the inventory (each worker loads all of it to cut the same
-    slices). The installed connectors do not change while the worker runs: they are looked up once."""
+    host, and each call scans every installed package's entry points; the installed connectors do not change while
+    the worker runs, so they are looked up once, for this worker's run. Returns what puts pyinfra's own back."""
     import functools  # noqa: PLC0415
 
     from pyinfra.api import inventory  # noqa: PLC0415
 
-    if callable(getattr(inventory, "get_all_connectors", None)) and not hasattr(inventory.get_all_connectors,
-                                                                                "cache_info"):
-        inventory.get_all_connectors = functools.cache(inventory.get_all_connectors)
+    found = getattr(inventory, "get_all_connectors", None)
+    if not callable(found):
+        return lambda: None
+    inventory.get_all_connectors = functools.cache(found)
+
+    def undo() -> None:
+        inventory.get_all_connectors = found
+
+    return undo
 
 
 def _quiet_interruptions() -> None:
@@ -223,7 +229,7 @@ def main(argv: list[str]) -> int:
 
     interruption.catch_signals()
     _quiet_interruptions()
-    _connectors_found_once()
+    undo = _connectors_found_once()
     args = job["args"]
     options = pyinfra_args.PyinfraArgs(limit=tuple(args["limit"]), data=tuple(args["data"]),
                                        verbosity=args["verbosity"], ssh_user=args["ssh_user"],
@@ -282,6 +288,7 @@ def main(argv: list[str]) -> int:
     finally:
         if session is not None:
             session.close()
+        undo()
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -137,11 +138,13 @@ class DeployVerify:
         return True
 
 
+_runs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # pyinfra State -> its DeployVerify
+
+
 def deploy_verify(state: Any, inventory: Any) -> DeployVerify:
     """The run's :class:`DeployVerify`, created (and every host validated) when the first host is prepared."""
-    found = getattr(state, "_gpufleet_deploy_verify", None)
+    found = _runs.get(state)
     if found is None:
         _pyinfra.bound_ssh(state)  # bounded waits: a host dying during the probe fails within ~30 s
-        found = DeployVerify(state, inventory)
-        state._gpufleet_deploy_verify = found
+        found = _runs[state] = DeployVerify(state, inventory)
     return found

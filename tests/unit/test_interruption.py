@@ -7,15 +7,20 @@ import io
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from gpufleet import drift, interruption
 from gpufleet.rollout import converge
 from gpufleet.verify import run as verify_run
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
 
 
 @pytest.fixture
@@ -130,3 +135,36 @@ def test_a_signal_handled_in_a_thread_under_gevent_interrupts_the_command_not_th
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert result.stdout.strip() == "interrupted 2 [True]", result.stdout + result.stderr
     assert "Exception in thread" not in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("command", [
+    ["pyinfra", "-y", "--data", "ssh_port={port}", "127.0.0.1", "deploys/gpu_node.py"],
+    ["gpufleet", "apply", "-y", "--jobs", "2", "{inventory}", "--data", "ssh_port={port}"],
+], ids=["pyinfra", "gpufleet-apply-jobs-2"])
+def test_sigint_while_connecting_exits_130(tmp_path, command):
+    """Ctrl-C to the process group at "Connecting to hosts" (an SSH server that never answers: the hosts are still
+    connecting) is no success: exit 130, no host changed. The pyinfra CLI gets the hook from gpufleet's connector
+    entry point, before any deploy is loaded."""
+    silent = socket.create_server(("127.0.0.1", 0))
+    inventory = tmp_path / "inventory.py"
+    inventory.write_text('nodes = ["127.0.0.1", "localhost"]\n')
+    args = [a.format(port=silent.getsockname()[1], inventory=inventory) for a in command]
+    run = subprocess.Popen([str(BIN / args[0]), *args[1:]], cwd=REPO, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    seen = ""
+    try:
+        while "Connecting to hosts" not in seen:
+            line = run.stdout.readline()
+            assert line, seen
+            seen += line
+        time.sleep(2)
+        assert run.poll() is None, seen
+        os.killpg(run.pid, signal.SIGINT)
+        out = seen + run.communicate(timeout=60)[0]
+    finally:
+        silent.close()
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+    assert run.returncode == 130, out
+    assert "interrupted by SIGINT before executing anything: no host was changed (exit 130)" in out
+    assert "Traceback" not in out, out

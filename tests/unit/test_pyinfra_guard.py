@@ -52,3 +52,18 @@ def test_the_plain_path_is_said_in_one_line_per_switch():
         "gpufleet: plain path (GPUFLEET_ROLLOUT_INPROCESS is off): the rollout runs one pyinfra process per pass and "
         "wave",
     ]
+
+
+def test_the_connector_is_found_through_pyinfras_entry_point():
+    """``@gpufleet/HOST``: pyinfra's SSH connector with gpufleet's hooks, registered in pyproject.toml's
+    ``pyinfra.connectors`` entry points and found by pyinfra's own inventory."""
+    from pyinfra.api import Inventory
+    from pyinfra.api.connectors import get_all_connectors
+    from pyinfra.connectors.ssh import SSHConnector
+
+    from gpufleet._pyinfra import _connector
+
+    assert get_all_connectors()["gpufleet"] is _connector.SSHConnector
+    host = Inventory((["@gpufleet/node01"], {})).get_host("@gpufleet/node01")
+    assert host.connector_cls is _connector.SSHConnector and issubclass(host.connector_cls, SSHConnector)
+    assert host.data.ssh_hostname == "node01"
