@@ -262,6 +262,11 @@ NODE_POSITIONS = [
                   "gpufleet_exporters_textfile_dir", "gpufleet_driver_repo_key_fingerprint",
                   "gpufleet_exporters_collect_interval", "gpufleet_dcgm_exporter_version")),
     ("gpufleet_stages", lambda v: {"gpufleet_stages": ["driver", v]}, None),
+    ("gpufleet_health_interval", lambda v: {"gpufleet_health_interval": v}, None),
+    *((key, lambda v, key=key: {key: [v]}, None) for key in ("gpufleet_health_checks", "gpufleet_health_node_state")),
+    # the health check's plan file on the node is JSON (json.dumps), the prefix one of its strings
+    ("gpufleet_health_reason_prefix", lambda v: {"gpufleet_health_reason_prefix": v},
+     lambda c: json.loads(json.dumps({"prefix": c.health.reason_prefix}))["prefix"]),
     *((f"gpufleet_exporters_{name}_tls_server_config", lambda v, name=name, key=key: {
         f"gpufleet_exporters_{name}_tls_server_config": {**TLS, key: TLS[key] + v}},
        lambda c, name=name, key=key: _web_tls(getattr(c.exporters, f"{name}_tls"))[key].removeprefix(TLS[key]))
