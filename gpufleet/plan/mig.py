@@ -180,6 +180,7 @@ class MigPlan:
                     f"has {count} GPUs)", f"device index {', '.join(map(str, missing))} does not exist on this host"))
         by_entry: dict[tuple[int, str], list[Gpu]] = {}  # 8 identical GPUs give one message
         without_mig: dict[int, list[Gpu]] = {}  # uncatalogued GPUs whose live MIG mode is N/A
+        unknown: dict[int, list[Gpu]] = {}  # uncatalogued GPUs that may have MIG: their profiles are unknown
         for gpu in gpus:
             matches = mig_config.matching_entries(gpu.index, gpu.pci_device_id)
             if len(matches) > 1:
@@ -194,8 +195,7 @@ class MigPlan:
                 without_mig.setdefault(matches[0], []).append(gpu)
                 continue
             if gpu.model is None:
-                out.notes.append(f"{base}[{matches[0]}]: model of {gpu_label([gpu])} not in the catalog; "
-                                 "MIG layout not checked")
+                unknown.setdefault(matches[0], []).append(gpu)
                 continue
             by_entry.setdefault((matches[0], gpu.model.key), []).append(gpu)
         for i, members in without_mig.items():
@@ -203,6 +203,12 @@ class MigPlan:
                 host, f"{base}[{i}].mig-enabled", True,
                 "false, or a devices / device-filter selection without this GPU (nvidia-smi reports its MIG mode "
                 "as N/A: it has no MIG)", "MIG requested on a GPU without MIG", gpu_label(members)))
+        for i, members in unknown.items():
+            out.errors.append(Problem(
+                host, f"{base}[{i}].mig-devices", dict(mig_config.entries[i].mig_devices),
+                "a layout checked against the GPU's MIG profiles: add its model to the catalog (gpufleet catalog "
+                "learn, with MIG on; or gpufleet_catalog_dir)", "MIG profiles of a GPU not in the catalog are unknown",
+                gpu_label(members)))
         for (i, _model_key), members in by_entry.items():
             entry = mig_config.entries[i]
             model = members[0].model

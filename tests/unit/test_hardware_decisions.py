@@ -213,6 +213,18 @@ def test_mig_on_a_gpu_without_mig_is_refused_at_preflight_for_that_reason(captur
         assert without == []
 
 
+@pytest.mark.parametrize("capture", [c for c in Q_CAPTURES if c.startswith(("gh200", "h200", "a100", "h100"))])
+def test_mig_on_an_uncatalogued_mig_gpu_is_refused_at_preflight_not_mid_run(capture, monkeypatch):
+    """A MIG-capable GPU the catalog does not know: its profiles are unknown, which preflight says before any change
+    (the MIG stage refused it mid-run, after earlier stages had changed the host)."""
+    monkeypatch.setattr(plan.gpu, "load_catalog", lambda *args, **kwargs: Catalog({}))
+    gpus = _gpus(capture)
+    layout = {"gpufleet_stages": ["driver", "mig"],
+              "gpufleet_mig": [{"devices": "all", "mig-enabled": True, "mig-devices": {"1g.10gb": 1}}]}
+    unknown = [m for m in _messages(layout, _with_driver(gpus)) if "MIG profiles of a GPU not in the catalog" in m]
+    assert len(unknown) == 1 and "gpufleet_mig[0].mig-devices" in unknown[0] and "catalog learn" in unknown[0]
+
+
 # ------------------------------------------------------------------------------------------------------- power
 
 
