@@ -10,7 +10,8 @@ converge adds to starting pyinfra and connecting; target <= 0.1 s per host). The
 (``RUNS``, interleaved) and their medians reported, so that one hiccup of a shared machine does not decide.
 
 The pyinfra processes run with bytecode caching on (``PYTHONDONTWRITEBYTECODE`` removed), as an installed package
-runs.
+runs, and with a fresh gpufleet cache directory (``GPUFLEET_CACHE_DIR``): the first run remembers which facts each
+host's run reads, the no-op runs read them ahead (gpufleet/_pyinfra/_memo.py).
 
 The simulated hosts run on this machine: their commands compete with the controller for its CPUs. The
 "machine CPU" line says how busy the whole machine was during the median no-op run (all processes, from
@@ -26,6 +27,7 @@ import os
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -74,6 +76,7 @@ def noop_run(inventory: str, deploy: str, *options: str) -> tuple[float, float, 
 
 
 def main() -> int:
+    ENV["GPUFLEET_CACHE_DIR"] = tempfile.mkdtemp(prefix="gpufleet-bench-cache-")
     fleet = hosts.up(len(PROFILES), PROFILES, force=True, log=lambda *_: None)
     try:
         inventory, deploy = "inventories/sim.py", "deploys/gpu_node.py"

@@ -169,7 +169,8 @@ def at_scale(count: int, runs: int, work: Path) -> None:
     if scale.stale(scale.RECORDING):
         scale.record(scale.RECORDING)
     recorded = json.loads(scale.RECORDING.read_text())["hosts"]
-    found = scale.measure_jobs("rollout", work, [count], 2, runs, {}, recorded)
+    env = {"GPUFLEET_CACHE_DIR": str(work / "fake-cache")}
+    found = scale.measure_jobs("rollout", work, [count], 2, runs, env, recorded)
     scale.report_jobs("rollout", found, 2)
 
 

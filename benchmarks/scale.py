@@ -4,12 +4,14 @@
                                          [--drift 3000] [--rollout 3000] [--repeat R] [--record]
 
 1. Record (once; cached in build/scale-recording.json; redone with ``--record``, or when the read-ahead command or
-   the code of gpufleet's facts, operations and fact memo changed): a few simulated hosts are brought up with a
-   preinstalled driver and converged with deploys/gpu_node.py; then a no-op run records every command the hosts
-   answer and the real answer (benchmarks/_record_noop.py). The simulated fleet is brought down.
+   the code of gpufleet's facts and operations changed): a few simulated hosts are brought up with a preinstalled
+   driver and converged with deploys/gpu_node.py, then run again (a no-op: gpufleet learns
+   which facts a converged host needs, see gpufleet/_pyinfra/_memo.py); then a further no-op run records every
+   command the hosts answer and the real answer (benchmarks/_record_noop.py), and the reads it read ahead. The
+   simulated fleet is brought down.
 2. For each fleet size: an inventory of that many ``@fake`` hosts, each answering as one of the recorded hosts
-   (round robin; its ``fake_responses`` are the recorded answers, ``fake_delay`` 0) with that host's settings.
-   ``pyinfra -y INVENTORY deploys/gpu_node.py`` must change nothing; its wall time and the
+   (round robin; its ``fake_responses`` are the recorded answers, ``fake_delay`` 0) with that host's settings and
+   its remembered reads. ``pyinfra -y INVENTORY deploys/gpu_node.py`` must change nothing; its wall time and the
    pyinfra process's CPU (user + system) per host are reported.
 3. The floor (what the target is judged by): a plain pyinfra deploy with the same number of operations per host
    as gpufleet's no-op AND the same number of fact reads (gpufleet's distinct fact reads per host; the plain
@@ -50,6 +52,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from urllib.parse import quote, unquote
 
 os.environ.setdefault("GPUFLEET_SIM_DIR", "/tmp/gpufleet-bench-sim")
 os.environ.setdefault("GPUFLEET_SIM_NET", "10.77.8")
@@ -71,6 +74,24 @@ def _pyinfra(*args: str, env: dict | None = None) -> subprocess.CompletedProcess
                           text=True, env={**environ, **(env or {})})
 
 
+def _learned(cache: Path) -> dict[str, list]:
+    """The reads remembered per inventory name (gpufleet._pyinfra._memo: files ``reads/NAME@ADDRESS.json``)."""
+    found = {}
+    for path in (cache / "reads").glob("*.json"):
+        found[unquote(path.stem).split("@", 1)[0]] = json.loads(path.read_text())
+    return found
+
+
+def seed_learned(cache: Path, recorded: dict, names: list[str]) -> None:
+    """Give each fake host the remembered reads of the recorded host it answers as (its first run then reads ahead
+    exactly what the recorded run did)."""
+    sources = sorted(recorded)
+    (cache / "reads").mkdir(parents=True, exist_ok=True)
+    for i, name in enumerate(names):
+        (cache / "reads" / f"{quote('@fake/' + name, safe='')}.json").write_text(
+            json.dumps(recorded[sources[i % len(sources)]]["learned"]))
+
+
 def record(path: Path) -> None:
     from gpufleet.config import GPU_EXPORTER_PORT, NODE_EXPORTER_PORT  # noqa: PLC0415
     from gpufleet.sim import hosts  # noqa: PLC0415 - only the recording needs the simulator
@@ -78,15 +99,17 @@ def record(path: Path) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         inventory = Path(tmp) / "inventory.py"
         responses = Path(tmp) / "responses.json"
+        cache = {"GPUFLEET_CACHE_DIR": str(Path(tmp) / "cache")}
         fleet = hosts.up(len(PROFILES), PROFILES, driver="preinstalled", inventory=inventory, force=True,
                          log=lambda *_: None)
         try:
-            for _ in range(2):  # converge, then a no-op
-                first = _pyinfra(str(inventory), "deploys/gpu_node.py")
+            for _ in range(3):  # converge, then no-ops: the last remembers what a converged host's run reads
+                first = _pyinfra(str(inventory), "deploys/gpu_node.py", env=cache)
                 if first.returncode != 0:
                     raise SystemExit(f"converging the simulated hosts failed:\n{first.stdout[-3000:]}")
+            learned = _learned(Path(cache["GPUFLEET_CACHE_DIR"]))
             noop = _pyinfra(str(inventory), "benchmarks/_record_noop.py",
-                            env={"GPUFLEET_RECORD_OUT": str(responses)})
+                            env={**cache, "GPUFLEET_RECORD_OUT": str(responses)})
             if noop.returncode != 0 or _totals(noop.stdout)["success"] != "-":
                 raise SystemExit(f"the recorded run was not a no-op:\n{noop.stdout[-3000:]}")
             answers = json.loads(responses.read_text())
@@ -102,8 +125,8 @@ def record(path: Path) -> None:
         finally:
             hosts.down(log=lambda *_: None)
     path.parent.mkdir(parents=True, exist_ok=True)
-    # responses longest first: @fake matches substrings, first match wins
-    recording = {name: {"profile": profiles[name], "data": data[name],
+    recording = {name: {"profile": profiles[name], "data": data[name], "learned": learned.get(name, []),
+                        # longest first: @fake matches substrings, first match wins
                         "responses": dict(sorted(answers[name].items(), key=lambda kv: -len(kv[0])))}
                  for name in sorted(answers)}
     path.write_text(json.dumps({"read_ahead": _read_ahead_shape(), "hosts": recording,
@@ -141,8 +164,7 @@ def _read_ahead_shape() -> str:
     from gpufleet._pyinfra._memo import read_ahead_script  # noqa: PLC0415
 
     digest = hashlib.sha1()
-    for path in sorted([*REPO.glob("gpufleet/facts/*.py"), *REPO.glob("gpufleet/operations/*.py"),
-                        REPO / "gpufleet/_pyinfra/_memo.py"]):
+    for path in sorted([*REPO.glob("gpufleet/facts/*.py"), *REPO.glob("gpufleet/operations/*.py")]):
         digest.update(path.read_bytes())
     return f"{read_ahead_script(['COMMAND'])}\n# commands: {digest.hexdigest()}"
 
@@ -289,8 +311,9 @@ def _median(values: list[float]) -> float:
 
 
 def fake_fleet(tmp: Path, count: int, env: dict, recorded: dict, settings: dict | None = None) -> Path:
-    """An inventory of ``count`` fake hosts (answering as the recorded ones)."""
+    """An inventory of ``count`` fake hosts (answering as the recorded ones), their remembered reads seeded."""
     names = [f"node{i:05d}" for i in range(count)]
+    seed_learned(Path(env["GPUFLEET_CACHE_DIR"]), recorded, names)
     inventory = tmp / f"fake{count}.py"
     write_inventory(inventory, RECORDING, names, settings)
     return inventory
@@ -390,6 +413,8 @@ def sharded(tmp: Path, names: list[str], shards: int, env: dict, recorded: dict)
     parts = [names[i::shards] for i in range(shards)]
     inventories = []
     for i, part in enumerate(parts):
+        # each shard's hosts answer round robin within the shard: their remembered reads follow the same mapping
+        seed_learned(Path(env["GPUFLEET_CACHE_DIR"]), recorded, part)
         inventories.append(tmp / f"shard{i}.py")
         write_inventory(inventories[-1], RECORDING, part)
     start = time.monotonic()
@@ -426,12 +451,12 @@ def main() -> int:
         print(f"SSH connection + one command, controller CPU per host (simulated hosts, beyond @fake): "
               f"{ssh_cpu * 1000:.1f} ms")
     sizes = [int(n) for n in args.hosts.split(",") if n]
-    shown = [f"{name} ({rec['profile']}, {len(rec['responses'])} remote commands)"
+    shown = [f"{name} ({rec['profile']}, {len(rec['responses'])} remote commands, {len(rec['learned'])} fact reads)"
              for name, rec in recorded.items()]
     print(f"recorded hosts: {', '.join(shown)}")
     print(f"machine: {os.cpu_count()} CPU(s); pyinfra: one process")
-    # distinct fact reads per host: the commands answered
-    reads = round(sum(len(r["responses"]) for r in recorded.values()) / len(recorded))
+    # distinct fact reads per host: the remembered reads (read ahead), else (no read-ahead) the commands answered
+    reads = round(sum(len(r["learned"]) or len(r["responses"]) for r in recorded.values()) / len(recorded))
     print("floor: plain pyinfra, as many operations per host as gpufleet's no-op and together as many fact reads "
           f"({reads}, gpufleet's distinct fact reads per host); ref: as many operations, one fact read each")
     print(f"{'hosts':>6}  {'gpufleet wall':>13}  {'CPU/host':>9}  {'ops/host':>8}  | floor: {'wall':>7}  "
@@ -439,9 +464,11 @@ def main() -> int:
     rows = []
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
-        env: dict = {}
+        cache = tmp / "cache"
+        env = {"GPUFLEET_CACHE_DIR": str(cache)}
         for count in sizes:
             names = [f"node{i:05d}" for i in range(count)]
+            seed_learned(cache, recorded, names)
             inventory = tmp / f"fleet{count}.py"
             write_inventory(inventory, RECORDING, names)
             wall, cpu, ops = noop(inventory, "deploys/gpu_node.py", count, env=env)

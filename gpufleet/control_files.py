@@ -63,10 +63,10 @@ def _check(path: Path, info: os.stat_result, what: str) -> None:
         raise UnsafePath(f"{path}: refused: the {what} is {' and '.join(problems)} (mode "
                          f"{stat.S_IMODE(info.st_mode):04o}, owner {_owner(info.st_uid)}); whoever can write it "
                          "decides what gpufleet reads on every host. Make it yours and private (chown; chmod "
-                         "700 for a directory, 600 for a file)")
+                         "700 for a directory, 600 for a file), or point GPUFLEET_CACHE_DIR at a private directory")
 
 
-def private_dir(path: str | os.PathLike, what: str) -> Path:
+def private_dir(path: str | os.PathLike, what: str = "fact cache directory") -> Path:
     """``path`` as a directory only this user can change: created 0700 (with missing parents) where absent;
     raises :class:`UnsafePath` where it is another user's or group/world-writable."""
     path = Path(path)

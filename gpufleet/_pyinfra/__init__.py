@@ -43,23 +43,23 @@ from ._guard import (  # noqa: F401 - the version guard is part of this interfac
 # ----------------------------------------------------------------------------------- the converge deploy's run
 
 
-def prepare_deploy_run(state, read_ahead: Iterable[type] = ()) -> None:
+def prepare_deploy_run(state, read_ahead: Iterable[type] = (), cache_dir: Path | None = None) -> None:
     """What the converge deploy sets up on its run's ``state`` (once; the real ``State``, e.g. ``host.state``): the
     SSH bounds of every host (raises :class:`gpufleet.connection.SshSettingsError` on bad settings), the fact memo
-    with ``read_ahead`` read on every host in one round trip (where :func:`plain_path` allows), and the signal
-    handling of the pyinfra CLI."""
+    with ``read_ahead`` read on every host in one round trip (where :func:`plain_path` allows; ``cache_dir``:
+    :func:`default_cache_dir`), and the signal handling of the pyinfra CLI."""
     from . import _connector, _memo, _signals  # noqa: PLC0415
 
-    _memo.install(state, tuple(read_ahead))
+    _memo.install(state, tuple(read_ahead), cache_dir)
     _connector.install(state)
     _signals.install(state)
 
 
-def install_fact_memo(state, read_ahead: Iterable[type] = ()) -> bool:
+def install_fact_memo(state, read_ahead: Iterable[type] = (), cache_dir: Path | None = None) -> bool:
     """The fact memo alone (tests, benchmarks); False where the plain path is taken."""
     from . import _memo  # noqa: PLC0415
 
-    return _memo.install(state, tuple(read_ahead)) is not None
+    return _memo.install(state, tuple(read_ahead), cache_dir) is not None
 
 
 def forget_reads(state, host) -> None:
@@ -67,6 +67,12 @@ def forget_reads(state, host) -> None:
     from . import _memo  # noqa: PLC0415
 
     _memo.invalidate(state, host)
+
+
+def default_cache_dir() -> Path:
+    from . import _memo  # noqa: PLC0415
+
+    return _memo.default_cache_dir()
 
 
 def install_signal_report(state) -> bool:

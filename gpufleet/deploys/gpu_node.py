@@ -270,7 +270,7 @@ def gpu_node() -> None:
     # HostLock first, before the others: the lock's generation check then covers every read the fact memo makes.
     # A host that stops answering fails alone (the others go on); SIGINT/SIGTERM/SIGHUP exit 130/143/129 naming
     # the hosts mid-change.
-    _pyinfra.prepare_deploy_run(host.state, (HostLock, *PREFLIGHT_FACTS))
+    _pyinfra.prepare_deploy_run(host.state, (HostLock, *PREFLIGHT_FACTS), _pyinfra.default_cache_dir())
     config = node_config(host, inventory)
     facts, ok = checked_facts(host, inventory, config)
     if not ok:

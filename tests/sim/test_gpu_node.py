@@ -263,3 +263,38 @@ def test_driver_installed_but_not_loaded_reports_no_change(fleet):
     finally:
         gpufleet("sim", "fault", "node02", "clear")
 
+
+def _dry_run_with_cache(cache) -> subprocess.CompletedProcess:
+    import os
+
+    return subprocess.run([str(BIN / "pyinfra"), "-y", "--dry", str(INVENTORY), str(DEPLOY)], cwd=REPO,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900,
+                          env={**os.environ, "GPUFLEET_CACHE_DIR": str(cache)})
+
+
+def test_a_command_added_to_the_fact_cache_is_not_run_and_a_shared_cache_is_refused(fleet, tmp_path):
+    """The fact cache is data: an entry holding a shell command (the old format, or a fact that runs its argument)
+    is dropped, never run, also by --dry; a cache directory others can write stops the run naming it."""
+    import json
+    from urllib.parse import quote
+
+    marker = "/tmp/gpufleet-cache-pwned"
+    cache = tmp_path / "cache"
+    (cache / "reads").mkdir(parents=True, mode=0o700)
+    cache.chmod(0o700)
+    for name in NODE_NAMES:
+        path = cache / "reads" / f"{quote(name + '@' + fleet.host(name).address, safe='')}.json"
+        path.write_text(json.dumps([
+            {"command": f"touch {marker}", "arguments": {}},
+            {"fact": "pyinfra.facts.server.Command", "args": [f"touch {marker}"], "kwargs": {}},
+            {"fact": "gpufleet.facts.system.OsInfo", "args": [], "kwargs": {}},
+        ]))
+        path.chmod(0o600)
+    result = _dry_run_with_cache(cache)
+    assert result.returncode == 0, result.stdout
+    for name in NODE_NAMES:
+        assert ssh(fleet, name, f"test -e {marker}", check=False).returncode == 1, f"{name}: the cached command ran"
+    cache.chmod(0o777)
+    result = _dry_run_with_cache(cache)
+    assert result.returncode != 0
+    assert f"{cache}: refused: the fact cache directory is writable by group or others (mode 0777" in result.stdout

@@ -47,10 +47,10 @@ def test_markdown_cells_show_html_and_links_literally():
 
 
 def test_a_private_directory_is_created_0700_and_refused_when_shared(tmp_path):
-    made = control_files.private_dir(tmp_path / "a" / "cache", "cache directory")
+    made = control_files.private_dir(tmp_path / "a" / "cache")
     assert made.stat().st_mode & 0o777 == 0o700
     shared = tmp_path / "shared"
     shared.mkdir(mode=0o777)
     shared.chmod(0o1777)
     with pytest.raises(control_files.UnsafePath, match=r"shared: refused: .* writable by group or others \(mode 1777"):
-        control_files.private_dir(shared, "cache directory")
+        control_files.private_dir(shared)

@@ -7,10 +7,13 @@ No test sleeps to order events: a command named in the connector's ``gates`` ann
 
 from __future__ import annotations
 
+import inspect
+import json
 import re
 import shlex
 import socket
 import subprocess
+import typing
 from collections import defaultdict
 
 import gevent
@@ -118,6 +121,13 @@ class Bad(FactBase):
 
     def process(self, output):
         return int(output[0])
+
+
+@pytest.fixture(autouse=True)
+def test_facts_may_be_remembered(monkeypatch):
+    """This module's fact classes may be named in the cache, as gpufleet's and the allowed pyinfra facts are."""
+    monkeypatch.setattr(prefetch, "PYINFRA_FACTS", prefetch.PYINFRA_FACTS | {
+        f"{cls.__module__}.{cls.__qualname__}" for cls in (Value, Name, Word, Bad)})
 
 
 @pytest.fixture
@@ -490,3 +500,268 @@ def test_a_read_that_failed_in_the_read_ahead_is_made_again_by_the_deploy(state)
     assert h1.get_fact(Value) is None  # fails where the deploy reads it, as without the read-ahead
     assert h1 in state.failed_hosts
     assert log(h1)[1:] == ["read value"]
+
+
+def test_the_reads_of_a_run_are_read_ahead_by_the_next_run_on_the_same_host(state, tmp_path):
+    h1, h2, _ = hosts(state)
+    state.check_for_changes = False
+    memo = prefetch.install(state, [Value], cache_dir=tmp_path)
+    gevent.joinall(memo.greenlets, raise_error=True)
+    state.set_stage(StateStage.Execute)
+    h1.get_fact(Word, "x")
+    h1.get_fact(Word, "y")
+    memo.save(tmp_path)
+
+    inventory = Inventory((["h1", "h2"], {}))
+    for host in inventory:
+        host.connector_cls = FakeConnector
+    state2 = State(inventory, Config())
+    for host in state2.inventory:
+        host.connected = True
+        state2.activate_host(host)
+    state2.set_stage(StateStage.Prepare)
+    memo2 = prefetch.FactMemo(state2)
+    gevent.joinall(memo2.read_ahead(list(state2.inventory), [(Value, (), {})], tmp_path), raise_error=True)
+    new_h1, new_h2 = state2.inventory.get_host("h1"), state2.inventory.get_host("h2")
+    assert [new_h1.get_fact(Value), new_h1.get_fact(Word, "x"), new_h1.get_fact(Word, "y")] == [0, None, None]
+    assert len(log(new_h1)) == 1 and "read x" in log(new_h1)[0] and "read y" in log(new_h1)[0]
+    assert "read x" not in log(new_h2)[0]  # remembered per host
+    assert all("read value" in line for line in (log(new_h1)[0], log(new_h2)[0]))
+
+
+def test_a_run_stopped_before_execution_remembers_nothing(state, tmp_path):
+    h1, _, _ = hosts(state)
+    memo = prefetch.install(state, cache_dir=tmp_path)
+    h1.get_fact(Word, "x")
+    memo.save(tmp_path)
+    assert not (tmp_path / "reads").exists()
+
+
+def test_reads_with_secrets_are_not_remembered(state, tmp_path):
+    h1, _, _ = hosts(state)
+    state.check_for_changes = False
+    memo = prefetch.install(state, cache_dir=tmp_path)
+    state.set_stage(StateStage.Execute)
+    h1.get_fact(Word, "x", _sudo=True, _sudo_password="hunter2")
+    h1.get_fact(Word, "y", _env={"TOKEN": "s3cret"})
+    h1.get_fact(Word, "z")
+    memo.save(tmp_path)
+    saved = json.loads((tmp_path / "reads" / "h1.json").read_text())
+    assert [read["args"] for read in saved] == [["z"]]
+    assert "hunter2" not in str(saved) and "s3cret" not in str(saved)
+
+
+def test_pyinfra_overheads_are_trimmed_without_changing_what_pyinfra_sees(state, tmp_path, monkeypatch):
+    """all_global_arguments answers as pyinfra's own (a fresh list each call); pyinfra's operation order from the
+    stack of a deploy file it executes is the same, and is found without reading any source, in the run the memo is
+    installed on; any other run (another state in pyinfra's context, or none) gets pyinfra's own behaviour."""
+    from pyinfra.api import arguments, util
+    from pyinfra.context import ctx_state
+
+    expected = list(typing.get_type_hints(arguments.AllArguments).items())
+    deploy = tmp_path / "deploy.py"
+    deploy.write_text("from pyinfra.api import util\n\ndef op(state):\n    return inner(state)\n\n"
+                      "def inner(state):\n    return util.get_operation_order_from_stack(state), "
+                      "util.get_caller_frameinfo()\n")
+    scope = {"__file__": str(deploy)}
+    exec(compile(deploy.read_text(), str(deploy), "exec"), scope)  # as pyinfra_cli.util.exec_file does
+    state.current_deploy_filename = str(deploy)
+    monkeypatch.setattr(util, "stack", inspect.stack)
+    monkeypatch.setattr(util, "getframeinfo", inspect.getframeinfo)
+    order, caller = scope["op"](state)
+    prefetch.install(state)
+    assert arguments.all_global_arguments() == expected
+    assert arguments.all_global_arguments() is not arguments.all_global_arguments()
+    read = []
+    findsource = inspect.findsource
+    monkeypatch.setattr(inspect, "findsource", lambda obj: read.append(obj) or findsource(obj))
+    with ctx_state.use(state):
+        trimmed_order, trimmed_caller = scope["op"](state)
+    assert read == []
+    with ctx_state.use(State(Inventory((["x"], {})), Config())):  # not a run of the memo: pyinfra's own stack look-up
+        assert scope["op"](state)[0] == order
+    assert read != []
+    monkeypatch.undo()
+    assert trimmed_order == order == [4, 7]
+    assert (trimmed_caller.filename, trimmed_caller.lineno, trimmed_caller.function) == (
+        caller.filename, caller.lineno, caller.function) == (str(deploy), 4, "op")
+
+
+def test_global_arguments_are_found_in_host_data_as_pyinfra_finds_them(monkeypatch):
+    """pop_global_arguments answers the same through the trimmed host-data look-up: arguments set in group, host,
+    override, inventory-wide and deploy data, or given to the call, each in pyinfra's order of precedence."""
+    import importlib
+
+    from pyinfra.api import arguments
+
+    # pyinfra's own function (an earlier install in this process may have trimmed it), restored after the test
+    original = getattr(arguments.pop_global_arguments, "__wrapped__", arguments.pop_global_arguments)
+    modules = [importlib.import_module(f"pyinfra.api.{name}") for name in ("arguments", "facts", "operation", "deploy")]
+    for module in modules:
+        monkeypatch.setattr(module, "pop_global_arguments", original)
+    inventory = Inventory(
+        (["h1", ("h2", {"_su_user": "ops", "_timeout": 30}), "h3"], {"_shell_executable": "bash"}),
+        gpus=(["h1", "h2"], {"_sudo": True, "_retries": 2}),
+        big=(["h2"], {"_retries": 3, "_sudo_user": "gpu"}),
+    )
+    state = State(inventory, Config())
+    h1, h2, h3 = (inventory.get_host(name) for name in ("h1", "h2", "h3"))
+    h3.data._chdir = "/srv"  # override data
+    h2.current_deploy_kwargs = {"_env": {"A": "1"}, "_retries": 5}
+    calls = [(h, kwargs) for h in (h1, h2, h3)
+             for kwargs in ({}, {"_sudo": False, "path": "/x"}, {"_timeout": 5, "_su_user": "root"})]
+    expected = []
+    for h, kwargs in calls:
+        given = dict(kwargs)
+        expected.append((original(state, h, given), given))
+    monkeypatch.setitem(prefetch._memos, state, None)  # a run the memo is installed on (the trim is scoped to those)
+    prefetch.trim_pyinfra_overhead(state)
+    trimmed = arguments.pop_global_arguments
+    assert trimmed is not original and all(module.pop_global_arguments is trimmed for module in modules)
+    looked_up = []
+    getattr_ = type(h1.data).__getattr__
+    monkeypatch.setattr(type(h1.data), "__getattr__", lambda data, key: looked_up.append(key) or getattr_(data, key))
+    for (h, kwargs), (result, left) in zip(calls, expected, strict=True):
+        given = dict(kwargs)
+        assert (trimmed(state, h, given), given) == (result, left)
+    # only keys some layer holds are looked up in host.data (the ~30 absent ones are answered by the view)
+    assert set(looked_up) == {"_sudo", "_sudo_user", "_su_user", "_timeout", "_chdir", "_retries", "_shell_executable"}
+    looked_up.clear()
+    other = State(Inventory((["x"], {})), Config())  # not a run of the memo: pyinfra's own look-up of every key
+    assert trimmed(other, h1, {}) == original(other, h1, {})
+    assert len(set(looked_up)) > 20
+    assert expected[3][0][0]["_retries"] == 5 and expected[3][0][0]["_sudo_user"] == "gpu"
+
+
+def _run_reading(tmp_path, *words: str) -> None:
+    """One run on a new State of h1: executes, reads ``words`` (Word facts), remembers them in ``tmp_path``."""
+    _run_steps(tmp_path, *(f"read {word}" for word in words))
+
+
+def _run_steps(tmp_path, *steps: str) -> list[str]:
+    """One run on a new State of h1 that executes ``steps`` (``read WORD`` a Word fact, ``write N`` a command that
+    changes the host, ``get FILE`` a download, ``op NAME`` what follows is operation NAME's, ``op -`` no
+    operation's), disconnects and remembers its reads in ``tmp_path`` (as pyinfra's
+    CLI ends a run); returns the commands remembered."""
+    inventory = Inventory((["h1"], {}))
+    for host in inventory:
+        host.connector_cls = FakeConnector
+    state = State(inventory, Config())
+    state.check_for_changes = False
+    host = state.inventory.get_host("h1")
+    host.connected = True
+    state.activate_host(host)
+    state.set_stage(StateStage.Prepare)
+    memo = prefetch.install(state, cache_dir=tmp_path)
+    gevent.joinall(memo.greenlets, raise_error=True)
+    state.set_stage(StateStage.Execute)
+    for step in steps:
+        verb, word = step.split()
+        if verb == "read":
+            host.get_fact(Word, word)
+        elif verb == "get":
+            host.get_file(word, "/dev/null")
+        elif verb == "op":
+            host.in_op, host.current_op_hash = word != "-", None if word == "-" else word
+        else:
+            host.run_shell_command(StringCommand(step))
+    host.disconnect()
+    memo.save(tmp_path)
+    return [f"read {read['args'][0]}" for read in json.loads((tmp_path / "reads" / "h1.json").read_text())]
+
+
+def test_reads_made_only_before_the_host_changed_are_not_read_ahead_next_time(tmp_path):
+    """A converging run's reads of the host it found (a bare node's) are not read ahead by the next run, which finds
+    the host converged; unless the run before needed them too (a converged host's one drifted setting)."""
+    assert _run_steps(tmp_path, "read x", "write 1", "read y", "read x") == ["read x", "read y"]  # x: again after
+    assert _run_steps(tmp_path, "read a", "read x", "write 2", "read y") == ["read x", "read y"]  # a: before only
+    assert _run_steps(tmp_path, "read a", "read x", "get f", "read y") == ["read a", "read x", "read y"]  # no change
+    assert _run_steps(tmp_path, "read a", "read x", "write 3", "read y") == ["read a", "read x", "read y"]
+
+
+def test_reads_an_operation_made_after_its_own_command_are_not_read_ahead_next_time(tmp_path):
+    """Only an operation that changes the host reads after its own command (a driver install's package policy once
+    the repository is set up): a converged host's next run does not make those reads. Reads an operation made before
+    its own command, or after another operation's, are remembered, and so is a read made both ways."""
+    assert _run_steps(tmp_path, "op repo", "read a", "write 1", "op driver", "read b", "write 2", "read c",
+                      "op power", "read d", "write 3", "read e", "op -", "read f") == [
+        "read b", "read d", "read f"]  # a: only before the host first changed; c, e: after their own command
+    assert _run_steps(tmp_path, "op repo", "read a", "op driver", "read b", "write 1", "read c", "read b",
+                      "op power", "read c") == ["read b", "read c"]  # c: also before power's command
+
+
+def test_reads_are_written_again_only_when_they_changed(tmp_path, monkeypatch):
+    written = []
+    write_json = prefetch._write_json
+    monkeypatch.setattr(prefetch, "_write_json", lambda path, data: written.append(path) or write_json(path, data))
+    _run_reading(tmp_path, "x", "y")
+    _run_reading(tmp_path, "x", "y")  # a converged host: the same reads, nothing to write
+    assert written == [tmp_path / "reads" / "h1.json"]
+    _run_reading(tmp_path, "x", "z")
+    assert len(written) == 2
+    saved = [read["args"] for read in json.loads((tmp_path / "reads" / "h1.json").read_text())]
+    assert ["z"] in saved and ["y"] not in saved
+
+
+def _seed(tmp_path, reads) -> None:
+    (tmp_path / "reads").mkdir(mode=0o700, exist_ok=True)
+    path = tmp_path / "reads" / "h1.json"
+    path.write_text(json.dumps(reads))
+    path.chmod(0o600)
+
+
+def test_the_cache_holds_fact_names_and_arguments_never_commands(state, tmp_path):
+    _run_reading(tmp_path, "x")
+    saved = json.loads((tmp_path / "reads" / "h1.json").read_text())
+    assert saved == [{"fact": f"{Word.__module__}.Word", "args": ["x"], "kwargs": {}}]
+    assert "read x" not in (tmp_path / "reads" / "h1.json").read_text()
+    assert (tmp_path.stat().st_mode & 0o777, (tmp_path / "reads").stat().st_mode & 0o777,
+            (tmp_path / "reads" / "h1.json").stat().st_mode & 0o777) == (0o700, 0o700, 0o600)
+
+
+def test_a_command_added_to_the_cache_is_never_run(state, tmp_path):
+    """Only entries naming an allowed fact class with plain arguments are read ahead, their command generated by
+    the class: a raw command (the old format), a fact that runs its argument, a name outside the allowed modules and
+    an argument with shell syntax are all dropped."""
+    _seed(tmp_path, [
+        {"command": "touch /tmp/pwned", "arguments": {}},
+        {"fact": "pyinfra.facts.server.Command", "args": ["touch /tmp/pwned"], "kwargs": {}},
+        {"fact": "os.system", "args": ["touch /tmp/pwned"], "kwargs": {}},
+        {"fact": f"{Word.__module__}.Word", "args": ["x; touch /tmp/pwned"], "kwargs": {}},
+        {"fact": f"{Word.__module__}.Word", "args": ["x"], "kwargs": {"_shell_executable": "sh -c 'touch /tmp/p'"}},
+        {"fact": f"{Word.__module__}.Word", "args": ["y"], "kwargs": {}},
+    ])
+    h1 = state.inventory.get_host("h1")
+    memo = prefetch.FactMemo(state)
+    gevent.joinall(memo.read_ahead([h1], [(Value, (), {})], tmp_path), raise_error=True)
+    assert len(log(h1)) == 1 and "pwned" not in log(h1)[0] and "touch" not in log(h1)[0]
+    assert "read y" in log(h1)[0] and "read value" in log(h1)[0]
+    assert h1.get_fact(Word, "y") is None and len(log(h1)) == 1  # served by the read-ahead
+
+
+@pytest.mark.parametrize("target", ["dir", "reads", "file"])
+def test_a_cache_others_can_write_is_refused(state, tmp_path, target):
+    _seed(tmp_path, [{"fact": f"{Word.__module__}.Word", "args": ["y"], "kwargs": {}}])
+    path = {"dir": tmp_path, "reads": tmp_path / "reads", "file": tmp_path / "reads" / "h1.json"}[target]
+    path.chmod(0o777 if target != "file" else 0o666)
+    with pytest.raises(prefetch.UnsafeCache, match=rf"{re.escape(str(path))}: refused: .*writable by group or "
+                                                   rf"others \(mode 0[67][67][67], owner root \(uid 0\)\)"):
+        prefetch.install(state, [Value], cache_dir=tmp_path)
+    assert all(log(h) == [] for h in hosts(state))  # nothing read, nothing run
+
+
+def test_a_cache_of_another_user_is_refused(state, tmp_path):
+    import os
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give the file to another user")
+    _seed(tmp_path, [{"fact": f"{Word.__module__}.Word", "args": ["y"], "kwargs": {}}])
+    os.chown(tmp_path / "reads" / "h1.json", 65534, 65534)
+    with pytest.raises(prefetch.UnsafeCache, match=r"h1\.json: refused: .*owned by .*uid 65534"):
+        prefetch.install(state, [Value], cache_dir=tmp_path)
+
+
+def test_an_argument_with_a_trailing_line_feed_is_not_plain():
+    assert prefetch.fact_call({"fact": f"{Word.__module__}.Word", "args": ["x\n"], "kwargs": {}}) is None
+    assert prefetch.fact_entry(Word, ("x\n",), {}) is None
+    assert prefetch.fact_call({"fact": f"{Word.__module__}.Word", "args": ["x"], "kwargs": {}}) == (Word, ("x",), {})
