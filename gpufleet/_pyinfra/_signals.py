@@ -71,7 +71,6 @@ def guard_cli_start() -> bool:
     if getattr(handler, "__module__", None) != "pyinfra_cli.main":
         return False
     _handle_all(lambda signum: _exit(signum, "\n".join(stop_report(signum, False, []))))
-    gevent.spawn(_tick)
     return True
 
 
