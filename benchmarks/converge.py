@@ -34,7 +34,7 @@ from pathlib import Path
 os.environ.setdefault("GPUFLEET_SIM_DIR", "/tmp/gpufleet-bench-sim")
 os.environ.setdefault("GPUFLEET_SIM_NET", "10.77.8")
 
-from gpufleet.sim import hosts  # noqa: E402
+from gpufleet.sim import hosts
 
 REPO = Path(__file__).resolve().parents[1]
 PYINFRA = str(Path(sys.executable).with_name("pyinfra"))

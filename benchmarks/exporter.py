@@ -31,8 +31,8 @@ from pathlib import Path
 os.environ.setdefault("GPUFLEET_SIM_DIR", "/tmp/gpufleet-bench-exporter")
 os.environ.setdefault("GPUFLEET_SIM_NET", "10.77.7")
 
-from gpufleet import web_auth  # noqa: E402
-from gpufleet.sim import hosts  # noqa: E402
+from gpufleet import web_auth
+from gpufleet.sim import hosts
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

@@ -23,7 +23,7 @@ from pathlib import Path
 os.environ.setdefault("GPUFLEET_SIM_DIR", "/tmp/gpufleet-bench-healthcheck")
 os.environ.setdefault("GPUFLEET_SIM_NET", "10.77.31")
 
-from gpufleet.sim import hosts  # noqa: E402
+from gpufleet.sim import hosts
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

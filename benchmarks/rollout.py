@@ -164,7 +164,7 @@ def main() -> int:
 
 def at_scale(count: int, runs: int, work: Path) -> None:
     """The multi-worker line at scale: the canary + waves rollout over ``count`` @fake hosts, --jobs 1 and 2."""
-    import scale  # noqa: PLC0415 - benchmarks/scale.py: the recorded hosts and the fleet-command runner
+    import scale  # benchmarks/scale.py: the recorded hosts and the fleet-command runner
 
     if scale.stale(scale.RECORDING):
         scale.record(scale.RECORDING)

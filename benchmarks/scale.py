@@ -93,8 +93,8 @@ def seed_learned(cache: Path, recorded: dict, names: list[str]) -> None:
 
 
 def record(path: Path) -> None:
-    from gpufleet.config import GPU_EXPORTER_PORT, NODE_EXPORTER_PORT  # noqa: PLC0415
-    from gpufleet.sim import hosts  # noqa: PLC0415 - only the recording needs the simulator
+    from gpufleet.config import GPU_EXPORTER_PORT, NODE_EXPORTER_PORT
+    from gpufleet.sim import hosts  # only the recording needs the simulator
 
     with tempfile.TemporaryDirectory() as tmp:
         inventory = Path(tmp) / "inventory.py"
@@ -159,9 +159,9 @@ def ssh_cost(reached: dict[str, dict], tmp: Path, runs: int = 5, aliases: int = 
 def _read_ahead_shape() -> str:
     """The read-ahead command's shape and a digest of the code that writes the remote commands (facts, operations):
     a recording made with other commands would not be answered."""
-    import hashlib  # noqa: PLC0415
+    import hashlib
 
-    from gpufleet._pyinfra._memo import read_ahead_script  # noqa: PLC0415
+    from gpufleet._pyinfra._memo import read_ahead_script
 
     digest = hashlib.sha1()
     for path in sorted([*REPO.glob("gpufleet/facts/*.py"), *REPO.glob("gpufleet/operations/*.py")]):

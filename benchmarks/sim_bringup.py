@@ -17,7 +17,7 @@ from pathlib import Path
 os.environ.setdefault("GPUFLEET_SIM_DIR", "/tmp/gpufleet-bench-sim")
 os.environ.setdefault("GPUFLEET_SIM_NET", "10.77.8")
 
-from gpufleet.sim import cgroups, hosts, image, network, repo  # noqa: E402
+from gpufleet.sim import cgroups, hosts, image, network, repo
 
 TARGET_S = {8: 15.0, 16: 30.0}
 TARGET_MB_PER_HOST = 40.0

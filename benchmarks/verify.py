@@ -114,7 +114,7 @@ SIM_PROFILES = ["h100-sxm-8", "h200-8", "l40s-4", "h100-sxm-8"]
 
 def sim_verify(runs: int) -> None:
     """`gpufleet verify --bench none` over SSH on 4 simulated hosts: first run (probe uploaded) and later runs."""
-    from gpufleet.sim import hosts  # noqa: PLC0415 - only for this part
+    from gpufleet.sim import hosts  # only for this part
 
     if os.geteuid() != 0:
         print("gpufleet verify over SSH on a simulated fleet: skipped (needs root)")

@@ -34,7 +34,7 @@ def _patch_for_gevent() -> None:
     """Patch the standard library for gevent before pyinfra (and paramiko, whose transport is a thread) is imported,
     as pyinfra's own CLI does. Only ``gpufleet verify`` and ``gpufleet rollout`` call it: an import never patches
     anything."""
-    from gevent import monkey  # noqa: PLC0415
+    from gevent import monkey
 
     if not monkey.is_module_patched("socket"):
         monkey.patch_all()
@@ -61,8 +61,8 @@ def verify(inventory: str, pyinfra_args: PyinfraArgs, bench: str, out: str, via:
     any --jobs (the same report as one process).
     """
     _patch_for_gevent()
-    from . import interruption  # noqa: PLC0415
-    from .verify import run  # noqa: PLC0415
+    from . import interruption
+    from .verify import run
 
     interruption.catch_signals()  # SIGINT/SIGTERM/SIGHUP: exit 130/143/129 naming the hosts not finished
     sys.exit(run.main(inventory, limit=list(pyinfra_args.limit), bench=bench, out=out, echo=click.echo, via=via,
@@ -128,14 +128,14 @@ def rollout(inventory: str, deploy: str, pyinfra_args: PyinfraArgs, yes: bool, c
     # Ctrl-C (SIGINT, also to the whole process group as a terminal sends it), SIGTERM and SIGHUP stop a rollout
     # (state saved, exit 130/143/129, --resume goes on), even where the caller started it with SIGINT ignored, as a
     # shell does for a background job of a script or CI job.
-    from . import interruption  # noqa: PLC0415
+    from . import interruption
 
     interruption.catch_signals()
     # Patched for gevent: the rollout runs pyinfra in this process (gpufleet._pyinfra.inprocess), and the verify gate
     # probes a wave's hosts in parallel. gevent's loop checks for signals while it waits, so Ctrl-C still raises
     # KeyboardInterrupt at once while the rollout waits on a drain hook, a host or a subprocess.
     _patch_for_gevent()
-    from .rollout import run  # noqa: PLC0415
+    from .rollout import run
 
     opts = run.RolloutOptions(inventory=inventory, deploy=deploy, canary=canary, waves=waves or batch or "25%",
                               max_unavailable=max_unavailable, max_failures=max_failures, verify=verify_gate,
@@ -183,8 +183,8 @@ def drift(inventory: str, deploy: str, pyinfra_args: PyinfraArgs, as_json: bool,
 
     Exit code: 0 no drift, 1 drift, 2 could not tell (bad input or usage, a host unreachable).
     """
-    from . import interruption  # noqa: PLC0415
-    from .drift import main as drift_main  # noqa: PLC0415
+    from . import interruption
+    from .drift import main as drift_main
 
     interruption.catch_signals()  # SIGINT/SIGTERM/SIGHUP: exit 130/143/129, nothing was changed
     sys.exit(drift_main(inventory, deploy, as_json=as_json, echo=click.echo, args=pyinfra_args, jobs=jobs))
@@ -215,7 +215,7 @@ def apply(inventory: str, deploy: str, pyinfra_args: PyinfraArgs, yes: bool, job
     nothing was changed on any host), 2 bad usage or inventory (nothing changed), 130/143/129 interrupted by
     SIGINT/SIGTERM/SIGHUP (the hosts in flight are named; run it again to converge them).
     """
-    from . import apply as fleet  # noqa: PLC0415 - no pyinfra in this process: the workers run it
+    from . import apply as fleet  # no pyinfra in this process: the workers run it
 
     if deploy.endswith(".py") and not os.path.isfile(deploy):  # a module path is the workers' to import
         click.echo(f"gpufleet apply: deploy {deploy}: no such file; nothing was changed", err=True)
@@ -264,7 +264,7 @@ def catalog_list(inventory: str | None, directory: str | None) -> None:
     """Every model: key, name, architecture, MIG, power limits per board variant, packaged or the user's.
 
     Exit code: 0 listed, 2 a user's model file the loader refuses."""
-    from . import catalog_command as cc  # noqa: PLC0415
+    from . import catalog_command as cc
 
     try:
         lines = cc.list_lines(cc.catalog_with(cc.user_directory(inventory, directory)))
@@ -282,8 +282,8 @@ def catalog_show(key: str, inventory: str | None, directory: str | None) -> None
     """One model (KEY: a catalog key or the name nvidia-smi prints): every value and its source.
 
     Exit code: 0 shown, 2 no such model (the known ones are listed) or a model file the loader refuses."""
-    from . import catalog_command as cc  # noqa: PLC0415
-    from .catalog import UnknownGpuModel  # noqa: PLC0415
+    from . import catalog_command as cc
+    from .catalog import UnknownGpuModel
 
     try:
         cat = cc.catalog_with(cc.user_directory(inventory, directory))
@@ -305,7 +305,7 @@ def catalog_learn(inventory: str, host: str, pyinfra_args: PyinfraArgs, director
     changed) and write its GPU's model to gpufleet_catalog/KEY.json beside INVENTORY (or --dir), tagged real with
     the host and date. The driver must answer; MIG profiles are read while MIG is enabled (else the catalogued
     model's are kept). Exit code: 0 written, 2 not (the message says why)."""
-    from .catalog_command import learn_command  # noqa: PLC0415
+    from .catalog_command import learn_command
 
     sys.exit(learn_command(inventory, host, directory, force, pyinfra_args, click.echo))
 
@@ -322,7 +322,7 @@ def completion(shell: str) -> None:
 
     Exit code: 0 printed, 2 bad usage (a shell other than bash, zsh, fish).
     """
-    from click.shell_completion import get_completion_class  # noqa: PLC0415
+    from click.shell_completion import get_completion_class
 
     complete = get_completion_class(shell)(main, {}, "gpufleet", "_GPUFLEET_COMPLETE")
     click.echo(complete.source())

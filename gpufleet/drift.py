@@ -124,7 +124,7 @@ def run_drift(inventory: str, deploy: str = DEFAULT_DEPLOY, args: PyinfraArgs | 
 
 
 def _drift_over_workers(inventory: str, deploy: str, args: PyinfraArgs | None, jobs: int) -> Drift:
-    from gpufleet import apply  # noqa: PLC0415
+    from gpufleet import apply
 
     planned = apply.plan(inventory, deploy, jobs, args)
     if planned.interrupted:

@@ -77,7 +77,7 @@ def catch_signals() -> None:
                 # A thread under gevent (a greenlet once patched), e.g. paramiko's transport negotiating keys: the
                 # exception would only be printed by threading, and kill that SSH connection (the host failed with
                 # "SSH error (No existing session)", exit 2). The command's own flow gets it, at its next wait.
-                from gevent import get_hub  # noqa: PLC0415 (only threads under gevent get here)
+                from gevent import get_hub  # (only threads under gevent get here)
 
                 get_hub().loop.run_callback(main.throw, Interrupted(signum))
                 return
@@ -90,7 +90,7 @@ def catch_signals() -> None:
 def _greenlet():
     """The greenlet running now, or None without greenlet (gevent's dependency)."""
     try:
-        from greenlet import getcurrent  # noqa: PLC0415
+        from greenlet import getcurrent
     except ImportError:
         return None
     return getcurrent()

@@ -131,7 +131,7 @@ def check_deploy(spec: str) -> str | None:
                 "as pyinfra takes it")
     try:
         found = deploy_function(spec)
-    except Exception as error:  # noqa: BLE001 - pyinfra's CliError, or an error raised importing the module
+    except Exception as error:  # pyinfra's CliError, or an error raised importing the module
         return f"deploy {spec}: {error}"
     return None if callable(found) else f"deploy {spec}: not a function"
 

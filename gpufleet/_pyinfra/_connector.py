@@ -156,7 +156,7 @@ def ssh_transport(connector):
     client = getattr(connector, "client", None)
     try:
         return client.get_transport() if client is not None else None
-    except Exception:  # noqa: BLE001 - a client that is closed or broken has no usable transport
+    except Exception:  # a client that is closed or broken has no usable transport
         return None
 
 
@@ -236,7 +236,7 @@ def close(host) -> None:
         client = getattr(host.connector, "client", None)
         if client is not None:
             client.close()
-    except Exception:  # noqa: BLE001,S110 - closing a connection of a finished run; nothing to do about it
+    except Exception:  # closing a connection of a finished run; nothing to do about it
         pass
 
 

@@ -56,7 +56,7 @@ def say_plain_path(switch: str, reason: str, write: Callable[[str], Any] | None 
             ROLLOUT_INPROCESS: "the rollout runs one pyinfra process per pass and wave"}.get(switch, "plain path")
     line = f"gpufleet: plain path ({reason}): {what}"
     if write is None:
-        from pyinfra import logger  # noqa: PLC0415
+        from pyinfra import logger
 
         logger.warning(line)
     else:

@@ -339,7 +339,7 @@ class FactMemo:
             get_fact(self.state, host, cls, args=args, kwargs=kwargs)
         except _Collected as collected:
             return collected if collected.key is not None else None
-        except Exception as error:  # noqa: BLE001 - the deploy's own read meets it again, where it should
+        except Exception as error:  # the deploy's own read meets it again, where it should
             logger.debug(f"{host.name}: no read-ahead of {cls.__name__}: {error!r}")
         finally:
             self._collecting.discard(current)
@@ -391,7 +391,7 @@ class FactMemo:
             ok, output = self._plain_run(host, StringCommand(script), print_output=False, print_input=False,
                                                **kwargs)
             results = split_read_ahead(output, len(pending)) if ok else {}
-        except Exception as error:  # noqa: BLE001 - each read is made again by the deploy, which meets the error
+        except Exception as error:  # each read is made again by the deploy, which meets the error
             logger.debug(f"{host.name}: read-ahead failed: {error!r}")
         finally:
             self._prefetchers.discard(current)
@@ -769,11 +769,11 @@ def trim_pyinfra_overhead(state) -> None:
 
 def _in_gpufleet_run() -> bool:
     """Whether pyinfra's context state (the run in progress) is one the memo is installed on."""
-    from pyinfra.context import ctx_state  # noqa: PLC0415
+    from pyinfra.context import ctx_state
 
     try:
         return ctx_state.isset() and ctx_state.get() in _memos
-    except Exception:  # noqa: BLE001 - no context: not a gpufleet run
+    except Exception:  # no context: not a gpufleet run
         return False
 
 

@@ -99,10 +99,10 @@ def supported(version: str | None = None) -> str | None:
         return reason
     version = version or pyinfra_version()
     try:
-        from gevent import monkey  # noqa: PLC0415
-        from pyinfra.api import operations, state  # noqa: PLC0415
-        from pyinfra.connectors import base  # noqa: PLC0415
-        from pyinfra_cli import inventory, prints, util  # noqa: PLC0415
+        from gevent import monkey
+        from pyinfra.api import operations, state
+        from pyinfra.connectors import base
+        from pyinfra_cli import inventory, prints, util
     except ImportError as error:
         return f"pyinfra {version}: {error}"
     needed = {"pyinfra_cli.inventory.make_inventory": hasattr(inventory, "make_inventory"),
@@ -147,7 +147,7 @@ class _Log(logging.Handler):
             if self.echo is not None:
                 self.echo.write("".join(line + "\n" for line in lines))
                 self.echo.flush()
-        except Exception:  # noqa: BLE001 - a message that cannot be formatted is not worth failing a wave for
+        except Exception:  # a message that cannot be formatted is not worth failing a wave for
             self.handleError(record)
 
     def take(self) -> str:
@@ -168,7 +168,7 @@ def _set_verbosity(state, verbosity: int) -> None:
 
 def describe(error: BaseException) -> str:
     """A pyinfra error's message; an exception raised in the deploy, inventory or config code, with where."""
-    from pyinfra.api.exceptions import PyinfraError  # noqa: PLC0415
+    from pyinfra.api.exceptions import PyinfraError
 
     inner = getattr(error, "exception", None)  # pyinfra_cli wraps an exception of the user's files
     if isinstance(inner, BaseException):
@@ -191,14 +191,14 @@ def _alive(connector, timeout: float) -> bool:
         return False
     try:
         transport.open_session(timeout=timeout).close()
-    except Exception:  # noqa: BLE001 - any failure (timeout, EOF, refused) means: not usable
+    except Exception:  # any failure (timeout, EOF, refused) means: not usable
         return False
     return True
 
 
 def _probe(state, connectors: dict) -> dict:
     """{host: whether its connection answers} for ``connectors`` ({host: connector}), checked in parallel."""
-    import gevent  # noqa: PLC0415
+    import gevent
 
     checks = {h: state.pool.spawn(_alive, connector, _connect_timeout(h)) for h, connector in connectors.items()}
     gevent.joinall(list(checks.values()))
@@ -222,7 +222,7 @@ def _only(results: dict, names: set) -> dict:
 
 def _connect_timeout(host) -> float:
     """The host's ``gpufleet_ssh_connect_timeout`` (validated by the deploy in the whole-fleet pass)."""
-    from gpufleet import connection  # noqa: PLC0415
+    from gpufleet import connection
 
     return connection.load_bounds(host.name, host.data.dict())[0].connect_timeout
 
@@ -230,7 +230,7 @@ def _connect_timeout(host) -> float:
 def _close(connector) -> None:
     try:
         connector.host.disconnect()
-    except Exception:  # noqa: BLE001,S110 - closing a connection that is gone or idle: nothing left to do about it
+    except Exception:  # closing a connection that is gone or idle: nothing left to do about it
         pass
 
 
@@ -241,8 +241,8 @@ class Session:
                  args: pyinfra_args.PyinfraArgs | None = None, log: TextIO | None = None) -> None:
         """``args``: the user's ``--limit``, ``--data``, ``-v`` and SSH options, as ``pyinfra`` applies them;
         ``log``: where pyinfra's log goes as it comes with ``-v`` (else it is only read)."""
-        import pyinfra  # noqa: PLC0415
-        from pyinfra.api import Config  # noqa: PLC0415
+        import pyinfra
+        from pyinfra.api import Config
 
         self.inventory_arg, self.deploy = inventory, deploy
         self.args = args or pyinfra_args.PyinfraArgs()
@@ -300,12 +300,12 @@ class Session:
         facts again first (the caller waited since the plan was made), else the plan's reads stand."""
         if not plan and self._planned is not None:
             return self._execute_planned(list(hosts or ()), refresh)
-        from pyinfra.api import State  # noqa: PLC0415
-        from pyinfra.api.operations import run_ops  # noqa: PLC0415
-        from pyinfra.api.state import StateStage  # noqa: PLC0415
-        from pyinfra.context import ctx_config, ctx_inventory, ctx_state  # noqa: PLC0415
-        from pyinfra_cli.prints import build_plan_json, build_results_json  # noqa: PLC0415
-        from pyinfra_cli.util import load_deploy_file, load_func  # noqa: PLC0415
+        from pyinfra.api import State
+        from pyinfra.api.operations import run_ops
+        from pyinfra.api.state import StateStage
+        from pyinfra.context import ctx_config, ctx_inventory, ctx_state
+        from pyinfra_cli.prints import build_plan_json, build_results_json
+        from pyinfra_cli.util import load_deploy_file, load_func
 
         start = time.monotonic()
         self._log.take()
@@ -339,7 +339,7 @@ class Session:
             except KeyboardInterrupt:
                 self._stop(state)
                 raise
-            except Exception as error:  # noqa: BLE001 - a pyinfra error, or one of the deploy's code: the run stops
+            except Exception as error:  # a pyinfra error, or one of the deploy's code: the run stops
                 failed_in = state.current_stage
                 self._log_error(error)
             # What pyinfra's CLI would print: nothing when it stopped before executing (the deploy's validation
@@ -359,7 +359,7 @@ class Session:
 
     def close(self) -> None:
         """Disconnect the connections still kept, and put pyinfra's mode and logger back as they were."""
-        import pyinfra  # noqa: PLC0415
+        import pyinfra
 
         for connector in self._connections.values():
             _close(connector)
@@ -377,7 +377,7 @@ class Session:
     def _stop(self, state) -> None:
         """The run of ``state`` was interrupted: name the hosts it had mid-change, and send nothing more (its
         greenlets are killed, as when the CLI exits)."""
-        from gpufleet import interruption  # noqa: PLC0415
+        from gpufleet import interruption
 
         self.interruption = _signals.report(state, interruption.received() or signal.SIGINT)
         state.pool.kill(block=True, timeout=5)
@@ -390,9 +390,9 @@ class Session:
             self._logger.error(line)
 
     def _load_config(self) -> None:
-        from pyinfra.api import State  # noqa: PLC0415
-        from pyinfra.context import ctx_config, ctx_state  # noqa: PLC0415
-        from pyinfra_cli.util import exec_file  # noqa: PLC0415
+        from pyinfra.api import State
+        from pyinfra.context import ctx_config, ctx_state
+        from pyinfra_cli.util import exec_file
 
         path = Path(self.cwd) / "config.py"  # pyinfra's optional config file (SUDO, PARALLEL, ...)
         if not path.exists():
@@ -402,27 +402,27 @@ class Session:
         try:
             with ctx_state.use(state), ctx_config.use(self.config):
                 exec_file(str(path))
-        except Exception as error:  # noqa: BLE001 - any error in the user's config.py
+        except Exception as error:  # any error in the user's config.py
             raise InventoryError(f"{path} could not be loaded: {describe(error)}") from None
         self.config.lock_current_state()
 
     def _load_inventory(self):
-        from pyinfra.api import State  # noqa: PLC0415
-        from pyinfra.context import ctx_config, ctx_state  # noqa: PLC0415
-        from pyinfra_cli.inventory import make_inventory  # noqa: PLC0415
+        from pyinfra.api import State
+        from pyinfra.context import ctx_config, ctx_state
+        from pyinfra_cli.inventory import make_inventory
 
         state = State(check_for_changes=False)
         state.cwd = self.cwd
         try:
             with ctx_state.use(state), ctx_config.use(self.config):
                 return make_inventory(self.inventory_arg, cwd=self.cwd, override_data=self.args.override_data())
-        except Exception as error:  # noqa: BLE001 - any error in the user's inventory or group_data files
+        except Exception as error:  # any error in the user's inventory or group_data files
             raise InventoryError(f"cannot load the inventory {self.inventory_arg}: {describe(error)}") from None
 
     def _connect(self, state, inventory) -> None:
         """Activate the run's hosts: adopt the connection an earlier run left (see the module docstring), else
         connect, as ``connect_all`` does (a host that cannot be reached fails; none left raises)."""
-        import gevent  # noqa: PLC0415
+        import gevent
 
         hosts = [h for h in inventory if state.is_host_in_limit(h)]
         kept = {h: self._connections.pop(h.name) for h in hosts if h.name in self._connections}
@@ -456,10 +456,10 @@ class Session:
         deciding on facts read now: the plan's reads of these hosts are forgotten and read again first), over the
         plan's connections (one that no longer answers is made again; a host that cannot be reached fails); then
         disconnect them."""
-        from pyinfra.api.operations import run_ops  # noqa: PLC0415
-        from pyinfra.api.state import StateStage  # noqa: PLC0415
-        from pyinfra.context import ctx_config, ctx_inventory, ctx_state  # noqa: PLC0415
-        from pyinfra_cli.prints import build_results_json  # noqa: PLC0415
+        from pyinfra.api.operations import run_ops
+        from pyinfra.api.state import StateStage
+        from pyinfra.context import ctx_config, ctx_inventory, ctx_state
+        from pyinfra_cli.prints import build_results_json
 
         start = time.monotonic()
         self._log.take()
@@ -481,7 +481,7 @@ class Session:
             except KeyboardInterrupt:
                 self._stop(state)
                 raise
-            except Exception as error:  # noqa: BLE001 - e.g. "No hosts remaining!": the results say who failed
+            except Exception as error:  # e.g. "No hosts remaining!": the results say who failed
                 self._log_error(error)
             results = _only(build_results_json(state), set(hosts))
         failed = set(results["failed_hosts"])
@@ -491,7 +491,7 @@ class Session:
 
     def _revive(self, state, wave: list) -> None:
         """Connect again the hosts of ``wave`` whose connection no longer answers; fail those that cannot be."""
-        import gevent  # noqa: PLC0415
+        import gevent
 
         alive = _probe(state, {h: h.connector for h in wave if h.connected})
         dead = [h for h in wave if h not in state.failed_hosts and not alive.get(h)]
@@ -500,7 +500,7 @@ class Session:
                 self._logger.info(f"{host.print_prefix}connection lost since the plan: connecting again")
                 try:
                     host.disconnect()
-                except Exception:  # noqa: BLE001,S110 - a connection that is gone: connecting again is what matters
+                except Exception:  # a connection that is gone: connecting again is what matters
                     pass
         gevent.joinall([state.pool.spawn(host.connect) for host in dead])
         state.fail_hosts({h for h in dead if not h.connected}, activated_count=len(wave))
@@ -511,7 +511,7 @@ class Session:
                 self._connections[host.name] = host.connector
 
     def _disconnect(self, state, hosts: list | None = None) -> None:
-        import gevent  # noqa: PLC0415
+        import gevent
 
         hosts = [h for h in (state.activated_hosts if hosts is None else hosts) if h.connected]
         if hosts:

@@ -50,7 +50,7 @@ def _stage(state, op_hash) -> str:
 
 
 def _counter(pipe: _Pipe, hosts: set[str]):
-    from pyinfra.api.state import BaseStateCallback  # noqa: PLC0415
+    from pyinfra.api.state import BaseStateCallback
 
     class Counter(BaseStateCallback):
         """Hosts connected / unreachable, and per stage (operation) hosts done, changed, failed."""
@@ -99,10 +99,10 @@ def _counter(pipe: _Pipe, hosts: set[str]):
 
 
 def _session_class():
-    from pyinfra.api.exceptions import PyinfraError  # noqa: PLC0415
+    from pyinfra.api.exceptions import PyinfraError
 
-    from gpufleet._pyinfra._signals import mid_change  # noqa: PLC0415
-    from gpufleet._pyinfra.inprocess import Session  # noqa: PLC0415
+    from gpufleet._pyinfra._signals import mid_change
+    from gpufleet._pyinfra.inprocess import Session
 
     class SliceSession(Session):
         """The rollout's Session, with the worker's hooks on each run's State."""
@@ -136,7 +136,7 @@ def _session_class():
 def _wait_order() -> str:
     """The coordinator's order on stdin (``go``, ``go-refresh``, ``stop``; end of input: stop), waited for without
     blocking gevent's hub (the kept SSH connections stay served)."""
-    from gevent.socket import wait_read  # noqa: PLC0415
+    from gevent.socket import wait_read
 
     data = b""
     while not data.endswith(b"\n"):
@@ -152,9 +152,9 @@ def _connectors_found_once() -> Callable[[], None]:
     """pyinfra's ``Inventory.make_hosts_and_groups`` (3.10) calls ``get_all_connectors()`` for every ``@connector``
     host, and each call scans every installed package's entry points; the installed connectors do not change while
     the worker runs, so they are looked up once, for this worker's run. Returns what puts pyinfra's own back."""
-    import functools  # noqa: PLC0415
+    import functools
 
-    from pyinfra.api import inventory  # noqa: PLC0415
+    from pyinfra.api import inventory
 
     found = getattr(inventory, "get_all_connectors", None)
     if not callable(found):
@@ -170,7 +170,7 @@ def _connectors_found_once() -> Callable[[], None]:
 def _quiet_interruptions() -> None:
     """gevent's hub prints a traceback for a signal's exception raised while it runs, before it hands it to the
     main greenlet (which reports the interruption): not an error, so not printed; every other one still is."""
-    import gevent  # noqa: PLC0415
+    import gevent
 
     hub = gevent.get_hub()
     printed = hub.print_exception
@@ -221,11 +221,11 @@ def main(argv: list[str]) -> int:
     job = json.loads(argv[1])
     pipe = _Pipe(job["fd"])
     # before pyinfra (and paramiko) are imported, as pyinfra's CLI does: its hosts then run concurrently
-    from gevent import monkey  # noqa: PLC0415
+    from gevent import monkey
 
     monkey.patch_all()
-    from gpufleet import apply, interruption, pyinfra_args  # noqa: PLC0415
-    from gpufleet._pyinfra.inprocess import InventoryError  # noqa: PLC0415
+    from gpufleet import apply, interruption, pyinfra_args
+    from gpufleet._pyinfra.inprocess import InventoryError
 
     interruption.catch_signals()
     _quiet_interruptions()

@@ -51,7 +51,7 @@ class CatalogError(ValueError):
     """A catalog data file is malformed (unknown/missing field, wrong type, bad source tag)."""
 
 
-class UnknownGpuModel(KeyError, ValueError):  # noqa: N818 - public name fixed by the API
+class UnknownGpuModel(KeyError, ValueError):  # public name fixed by the API
     """No catalog model matches the key / nvidia-smi name asked for. The message lists the known ones."""
 
     def __init__(self, message: str, known: tuple[str, ...] = ()):
@@ -63,7 +63,7 @@ class UnknownGpuModel(KeyError, ValueError):  # noqa: N818 - public name fixed b
         return self.message
 
 
-class UnknownMigProfile(KeyError, ValueError):  # noqa: N818
+class UnknownMigProfile(KeyError, ValueError):
     """No MIG profile of this GPU matches the name / id asked for. The message lists the valid ones."""
 
     def __init__(self, message: str, known: tuple[str, ...] = ()):

@@ -500,7 +500,7 @@ def serve(address: str, port: int, collector: GpuCollector,
     web_config = web_config or web.WebConfig(None)
 
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 - http.server's name
+        def do_GET(self):  # http.server's name
             if not web.guard(self, web_config):
                 return
             if self.path.split("?")[0] != "/metrics":

@@ -112,10 +112,10 @@ def holder_info(command: str | None = None) -> str:
 
 def _process_start() -> float:
     try:
-        import psutil  # noqa: PLC0415 - optional: the time the run started rather than when the lock was taken
+        import psutil  # optional: the time the run started rather than when the lock was taken
 
         return psutil.Process().create_time()
-    except Exception:  # noqa: BLE001 - psutil missing or unusable: the time the lock is taken is close enough
+    except Exception:  # psutil missing or unusable: the time the lock is taken is close enough
         return time.time()
 
 
@@ -227,7 +227,7 @@ def host_lock(command: str | None = None, seen: tuple[str, int] | None = None):
     try:
         info = holder_info(command)
         result = acquire(target, info)
-    except Exception as error:  # noqa: BLE001 - a connection that fails now fails this host, not the run
+    except Exception as error:  # a connection that fails now fails this host, not the run
         yield from refuse(f"could not take the gpufleet lock of {host.name}: {type(error).__name__}: {error}")
         return
     if not result.held:

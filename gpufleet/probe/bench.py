@@ -223,7 +223,7 @@ class CupyBackend:
         try:
             v = cupy.cuda.runtime.runtimeGetVersion()
             self.cuda_version = f"{v // 1000}.{(v % 1000) // 10}"
-        except Exception:  # noqa: BLE001
+        except Exception:
             self.cuda_version = None
 
     def devices(self) -> list[dict[str, Any]]:
@@ -298,7 +298,7 @@ def detect_backend() -> tuple[Any, str | None]:
     os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     reasons = []
     try:
-        import torch  # noqa: PLC0415
+        import torch
     except ImportError:
         reasons.append("PyTorch not installed")
     else:
@@ -306,10 +306,10 @@ def detect_backend() -> tuple[Any, str | None]:
             if torch.cuda.is_available() and torch.cuda.device_count() > 0:
                 return TorchBackend(torch), None
             reasons.append(f"PyTorch {torch.__version__} sees no CUDA device")
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             reasons.append(f"PyTorch CUDA init failed: {exc}")
     try:
-        import cupy  # noqa: PLC0415
+        import cupy
     except ImportError:
         reasons.append("CuPy not installed")
     else:
@@ -317,7 +317,7 @@ def detect_backend() -> tuple[Any, str | None]:
             if cupy.cuda.runtime.getDeviceCount() > 0:
                 return CupyBackend(cupy), None
             reasons.append("CuPy sees no CUDA device")
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             reasons.append(f"CuPy CUDA init failed: {exc}")
     return None, "no CUDA backend: " + "; ".join(reasons)
 
@@ -343,7 +343,7 @@ class NvmlSampler:
     def start(self) -> NvmlSampler:
         if self.nvml is None:
             try:
-                import pynvml  # noqa: PLC0415
+                import pynvml
             except ImportError:
                 self.error = "pynvml_not_installed"
                 return self
@@ -351,7 +351,7 @@ class NvmlSampler:
         try:
             self.nvml.nvmlInit()
             self._handle = self.nvml.nvmlDeviceGetHandleByIndex(self.index)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             self.error = _nvml.nvml_status(exc)
             return self
         self._sample()
@@ -374,7 +374,7 @@ class NvmlSampler:
         ):
             try:
                 sample[key] = getattr(nvml, fn)(h, *args)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 self.error = self.error or f"{key}: {_nvml.nvml_status(exc)}"
         self.samples.append(sample)
 
@@ -386,7 +386,7 @@ class NvmlSampler:
         if self._handle is not None:
             try:
                 self.nvml.nvmlShutdown()
-            except Exception:  # noqa: BLE001, S110
+            except Exception:
                 pass
         return summarize_samples(self.samples, self.error)
 
@@ -667,7 +667,7 @@ def _bench_matmul(backend: Any, device: int, precision: str, prof: dict[str, Any
         first = backend.matmul(device, precision, n, 1, 1, prof["warmup"])
         reps = max(1, min(1000, int(math.ceil(prof["target_sample_ms"] / max(first[0], 1e-3)))))
         times = backend.matmul(device, precision, n, reps, prof["samples"], 1)
-    except Exception as exc:  # noqa: BLE001 - a precision that fails on this GPU is reported, not fatal
+    except Exception as exc:  # a precision that fails on this GPU is reported, not fatal
         return {"status": "error", "reason": f"{type(exc).__name__}: {exc}", "n": n}
     stats = timing_stats(times, reps)
     flop = 2.0 * n ** 3
@@ -683,7 +683,7 @@ def _bench_copy(backend: Any, device: int, kind: str, nbytes: int, prof: dict[st
         first = backend.copy(device, kind, nbytes, 1, 1, 2)
         reps = max(1, min(1000, int(math.ceil(prof["target_sample_ms"] / max(first[0], 1e-3)))))
         times = backend.copy(device, kind, nbytes, reps, prof["copy_samples"], 1)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         return {"status": "error", "reason": f"{type(exc).__name__}: {exc}", "bytes": nbytes}
     stats = timing_stats(times, reps)
     moved = 2 * nbytes if kind == "d2d" else nbytes  # a device copy reads and writes every byte

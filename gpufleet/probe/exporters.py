@@ -90,7 +90,7 @@ def collect_exporters(endpoints: dict | None = None, timeout: float = 5.0) -> di
             entry["gpus"] = gpu_series(text) if name == "gpu" else {}
             if name == "gpu":
                 entry.update(metrics=metric_names(text), configured=configured_counters())
-        except Exception as exc:  # noqa: BLE001 - any failure to scrape is the finding
+        except Exception as exc:  # any failure to scrape is the finding
             entry.update(status="error", error=f"{type(exc).__name__}: {exc}")
         out[name] = entry
     return out

@@ -131,7 +131,7 @@ class _Fields:
             return None
         try:
             return fn(*args)
-        except Exception as exc:  # noqa: BLE001 - any failure becomes a status, never an abort
+        except Exception as exc:  # any failure becomes a status, never an abort
             self.errors[key] = nvml_status(exc)
             return None
 
@@ -322,7 +322,7 @@ def _field_value(f: _Fields, key: str, handle: Any, field_id: int) -> Any:
             f.fail(key, f"unknown_value_type:{kind}")
             return None
         return getattr(value.value, member)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         f.fail(key, f"error:{type(exc).__name__}")
         return None
 
@@ -337,7 +337,7 @@ def _nvlink(nvml: Any, handle: Any, errors: dict[str, str]) -> dict[str, Any]:
         for link in range(_NVLINK_MAX_LINKS):
             try:
                 state = fn(handle, link)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 code = nvml_status(exc)
                 # Past the last link NVML answers not_supported / invalid_argument: that ends the list.
                 if link == 0 or code not in ("not_supported", _INVALID_ARGUMENT_STATUS):
@@ -375,7 +375,7 @@ def _mig(nvml: Any, f: _Fields, handle: Any, errors: dict[str, str]) -> dict[str
         return result
     try:
         result["gpu_instances"] = _gpu_instances(nvml, handle, errors)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         errors["mig.gpu_instances"] = nvml_status(exc)
     return result
 
@@ -388,7 +388,7 @@ def _gpu_instances(nvml: Any, handle: Any, errors: dict[str, str]) -> list[dict[
     for enum in range(getattr(nvml, "NVML_GPU_INSTANCE_PROFILE_COUNT", _GI_PROFILE_COUNT)):
         try:
             info = nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, enum)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             if nvml_status(exc) in ("not_supported", _INVALID_ARGUMENT_STATUS):
                 continue
             errors["mig.gpu_instances"] = nvml_status(exc)
@@ -399,14 +399,14 @@ def _gpu_instances(nvml: Any, handle: Any, errors: dict[str, str]) -> list[dict[
         count = ctypes.c_uint(info.instanceCount)
         try:
             nvml.nvmlDeviceGetGpuInstances(handle, info.id, array, ctypes.byref(count))
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             errors["mig.gpu_instances"] = nvml_status(exc)
             continue
         for k in range(count.value):
             gi = array[k]
             try:
                 gi_info = nvml.nvmlGpuInstanceGetInfo(gi)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 errors["mig.gpu_instances"] = nvml_status(exc)
                 continue
             instances.append({
@@ -429,7 +429,7 @@ def _compute_instances(nvml: Any, gi: Any, gi_id: int, mig_uuids: dict[tuple[int
     for enum in range(getattr(nvml, "NVML_COMPUTE_INSTANCE_PROFILE_COUNT", _CI_PROFILE_COUNT)):
         try:
             info = nvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, enum, _CI_ENGINE_SHARED)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             if nvml_status(exc) in ("not_supported", _INVALID_ARGUMENT_STATUS):
                 continue
             errors["mig.compute_instances"] = nvml_status(exc)
@@ -441,13 +441,13 @@ def _compute_instances(nvml: Any, gi: Any, gi_id: int, mig_uuids: dict[tuple[int
         count = ctypes.c_uint(info.instanceCount)
         try:
             nvml.nvmlGpuInstanceGetComputeInstances(gi, info.id, array, ctypes.byref(count))
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             errors["mig.compute_instances"] = nvml_status(exc)
             continue
         for k in range(count.value):
             try:
                 ci_info = nvml.nvmlComputeInstanceGetInfo(array[k])
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 errors["mig.compute_instances"] = nvml_status(exc)
                 continue
             result.append({
@@ -465,18 +465,18 @@ def _mig_device_uuids(nvml: Any, handle: Any, errors: dict[str, str]) -> dict[tu
     uuids: dict[tuple[int, int], str] = {}
     try:
         count = nvml.nvmlDeviceGetMaxMigDeviceCount(handle)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         errors["mig.uuids"] = nvml_status(exc)
         return uuids
     for i in range(count):
         try:
             mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, i)
-        except Exception:  # noqa: BLE001 - NOT_FOUND for unused slots
+        except Exception:  # NOT_FOUND for unused slots
             continue
         try:
             key = (nvml.nvmlDeviceGetGpuInstanceId(mig), nvml.nvmlDeviceGetComputeInstanceId(mig))
             uuids[key] = _text(nvml.nvmlDeviceGetUUID(mig))
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             errors["mig.uuids"] = nvml_status(exc)
     return uuids
 
@@ -491,7 +491,7 @@ def _processes(nvml: Any, f: _Fields, handle: Any) -> list[dict[str, Any]] | Non
         name = None
         try:
             name = _text(nvml.nvmlSystemGetProcessName(pid))
-        except Exception:  # noqa: BLE001 - the name is a courtesy; /proc may know it
+        except Exception:  # the name is a courtesy; /proc may know it
             try:
                 with open(f"/proc/{pid}/comm") as fh:
                     name = fh.read().strip()
@@ -534,14 +534,14 @@ def collect_nvml(nvml: Any = None) -> dict[str, Any]:
     }
     if nvml is None:
         try:
-            import pynvml as nvml  # noqa: PLC0415
+            import pynvml as nvml
         except ImportError as exc:
             doc["nvml_error"] = "pynvml_not_installed"
             doc["nvml_error_message"] = str(exc)
             return doc
     try:
         nvml.nvmlInit()
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         doc["nvml_error"] = nvml_status(exc)
         doc["nvml_error_message"] = str(exc)
         return doc
@@ -557,7 +557,7 @@ def collect_nvml(nvml: Any = None) -> dict[str, Any]:
     finally:
         try:
             nvml.nvmlShutdown()
-        except Exception:  # noqa: BLE001, S110 - nothing useful to do
+        except Exception:  # nothing useful to do
             pass
     return doc
 

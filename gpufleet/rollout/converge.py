@@ -139,7 +139,7 @@ def run_pyinfra(inventory: str, deploy: str, hosts: list[str] | None, *, dry: bo
     ``log`` (the user asked for it with ``-v``). When this process is interrupted (a terminal's signal reaches the
     pyinfra child too), the child's own report of the hosts it had mid-change is attached to the exception
     (``child_report``)."""
-    import time  # noqa: PLC0415
+    import time
 
     start = time.monotonic()
     proc = subprocess.Popen(pyinfra_command(inventory, deploy, hosts, dry=dry, args=args), stdout=subprocess.PIPE,
@@ -163,13 +163,13 @@ def run_pyinfra(inventory: str, deploy: str, hosts: list[str] | None, *, dry: bo
 def _stop_child(proc: subprocess.Popen, signum: int | None, wait_s: float = 10.0) -> str | None:
     """The interrupted pyinfra child: passed the signal (a terminal sent it to both already; a ``kill`` to this
     process alone did not), given ``wait_s`` to exit, killed after; returns its ``gpufleet: interrupted`` report."""
-    import signal  # noqa: PLC0415
+    import signal
 
     try:
         if proc.poll() is None:
             proc.send_signal(signum or signal.SIGINT)
         _, stderr = proc.communicate(timeout=wait_s)
-    except Exception:  # noqa: BLE001 - it did not end in time (or its pipes are gone): it must not outlive us
+    except Exception:  # it did not end in time (or its pipes are gone): it must not outlive us
         proc.kill()
         return None
     text = _ANSI.sub("", stderr or "")
@@ -200,7 +200,7 @@ def inventory_order(inventory: str, *, cwd: str | None = None, args: PyinfraArgs
                     ) -> tuple[list[str], str | None]:
     """The hosts of the inventory in pyinfra's order (``pyinfra --json INVENTORY debug-inventory``), those
     ``args.limit`` selects, or an error."""
-    from gpufleet import interruption  # noqa: PLC0415 (the rollout layer sits above it; imported where used)
+    from gpufleet import interruption  # (the rollout layer sits above it; imported where used)
 
     data_args = args.argv(verbose=False) if args else []  # the hosts' data as the runs will see it
     try:

@@ -251,7 +251,7 @@ class Controller:
         if bench is None or not names:
             return names, None
         self.gated = True
-        from gpufleet.verify import run as verify_run  # noqa: PLC0415 (only when a gate runs)
+        from gpufleet.verify import run as verify_run  # (only when a gate runs)
 
         out = Path(self.opts.out) / f"wave-{wave_index:03d}-verify"
         try:
@@ -308,7 +308,7 @@ class Controller:
         self.state.interruption = {"signal": signal_name(signum), "at": round(time.time(), 3), "mid_change": active}
         if self.opts.drain == "none" or not active:
             return
-        import gevent  # noqa: PLC0415 (the rollout runs under gevent; a blocked ask ends at the deadline)
+        import gevent  # (the rollout runs under gevent; a blocked ask ends at the deadline)
 
         try:
             with gevent.Timeout(ASK_AGAIN_S):
@@ -445,7 +445,7 @@ def open_engine(opts: RolloutOptions, progress: TextIO):
                        f"wave ({reason})\n")
         return converge.Subprocess(opts.inventory, opts.deploy, opts.pyinfra, progress)
     if opts.jobs > 1:  # the workers run the in-process engine each, on a slice of the hosts
-        from . import workers  # noqa: PLC0415
+        from . import workers
 
         try:
             return workers.Workers(opts.inventory, opts.deploy, opts.jobs, opts.pyinfra, err=progress)

@@ -40,7 +40,7 @@ class DeployVerify:
     """
 
     def __init__(self, state: Any, inventory: Any):
-        from gpufleet.config import InputError  # noqa: PLC0415 - pyinfra-entry only
+        from gpufleet.config import InputError  # pyinfra-entry only
 
         try:
             self.configs = validate_pyinfra_inventory(inventory)
@@ -76,7 +76,7 @@ class DeployVerify:
             run.result = evaluate_host(host.name, probe, expected_state(self.configs[host.name], probe, pci=pci))
         except ProbeFailed as exc:
             run.result = probe_failed_host(host.name, str(exc))
-        except Exception as exc:  # noqa: BLE001 - recorded in the report; the other hosts go on
+        except Exception as exc:  # recorded in the report; the other hosts go on
             run.result = probe_failed_host(host.name, f"{type(exc).__name__}: {exc}")
         run.seconds = time.monotonic() - start
         self.runs[host.name] = run
@@ -86,7 +86,7 @@ class DeployVerify:
         return True
 
     def finish(self, state: Any) -> None:
-        from pyinfra import logger  # noqa: PLC0415
+        from pyinfra import logger
 
         results = []
         for h in state.inventory:
@@ -113,7 +113,7 @@ class DeployVerify:
             logger.info(line)
 
     def textfile_host(self, state: Any, host: Any) -> bool:
-        from pyinfra import logger  # noqa: PLC0415
+        from pyinfra import logger
 
         if self.fleet is None:
             host.log_styled("gpufleet verify: no fleet result (the probe operation did not finish)", fg="red",
@@ -125,7 +125,7 @@ class DeployVerify:
             try:
                 write_node_textfile(host, render_prometheus(self.fleet.to_dict(), host=host.name), directory,
                                     connector_kwargs(host))
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 host.log_styled(f"gpufleet verify: node textfile not written: {exc}", fg="yellow",
                                 log_func=logger.warning)
         if result is None or result.verdict in (FAIL, UNREACHABLE):

@@ -111,7 +111,7 @@ def load_inventory(inventory_arg: str, limit: Iterable[str] | str | None = None,
     try:
         inventory = _pyinfra.load_config_and_inventory(inventory_arg, cwd, dict(override_data or {}), config,
                                                        config_file if config_file.exists() else None)
-    except Exception as exc:  # noqa: BLE001 - any error in the user's inventory or group_data files
+    except Exception as exc:  # any error in the user's inventory or group_data files
         raise VerifyError(f"inventory {inventory_arg} could not be loaded: {_describe(exc)}") from None
     patterns = split_limit(limit)
     chosen = None
@@ -167,7 +167,7 @@ def verify_host(host: Any, config: NodeConfig, settings: VerifySettings, bundle:
         run.result = unreachable_host(host.name, str(exc.args[0] if exc.args else exc))
         run.seconds = time.monotonic() - start
         return run
-    except Exception as exc:  # noqa: BLE001 - a connector failing in any other way is still "cannot reach"
+    except Exception as exc:  # a connector failing in any other way is still "cannot reach"
         run.result = unreachable_host(host.name, f"{type(exc).__name__}: {exc}")
         run.seconds = time.monotonic() - start
         return run
@@ -184,7 +184,7 @@ def verify_host(host: Any, config: NodeConfig, settings: VerifySettings, bundle:
         if isinstance(exc, TimeoutError):
             text = f"no answer within {PROBE_TIMEOUT_S[bench]} s"
         run.result = probe_failed_host(host.name, f"connection or command failed during the probe: {text}")
-    except Exception as exc:  # noqa: BLE001 - one host's surprise must not stop the fleet's verify
+    except Exception as exc:  # one host's surprise must not stop the fleet's verify
         run.result = probe_failed_host(host.name, f"{type(exc).__name__}: {exc}")
     run.seconds = time.monotonic() - start
     return run
@@ -202,7 +202,7 @@ def _write_textfiles(state: Any, runs: list[HostRun], settings: Mapping[str, Ver
             host = hosts[run.name]
             write_node_textfile(host, render_prometheus(data, host=run.name), directory, connector_kwargs(host))
             run.textfile = f"{directory}/{TEXTFILE_NAME}"
-        except Exception as exc:  # noqa: BLE001 - the report is written anyway; say what went wrong
+        except Exception as exc:  # the report is written anyway; say what went wrong
             run.textfile_error = str(exc) or type(exc).__name__
 
     greenlets = [_pyinfra.host_pool(state).spawn(one, run) for run in runs if run.connected]
@@ -280,8 +280,8 @@ class Sliced:
         self.ended: set[int] = set()  # workers whose output ended
 
     def verify(self, names: list[str], progress: TextIO) -> list[HostRun]:
-        import queue  # noqa: PLC0415
-        import threading  # noqa: PLC0415
+        import queue
+        import threading
 
         # a reader per worker: greenlets where the CLI patched the standard library for gevent, else threads
         self.messages = queue.Queue()
@@ -458,7 +458,7 @@ def _verify_all_slurm(hosts: list[Any], configs: Mapping[str, NodeConfig], setti
     for name in names:
         try:
             endpoints[name] = exporter_endpoints(configs[name])
-        except Exception as exc:  # noqa: BLE001 - one host's surprise must not stop the fleet's verify
+        except Exception as exc:  # one host's surprise must not stop the fleet's verify
             refused[name] = f"{type(exc).__name__}: {exc}"
     job = [n for n in names if n not in refused]
     try:

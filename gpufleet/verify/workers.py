@@ -27,15 +27,15 @@ def main(argv: list[str]) -> int:
     def send(**message) -> None:
         out.write(json.dumps(message) + "\n")
 
-    from gevent import monkey  # noqa: PLC0415
+    from gevent import monkey
 
     monkey.patch_all()  # before pyinfra and paramiko are imported: the hosts then run concurrently
-    from pyinfra.context import ctx_config, ctx_inventory, ctx_state  # noqa: PLC0415
+    from pyinfra.context import ctx_config, ctx_inventory, ctx_state
 
-    from gpufleet import interruption  # noqa: PLC0415
-    from gpufleet.pyinfra_args import slice_hosts  # noqa: PLC0415
-    from gpufleet.results import FleetResult  # noqa: PLC0415
-    from gpufleet.verify import run  # noqa: PLC0415
+    from gpufleet import interruption
+    from gpufleet.pyinfra_args import slice_hosts
+    from gpufleet.results import FleetResult
+    from gpufleet.verify import run
 
     interruption.catch_signals()
     try:

@@ -366,7 +366,7 @@ def _interrupted_run(fleet, argv: list[str], out: Path, step: int, signum: int, 
                 os.write(stdout, b"\0" * 4096)
         os.set_blocking(stdout, True)
     else:
-        stdout = open(logs.with_suffix(".stdout"), "w")  # noqa: SIM115 (closed below)
+        stdout = open(logs.with_suffix(".stdout"), "w")  # (closed below)
     with open(stderr_path, "w") as stderr:
         run = subprocess.Popen(argv, cwd=REPO, stdout=stdout, stderr=stderr, start_new_session=True)
     os.close(stdout) if isinstance(stdout, int) else stdout.close()

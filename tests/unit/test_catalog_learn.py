@@ -128,7 +128,7 @@ def test_report_fact_without_a_driver():
 
 
 def test_list_marks_the_users_models(tmp_path, monkeypatch):
-    import gpufleet.catalog as catalog_module  # noqa: PLC0415
+    import gpufleet.catalog as catalog_module
 
     monkeypatch.setattr(catalog_module, "_USER_DIRECTORY", [])
     gpus = _gpus("rtx5090_570.124.06.q.txt")  # a GPU the catalog lacks

@@ -182,7 +182,7 @@ def test_the_confirmation_is_enter_as_in_pyinfra(monkeypatch, capsys, answer, co
 def test_a_signal_at_the_confirmation_is_not_a_no(monkeypatch, capsys):
     """Ctrl-C, SIGTERM or a closed terminal at the prompt is an interruption (exit 130/143/129 from the rollout),
     not an answer: it propagates (tests/unit/test_rollout_prompt.py sends the real signals)."""
-    from gpufleet import interruption  # noqa: PLC0415
+    from gpufleet import interruption
 
     def interrupted():
         raise interruption.Interrupted(15)

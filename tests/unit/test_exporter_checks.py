@@ -99,7 +99,7 @@ def test_the_probe_sends_basic_auth_and_reads_its_endpoints_from_stdin(tmp_path)
     seen = []
 
     class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802
+        def do_GET(self):
             seen.append(self.headers.get("Authorization"))
             body = TEXT.encode()
             self.send_response(200)

@@ -105,10 +105,10 @@ def test_a_signal_during_a_state_write_waits_for_it_and_leaves_no_temporary_file
     """A signal in the middle of a state write lost the write, or (between the temporary file's creation and the
     clean-up's try) left the temporary file beside the state file (seen after a Ctrl-C between two waves in
     tests/sim/test_rollout_slurm.py); it is now delivered once the write is done."""
-    import os  # noqa: PLC0415
-    import signal  # noqa: PLC0415
+    import os
+    import signal
 
-    from gpufleet import control_files  # noqa: PLC0415
+    from gpufleet import control_files
 
     s = st.RolloutState.new("r1", "inv.py", "deploy.py", {}, ["a"])
     path = tmp_path / "state.json"
@@ -427,7 +427,7 @@ class FakeSlurm:
         self.calls: list[list[str]] = []
 
     def __call__(self, argv):
-        import subprocess  # noqa: PLC0415
+        import subprocess
 
         self.calls.append(argv)
         if argv[0] == "sinfo":
@@ -449,7 +449,7 @@ class FakeSlurm:
 
 
 def test_sinfo_parsing_keeps_spaces_and_bars_in_the_reason():
-    from gpufleet.slurm import SlurmError, parse_sinfo  # noqa: PLC0415
+    from gpufleet.slurm import SlurmError, parse_sinfo
 
     s = parse_sinfo("drained|gres/gpu count reported lower | than configured (0 < 8)|slurm\n", "n1")
     assert (s.state, s.reason, s.user) == ("drained", "gres/gpu count reported lower | than configured (0 < 8)",
@@ -464,7 +464,7 @@ def test_sinfo_parsing_keeps_spaces_and_bars_in_the_reason():
 
 
 def test_slurm_drains_with_the_rollout_reason_and_resumes_only_its_own():
-    from gpufleet.rollout.drain import SlurmDrainer  # noqa: PLC0415
+    from gpufleet.rollout.drain import SlurmDrainer
 
     fake = FakeSlurm({"n1": {"state": "idle", "reason": "", "user": ""},
                       "n2": {"state": "drained", "reason": "bad DIMM, ticket 42", "user": "admin"},
@@ -487,12 +487,12 @@ def test_slurm_drains_with_the_rollout_reason_and_resumes_only_its_own():
 
 
 def test_slurm_errors_name_the_command():
-    from gpufleet.rollout.drain import SlurmDrainer  # noqa: PLC0415
+    from gpufleet.rollout.drain import SlurmDrainer
 
     fake = FakeSlurm({"n1": {"state": "idle", "reason": "", "user": ""}})
 
     def refuse(argv):
-        import subprocess  # noqa: PLC0415
+        import subprocess
 
         if argv[0] == "scontrol":
             return subprocess.CompletedProcess(argv, 1, "", "Invalid node name specified")
@@ -517,7 +517,7 @@ def test_error_text_keeps_the_preflight_errors_after_pyinfras_error_line():
 
 
 def test_drift_summary_per_setting_and_host():
-    from gpufleet import drift  # noqa: PLC0415
+    from gpufleet import drift
 
     payload = {"plan": [
         {"name": "gpufleet: GPU node | GPU power limits", "hosts_with_change": ["a"],
@@ -612,10 +612,10 @@ def test_a_job_still_running_without_wait_for_jobs_fails_the_node_with_a_message
 
 
 def test_verify_gate_uses_verify_and_fails_hosts_that_fail_a_check(tmp_path, monkeypatch):
-    from types import SimpleNamespace  # noqa: PLC0415
+    from types import SimpleNamespace
 
-    from gpufleet.verify import CheckResult, FleetResult, HostResult, unreachable_host  # noqa: PLC0415
-    from gpufleet.verify import run as verify_run  # noqa: PLC0415
+    from gpufleet.verify import CheckResult, FleetResult, HostResult, unreachable_host
+    from gpufleet.verify import run as verify_run
 
     calls = []
 
@@ -666,7 +666,7 @@ def test_resume_after_a_stop_retries_the_failed_hosts_and_not_the_done_ones(fake
 
 
 def test_slurm_spec_runs_commands_locally_or_through_a_prefix(monkeypatch):
-    from gpufleet import slurm  # noqa: PLC0415
+    from gpufleet import slurm
 
     seen = []
     monkeypatch.setattr(slurm, "run_command", lambda argv: seen.append(argv) or __import__(
@@ -759,9 +759,9 @@ def test_a_new_rollout_runs_the_whole_fleet_pass_beside_the_inventory_order(fake
 def signalled(monkeypatch):
     """The rollout process received ``signum`` (gpufleet.interruption.catch_signals' record), as when a terminal's
     Ctrl-C reached the whole process group; cleared afterwards."""
-    import signal  # noqa: PLC0415
+    import signal
 
-    from gpufleet import interruption  # noqa: PLC0415
+    from gpufleet import interruption
 
     def receive(signum=signal.SIGINT):
         monkeypatch.setattr(interruption, "_received", [signum])
@@ -770,10 +770,10 @@ def signalled(monkeypatch):
 
 
 def test_a_slurm_command_killed_with_the_rollout_is_the_interruption_not_a_node_failure(signalled, monkeypatch):
-    import signal  # noqa: PLC0415
-    import subprocess  # noqa: PLC0415
+    import signal
+    import subprocess
 
-    from gpufleet import interruption, slurm  # noqa: PLC0415
+    from gpufleet import interruption, slurm
 
     ssh_killed = ["sh", "-c", "echo 'Killed by signal 2.' >&2; exit 255"]  # what ssh -T prints and exits with
     assert slurm.run_command(ssh_killed).returncode == 255  # no signal: a failing command is for the caller to judge
@@ -798,8 +798,8 @@ def test_ctrl_c_in_a_drain_starts_nothing_more_and_names_the_drain_slurm_applied
     """With failures tolerated (--max-failures 5) a child's death taken for a failure let the rollout go on: two
     more nodes drained and changed after Ctrl-C. Here the drain of n3 is applied by Slurm while the signal arrives
     (its scontrol is cut off): the rollout stops, asks Slurm again and names n3 as still drained; --resume ends it."""
-    from gpufleet import interruption  # noqa: PLC0415
-    from gpufleet.rollout.drain import SlurmDrainer  # noqa: PLC0415
+    from gpufleet import interruption
+    from gpufleet.rollout.drain import SlurmDrainer
 
     fleet = fake(5)
     slurm = FakeSlurm({f"n{i}": {"state": "idle", "reason": "", "user": ""} for i in range(1, 6)})
@@ -837,8 +837,8 @@ def test_resume_drains_again_a_node_whose_cut_off_resume_slurm_applied_after_the
     """Ctrl-C while n2's `scontrol ... state=resume` was on its way to a remote controller: the rollout asked Slurm
     (still drained: recorded as drained by the rollout), then the resume applied. --resume drains n2 again before
     its converge (it must not be changed in service, nor taken for a node whose jobs never end), then resumes it."""
-    from gpufleet import interruption  # noqa: PLC0415
-    from gpufleet.rollout.drain import SlurmDrainer  # noqa: PLC0415
+    from gpufleet import interruption
+    from gpufleet.rollout.drain import SlurmDrainer
 
     fleet = fake(3)
     slurm = FakeSlurm({f"n{i}": {"state": "idle", "reason": "", "user": ""} for i in range(1, 4)})
@@ -869,7 +869,7 @@ def test_resume_drains_again_a_node_whose_cut_off_resume_slurm_applied_after_the
 
 
 def test_a_signal_while_printing_the_summary_exits_130_with_the_rollout_finished(fake, tmp_path, signalled):
-    from gpufleet import interruption  # noqa: PLC0415
+    from gpufleet import interruption
 
     fake(2)
 
@@ -886,9 +886,9 @@ def test_a_signal_while_printing_the_summary_exits_130_with_the_rollout_finished
 
 
 def test_sigterm_and_sighup_exit_143_and_129(fake, tmp_path, signalled):
-    import signal  # noqa: PLC0415
+    import signal
 
-    from gpufleet import interruption  # noqa: PLC0415
+    from gpufleet import interruption
 
     for signum, status in ((signal.SIGTERM, 143), (signal.SIGHUP, 129)):
         fleet = fake(3)
@@ -929,7 +929,7 @@ def test_a_node_interrupted_in_its_gate_is_gated_and_resumed_by_resume_though_al
                                                                                                  monkeypatch):
     """Interrupted in its verify gate, n2 is converged but drained and not verified: --resume's plan finds no change
     for it, yet it must go through its gate and be given back to the scheduler, not be marked done still drained."""
-    from gpufleet import interruption  # noqa: PLC0415
+    from gpufleet import interruption
 
     fleet = fake(3)
     drainer = BusyDrainer(set())
@@ -958,7 +958,7 @@ def test_a_node_interrupted_in_its_gate_is_gated_and_resumed_by_resume_though_al
 def test_a_hook_cut_off_mid_drain_leaves_that_node_maybe_drained_and_no_other(fake, tmp_path, monkeypatch):
     """A command: hook cannot say whose drain a node has: the node whose drain was in flight is "may be drained"
     (drained again and resumed by --resume); the wave's next node, whose drain never started, is not."""
-    from gpufleet import interruption  # noqa: PLC0415
+    from gpufleet import interruption
 
     fake(4)
 
@@ -1035,9 +1035,9 @@ def test_the_plan_is_confirmed_before_any_drain_or_change(fake, tmp_path):
 
 def test_a_signal_at_the_confirmation_exits_128_plus_it_with_nothing_changed_or_saved(fake, tmp_path, signalled,
                                                                                      monkeypatch):
-    import signal  # noqa: PLC0415
+    import signal
 
-    from gpufleet import interruption  # noqa: PLC0415
+    from gpufleet import interruption
 
     def interrupted_by(signum):
         def confirm(plan):

@@ -34,7 +34,7 @@ LSPCI = "0000:01:00.0 0300: 10de:2684 (rev a1)"
 def task_lines(node: str, printed: list[str], *, end: bool = True) -> list[str]:
     """What one task's ``sh -c`` prints: markers around the gzip | base64 of its output (76-character lines)."""
     encoded = gzip.compress(("\n".join(printed) + "\n").encode()) if printed else gzip.compress(b"")
-    import base64  # noqa: PLC0415
+    import base64
 
     b64 = base64.encodebytes(encoded).decode().splitlines()
     return [f"{vslurm.NODE_MARK} begin {node}", *b64, *([f"{vslurm.NODE_MARK} end {node}"] if end else [])]
@@ -361,7 +361,7 @@ def test_fleet_run_via_slurm_writes_the_same_reports_and_node_textfiles(tmp_path
     probe = labelled({0: task_lines("node02", probe_output(PROBE)), 1: task_lines("node03", probe_output(PROBE))})
     textfiles = labelled({0: task_lines("node02", ["ok"])})
     fake = FakeSlurm("node02|idle|none\nnode03|mixed|none\nnode04|drained|admin\n", (0, probe, ""), (0, textfiles, ""))
-    from gpufleet.verify import run as vrun  # noqa: PLC0415
+    from gpufleet.verify import run as vrun
 
     monkeypatch.setattr(vrun, "bounded_runner", lambda prefix: fake)
 
@@ -384,7 +384,7 @@ def test_fleet_run_via_slurm_writes_the_same_reports_and_node_textfiles(tmp_path
 
 
 def test_bad_via_stops_verify_with_exit_code_2_before_anything(tmp_path):
-    from gpufleet.verify import run as vrun  # noqa: PLC0415
+    from gpufleet.verify import run as vrun
 
     progress = io.StringIO()
     assert vrun.main(str(tmp_path / "missing.py"), via="slurmm", progress=progress) == 2
@@ -396,8 +396,8 @@ def test_fleet_run_via_slurm_sends_the_exporters_credentials_on_the_jobs_stdin_o
     """What verify gives the Slurm job: each node's endpoints (the exporters stage's listen addresses, the
     ``exporters`` account's password) on srun's stdin, before the bundle; the password on no command line (srun's,
     sinfo's, the task's script) and not in the environment srun is started with (it exports it to the job)."""
-    from gpufleet import web_auth  # noqa: PLC0415
-    from gpufleet.verify import run as vrun  # noqa: PLC0415
+    from gpufleet import web_auth
+    from gpufleet.verify import run as vrun
 
     monkeypatch.setenv("GPUFLEET_CREDENTIALS_DIR", str(tmp_path / "credentials"))
     (tmp_path / "inventory.py").write_text(

@@ -111,7 +111,7 @@ def test_the_generated_file_is_yaml_with_only_the_hashes():
 
 def _server(config: web.WebConfig):
     class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802
+        def do_GET(self):
             if not web.guard(self, config):
                 return
             self.send_response(200)

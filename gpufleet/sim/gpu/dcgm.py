@@ -532,7 +532,7 @@ def exporter_main(argv: list[str]) -> int:
             time.sleep(interval)
 
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 - http.server's name
+        def do_GET(self):  # http.server's name
             if not web.guard(self, web_config):
                 return
             if self.path.split("?")[0] != "/metrics":

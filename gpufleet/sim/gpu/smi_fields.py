@@ -1,4 +1,3 @@
-# ruff: noqa: E501
 """The ``--query-gpu`` field table of nvidia-smi 590.48.01 (order, aliases, units).
 
 One line per field: ``canonical|aliases|unit|default``. The default is what the real H100 capture printed

@@ -44,7 +44,7 @@ def read_state(path: str | None = None) -> dict[str, str]:
         return parse(handle.read())
 
 
-class locked:  # noqa: N801 - used as a function: ``with locked(path) as state``
+class locked:  # used as a function: ``with locked(path) as state``
     """``with locked(path) as state``: the state for modification, under an exclusive lock; it is written back
     when the block ends without error. (A class, not ``contextlib.contextmanager``: contextlib's imports cost every
     simulated program's start more than its use.)"""
@@ -53,7 +53,7 @@ class locked:  # noqa: N801 - used as a function: ``with locked(path) as state``
         self.path = path or state_path()
 
     def __enter__(self) -> dict[str, str]:
-        self.handle = open(self.path, "r+", encoding="utf-8")  # noqa: SIM115 - closed by __exit__
+        self.handle = open(self.path, "r+", encoding="utf-8")  # closed by __exit__
         try:
             fcntl.flock(self.handle, fcntl.LOCK_EX)
             self.state = parse(self.handle.read())

@@ -147,7 +147,7 @@ class Handler(BaseHTTPRequestHandler):
             db.close()
         return row is not None and hmac.compare_digest(row[0], _hash(password, row[1]))
 
-    def do_GET(self):  # noqa: N802 (http.server's name)
+    def do_GET(self):  # (http.server's name)
         path = self.path.split("?", 1)[0]
         if path == "/api/health":
             self._send(200, {"database": "ok", "version": VERSION, "commit": "gpufleet-sim"})
