@@ -12,7 +12,7 @@ import re
 import shlex
 from urllib.parse import urlparse
 
-from pyinfra import host, logger, state
+from pyinfra import host, logger
 from pyinfra.api import FactBase, OperationValueError, operation
 from pyinfra.facts.apt import noninteractive_apt
 from pyinfra.facts.dnf import DnfEnabledModules
@@ -28,7 +28,7 @@ from gpufleet.plan import driver_on_branch
 
 from . import _packaging as pkg
 from . import _repo_keys, apt_lists
-from .errors import refuse
+from .errors import refuse, report
 from .managed_files import put_file
 from .reads import get_state, read_together, unit_states
 
@@ -165,13 +165,6 @@ class _PathExists(FactBase):
 
 
 # --------------------------------------------------------------------------------------- helpers
-
-
-def _report(message: str) -> None:
-    """Something the operator must know (visible without -v) that is not a change: noop + warning."""
-    host.noop(message)
-    if not getattr(state, "print_noop_info", False):
-        logger.warning(f"{getattr(host, 'print_prefix', f'[{host.name}] ')}{message}")
 
 
 def _quote_all(names) -> str:
@@ -342,7 +335,7 @@ def _nouveau_blacklist():
             # A failed rebuild takes the file away again, so that the next run retries instead of seeing no change.
             yield f"{rebuild} || {{ rm -f {NOUVEAU_CONF}; exit 1; }}"
             return
-    _report(
+    report(
         f"nouveau blacklisted in {NOUVEAU_CONF}; this host has neither update-initramfs nor dracut, "
         "so there is no initramfs to rebuild"
     )
@@ -397,7 +390,7 @@ def _apt_headers(lists_updated: bool):
     name = f"linux-headers-{kernel}"
     policy = host.get_fact(_AptCachePolicy, packages=(name,))
     if not (policy.get(name) or {}).get("candidate"):
-        _report(
+        report(
             f"kernel headers: {name} is not installed and no configured repository offers it: DKMS cannot "
             f"build NVIDIA modules for the running kernel {kernel} (prebuilt module packages need no headers)"
         )
@@ -414,7 +407,7 @@ def _dnf_headers():
         return
     name = f"kernel-devel-{kernel}"
     if not host.get_fact(_DnfAvailable, package=name):
-        _report(
+        report(
             f"kernel headers: {name} is not installed and no configured repository offers it: DKMS cannot "
             f"build NVIDIA modules for the running kernel {kernel}"
         )
@@ -629,7 +622,7 @@ def _fabricmanager_service(reboot_pending: bool, reinstalled: bool):
         yield f"systemctl enable {unit}"
     if reboot_pending:
         if not active or reinstalled:
-            _report(f"{unit} starts after the reboot (it only runs with the driver of its own version loaded)")
+            report(f"{unit} starts after the reboot (it only runs with the driver of its own version loaded)")
         return
     if not active:
         yield f"systemctl start {unit}"
@@ -773,4 +766,4 @@ def nvidia_driver(
         logger.warning(f"{getattr(host, 'print_prefix', f'[{host.name}] ')}rebooting: {'; '.join(reasons)}")
         yield from server.reboot._inner(reboot_timeout=reboot_timeout)
     else:
-        _report(f"reboot pending: {'; '.join(reasons)}; reboot the host (or allow reboots) to load the driver")
+        report(f"reboot pending: {'; '.join(reasons)}; reboot the host (or allow reboots) to load the driver")
