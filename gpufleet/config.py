@@ -1073,12 +1073,20 @@ def _default_collect_interval(ctx: _Ctx, data: Mapping) -> Any:
 _DCGM_EXPORTER_RELEASE_RE = re.compile(r"^\d+\.\d+\.\d+(-\d+\.\d+\.\d+)?\Z")
 
 
-def _dcgm_exporter_version(ctx: _Ctx, key: str, value: Any) -> Any:
-    if not isinstance(value, str) or not _DCGM_EXPORTER_RELEASE_RE.match(value):
-        ctx.error(key, value, 'a dcgm-exporter release as NVIDIA tags it, e.g. "4.2.3-4.1.3" (DCGM version, exporter '
-                  'version), or its exporter version, e.g. "4.1.3"', "not a dcgm-exporter release")
-        return _INVALID
-    return value
+def _matching(regex: re.Pattern, allowed: str, reason: str):
+    """A parser of a string setting that ``regex`` matches whole."""
+    def parse(ctx: _Ctx, key: str, value: Any) -> Any:
+        if not isinstance(value, str) or not regex.match(value):
+            ctx.error(key, value, allowed, reason)
+            return _INVALID
+        return value
+
+    return parse
+
+
+_dcgm_exporter_version = _matching(
+    _DCGM_EXPORTER_RELEASE_RE, 'a dcgm-exporter release as NVIDIA tags it, e.g. "4.2.3-4.1.3" (DCGM version, exporter '
+    'version), or its exporter version, e.g. "4.1.3"', "not a dcgm-exporter release")
 
 
 EXPORTER_SETTINGS: tuple[tuple[str, Any, Any, str], ...] = (
@@ -1167,12 +1175,9 @@ def _names(choices: tuple[str, ...], what: str):
     return parse
 
 
-def _reason_prefix(ctx: _Ctx, key: str, value: Any) -> Any:
-    if not isinstance(value, str) or not _REASON_PREFIX_RE.match(value):
-        ctx.error(key, value, "1-48 characters: letters, digits, space, '.', '_', '-' (starting with a letter or "
-                  "digit)", "not a drain reason prefix")
-        return _INVALID
-    return value
+_reason_prefix = _matching(
+    _REASON_PREFIX_RE, "1-48 characters: letters, digits, space, '.', '_', '-' (starting with a letter or digit)",
+    "not a drain reason prefix")
 
 
 def _templates_dir(ctx: _Ctx, key: str, value: Any) -> Any:
