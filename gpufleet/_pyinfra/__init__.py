@@ -1,24 +1,10 @@
-"""gpufleet's one door to pyinfra beyond its documented API (docs/design.md, "pyinfra internals: gpufleet/_pyinfra").
+"""gpufleet's one door to pyinfra beyond its documented API: the fact memo (:mod:`._memo`), the rollout's
+in-process runs (:mod:`.inprocess`), the connector subclass (:mod:`._connector`), signal handling (:mod:`._signals`),
+the lock channel (:mod:`._lock`), and here the version guard and the CLI helpers gpufleet's commands share.
 
-Everything of gpufleet that relies on how pyinfra works inside, rather than on what it documents, lives in this
-package; the rest of gpufleet calls the functions below (and :mod:`gpufleet._pyinfra.inprocess` for the rollout's
-in-process runs), never ``pyinfra.api`` internals, ``pyinfra_cli``, connector internals or a patch of its own
-(tests/unit/test_layers.py checks it). Inside:
-
-* :mod:`._memo`: the fact memo and read-ahead of the converge deploy (one round trip per host for a no-op run);
-* :mod:`.inprocess`: the rollout's pyinfra runs in the gpufleet process;
-* :mod:`._connector`: the SSH options of gpufleet's runs (TCP_NODELAY, keepalive, dead-peer detection, connect
-  timeouts) and what must happen on a reconnect, as a subclass of the host's own connector class;
-* :mod:`._signals`: the converge's signal handling under the pyinfra CLI (exit 130/143/129 naming the hosts
-  mid-change);
-* :mod:`._lock`: the SSH channel that holds a host's gpufleet lock;
-* here: the version guard, and the few pyinfra CLI helpers gpufleet's own commands use to behave like ``pyinfra``.
-
-**Version guard.** The fast paths (fact memo, in-process rollout) run only on the pyinfra versions CI ran
-(:data:`TESTED_PYINFRA`: ``3.10.x``); with any other version, or their switch off (``GPUFLEET_FACT_MEMO=off``,
-``GPUFLEET_ROLLOUT_INPROCESS=off``), gpufleet takes the plain path (pyinfra's own fact reads; one ``pyinfra``
-process per rollout pass and wave) and says so in ONE line (:func:`plain_path`). The rest (SSH options, signals, the
-lock channel) is needed on every version and checks for the pyinfra names it uses where it uses them.
+The rest of gpufleet calls the functions below, never pyinfra's internals (tests/unit/test_layers.py checks it). The
+fast paths run only on the pyinfra versions CI ran, else gpufleet takes the plain path and says so in one line
+(:func:`plain_path`). What each module works around: docs/design.md, "pyinfra internals".
 """
 
 from __future__ import annotations

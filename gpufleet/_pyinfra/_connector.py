@@ -1,19 +1,10 @@
 """gpufleet's runs on a subclass of each host's own connector class: the SSH options (TCP_NODELAY, keepalive,
-dead-peer detection, connect timeouts), what must happen when a host connects anew (the lock taken again after a
-reboot, the fact memo's reads forgotten) and the fact memo's view of every command, upload and download.
+dead-peer detection, connect timeouts), what must happen when a host connects anew, and the fact memo's view of
+every command, upload and download.
 
-Why a subclass: pyinfra picks a host's connector class when it builds the inventory (``ssh`` unless the host is
-named ``@connector/...``; ``pyinfra.api.connectors`` reads them from the ``pyinfra.connectors`` entry points) and
-creates the connector when the ``State`` is initialised, before any deploy code runs; a connector method is where
-pyinfra itself connects, runs, uploads and downloads. :func:`adopt` therefore turns the connector objects of one
-state's hosts into instances of ``Gpufleet<Their class>`` (a subclass that adds methods only, no state: the
-object, its connection and data stay as pyinfra made them), and every override calls the class's own method. What
-each override does is looked up per ``State`` (:func:`hooks`), so a connector the in-process rollout moves to a
-later run's ``State`` follows that run's set-up, and one whose state has none behaves exactly as its class.
-
-Patches that remain (each scoped to the state's hosts): the class swap itself (pyinfra offers no way to choose a
-connector class for plain host names once the inventory is built), and the connect timeouts written into the
-connector's ``data`` (pyinfra's SSH connector reads ``ssh_paramiko_connect_kwargs`` from it on every connect).
+pyinfra picks a host's connector class when it builds the inventory, so :func:`adopt` turns one state's connector
+objects into ``Gpufleet<Their class>`` (methods only, no state); each override looks up its state's :func:`hooks`
+and otherwise behaves as the class. ``@gpufleet/HOST`` names the SSH one directly (the entry point).
 """
 
 from __future__ import annotations

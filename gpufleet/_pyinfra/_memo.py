@@ -1,57 +1,10 @@
-"""Fast fact reads for the gpufleet deploy: one SSH round trip per distinct read, and the reads known in advance
-run concurrently.
+"""Fast fact reads for the gpufleet deploy: one SSH round trip per distinct read, the reads known in advance run
+concurrently, and a converged host's reads read ahead in one remote command.
 
-Why: pyinfra 3 has no fact cache. Every ``host.get_fact`` is a remote command, so a converged node costs ~30
-commands per host (GpuInventory alone 5 times: preflight, then the driver, persistence, MIG and power
-operations), one after another within a host. And pyinfra's SSH connector leaves Nagle's algorithm on: each
-command then waits ~40 ms for the server's delayed ACK, more than the command itself.
-
-What, installed by the gpufleet deploy only (:func:`install`, through :func:`gpufleet._pyinfra.prepare_deploy_run`,
-on the hosts of one pyinfra ``State``):
-
-* **TCP_NODELAY** on every SSH connection (also after a reconnect, e.g. a reboot).
-* **Memo.** A fact read's output is kept, per host and per exact command (with its sudo/env/... arguments),
-  until anything else touches that host: any other command, upload, download, rsync, connect or disconnect
-  (:func:`invalidate` does the same explicitly). During PREPARE nothing changes on the hosts, so every read
-  stays valid; during EXECUTE a read made after an operation's command sees that command's effect, as without
-  the memo, while reads between two commands (the no-op case) are shared. PREPARE's reads are kept into EXECUTE
-  only with ``-y`` (pyinfra then executes at once; otherwise it waits for a confirmation, and the hosts may
-  change meanwhile). What is kept is the command's output, not the fact: pyinfra parses, logs and fails hosts on
-  every read exactly as it would without the memo. Only successful outputs are kept; a failed read or an
-  exception is never replayed.
-* **Prefetch.** :meth:`FactMemo.prefetch` starts given fact reads on every given host at once: on each host the
-  first read alone (a sudo password prompt or askpass upload happens once), then the others on a few concurrent
-  SSH channels. :func:`install` prefetches the preflight facts when the first host starts preparing; when
-  pyinfra checks for changes (no ``-y``), the reads the operations made while being prepared are prefetched
-  again, per host, when execution starts. A prefetch stops as soon as the command's output is stored: nothing is
-  parsed, logged or failed until the deploy asks for that fact, and a prefetch that raised or failed is simply
-  read again then, so errors surface where and as they would without it. A read that nobody prefetched (a
-  host-specific argument) is an ordinary read. A prefetch never overlaps a change: before anything else runs on
-  a host, the prefetches running there are awaited and those not started yet are dropped (a GPU reset, say,
-  fails while an nvidia-smi query holds the GPU).
-
-* **Read-ahead.** :meth:`FactMemo.read_ahead` (what :func:`install` uses) reads given facts, and every read the
-  deploy made on the same host in its previous run (remembered per host in a cache directory as DATA: the fact's
-  class name and its arguments, never a command nor an output, see :func:`fact_entry`; the command is generated
-  again from the fact class at run time, and an entry that does not name a fact class of :data:`FACT_PACKAGE`
-  or :data:`PYINFRA_FACTS` with plain arguments is dropped; none with a masked value, password or environment; not
-  those made only before that run changed the host, unless the run before it made them too, nor those an operation
-  made after its own command: only an operation that changes the host makes them), in ONE remote command per host
-  (:func:`read_ahead_script`: the first read alone, the lock's, then the others concurrently). Each
-  output is stored as its own read would have been; one that failed, or that did not come back, is read again
-  when the deploy asks for it. A converged host's no-op run then costs one round trip for all its reads.
-
-**pyinfra internals** (docs/design.md, "pyinfra internals: gpufleet/_pyinfra"). The memo sees every command,
-upload, download and (re)connect of the state's hosts through gpufleet's connector subclass
-(:mod:`gpufleet._pyinfra._connector`, which also sets TCP_NODELAY); what remains a patch, on this state's hosts only,
-is an instance attribute in front of ``Host.get_fact`` (the one point where pyinfra knows that a command is a fact
-read). It calls ``pyinfra.api.facts.get_fact``, follows ``State.current_stage`` / ``should_check_for_changes()``,
-``Host.in_op`` and ``Host.current_op_hash``, and trims three of pyinfra's own per-call costs
-(:func:`trim_pyinfra_overhead`: ``all_global_arguments`` once, call stacks without source context, global arguments
-looked up only among the host data's keys; each answers as pyinfra's own outside a run the memo is installed on).
-:func:`supported` applies the version guard (:func:`gpufleet._pyinfra.plain_path`: the pyinfra series CI ran) and
-checks for each of those names; where it says no (or ``GPUFLEET_FACT_MEMO=off``), :func:`install` installs nothing,
-says so in one line, and every fact read is pyinfra's own, plain read: slower, same results.
+pyinfra 3 has no fact cache: every ``host.get_fact`` is a remote command, some 30 per converged host, one after
+another. The memo keeps a read's output until anything else touches the host; the prefetch and the read-ahead
+(of what the previous run read, remembered as data, never as commands) fill it. pyinfra parses, logs and fails
+hosts on every read as it would without it. The rules: docs/design.md, "The fact memo".
 """
 
 from __future__ import annotations
@@ -712,24 +665,9 @@ def supported(version: str | None = None) -> str | None:
 
 def trim_pyinfra_overhead(state) -> None:
     """Three costs pyinfra pays on every operation call and fact read, made cheaper without changing any result
-    (on ``state``'s run, where :func:`supported` says yes):
-
-    * ``pyinfra.api.arguments.all_global_arguments`` resolves the type hints of its argument classes on every
-      call (every ``host.get_fact`` and operation call; ~0.5 ms each): it answers the same for the whole process,
-      so it is computed once and copied.
-    * In CLI mode pyinfra orders each operation by its call stack (``pyinfra.api.util``:
-      ``get_operation_order_from_stack``, ``get_caller_frameinfo``), of which it uses each frame's file name and
-      line number only. It asks ``inspect.stack()`` and ``inspect.getframeinfo()`` with their default of one line
-      of source context, which looks up every frame's source file and module (a ``realpath`` per frame, some 20
-      frames, twice per operation and host: ~1.5 ms). ``pyinfra.api.util``'s own ``stack`` and ``getframeinfo``
-      are replaced by the same functions asked for no context: the same file names and line numbers, no look-up.
-      ``inspect`` itself is left as it is.
-    * ``pop_global_arguments`` (every fact read and operation call) looks each of the ~30 global arguments up in
-      the host's data, ``getattr(host.data, key, default)``: each miss walks every data layer, merging the host's
-      groups' data anew (~0.3 ms a call). It is given a view of the host whose data answers at once, from the keys
-      the layers hold when it is called, that a key is absent (:func:`_present_keys_view`); a present key is
-      looked up in ``host.data`` itself. The same answers and the same defaults, the layers walked once per call.
-    """
+    (on ``state``'s run, where :func:`supported` says yes): ``all_global_arguments`` computed once, call stacks
+    read without source context, and global arguments looked up only among the keys the host's data holds
+    (:func:`_present_keys_view`). Each replacement answers as pyinfra's own outside such a run."""
     # Scoped to gpufleet's runs: each replacement answers as pyinfra's own function (it calls it) unless the run in
     # progress (pyinfra's context state, or the state passed) is one the memo is installed on.
     arguments = sys.modules.get("pyinfra.api.arguments")

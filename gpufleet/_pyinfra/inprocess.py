@@ -1,71 +1,10 @@
 """The rollout's pyinfra runs inside the gpufleet process: one start-up, one inventory load and one SSH connection per
 host for the whole rollout, instead of a ``pyinfra`` process per pass and per wave.
 
-Why: a rollout with a canary and 25% waves ran 6-7 pyinfra processes (``debug-inventory`` for the order, the
-whole-fleet ``--dry`` pass, then the canary and each wave), each paying Python's start-up, the inventory load and an
-SSH connection (key exchange, authentication) per host: 2.2x one plain ``pyinfra -y`` run on 32 simulated hosts.
-
-How: :class:`Session` drives pyinfra's API the way ``pyinfra_cli`` does for ``pyinfra INVENTORY DEPLOY``: CLI mode
-(``pyinfra.is_cli``: operations are hashed by their call site in the deploy, as under ``pyinfra``), the working
-directory on ``sys.path``, ``config.py`` executed, the inventory loaded with ``pyinfra_cli.inventory.make_inventory``,
-the deploy file prepared with ``pyinfra_cli.util.load_deploy_file``, executed with ``pyinfra.api.operations.run_ops``.
-Each run that plans (the whole-fleet pass; each wave with a drain) is its own pyinfra ``State`` with a freshly
-loaded ``Inventory``, as each ``pyinfra`` process was: the deploy's per-run caches, the fact memo
-(:mod:`gpufleet._pyinfra._memo`), the SSH bounds (:mod:`gpufleet.connection`) and the host locks are per ``State``
-and start clean. What carries over is the SSH
-connection: a host connected by an earlier run of the session (the whole-fleet pass) adopts that connection (the
-connector object moves to the new run's ``Host``); a host without one, or whose connection is no longer active,
-connects as ``pyinfra.api.connect.connect_all`` would (an adopted connection is first checked with one SSH channel
-opened and closed, within the host's connect timeout). After a wave executed, its hosts are disconnected, which
-releases their gpufleet lock (held by an SSH channel until the connection ends) when their wave ends, as at the end
-of a ``pyinfra`` process.
-
-**Plan freshness.** The whole-fleet pass plans every host (validation, preflight, what each would change) before
-any drain or change. What a wave then executes depends on ``--drain``:
-
-* With a drain (``slurm``, ``command:``), every wave is planned again just before it executes, in its own ``State``:
-  the deploy runs for the wave's hosts after their drain and after the earlier waves' gates, every fact read then
-  (the fact memo's read-ahead: one round trip per host). Draining is what frees the GPUs a MIG change needs and
-  ends the jobs whose processes the operations check; a plan made before the drain is never executed.
-* With ``--drain none``, the waves execute the pass's plan (``Session.run(..., keep_plan=True)``), each wave its own
-  hosts' operations in the pass's ``State``. This is safe because (1) nothing the rollout does between the pass and
-  a host's wave touches that host: no drain or resume, the earlier waves change only their own hosts and their
-  gates probe only those; (2) what the plan fixes is the deploy-level decision: which operations run, with which
-  arguments, from the host's configuration and the GPUs the driver listed (models, UUIDs, indices: the node plan)
-  and the preflight verdict, which change only with the inventory, the driver or the hardware, as in the window
-  between any pyinfra run's preparation and its execution; (3) every operation decides what to send when its wave
-  executes (pyinfra runs an operation's body, a generator, at execution) from the host's facts as the fact memo
-  keeps them: its rule is that a read stays valid until something touches the host, and held into execution only
-  when execution follows preparation at once (``-y``). The waves follow the pass at once when no verify gate runs
-  between them (``--verify none``: the rollout's hosts are then in the situation of one ``pyinfra -y`` run whose
-  operations run in turns), so the pass's reads stand; once a gate has run (a wait: probes, benchmarks), each wave
-  first forgets the pass's reads of its hosts and reads again what their operations read, one round trip per host
-  (:func:`gpufleet._pyinfra._memo.refresh`); (4) a host another gpufleet run (or the boot-time MIG apply) changed
-  in between is seen by the host lock's generation check when the wave takes the lock, which makes the run read
-  that host's facts again. The whole-fleet pass already decides on its reads which hosts need no change at all
-  (they are never in a wave), in both cases. Keeping the plan saves preparing every host twice (the deploy's code
-  and its fact reads, on the hosts too), which was most of a wave's cost on the benchmark's hosts.
-
-**Results.** :meth:`Session.run` returns the :class:`~gpufleet.rollout.converge.PyinfraRun` a ``pyinfra --json``
-process would have given: the document built with pyinfra's own ``build_plan_json`` / ``build_results_json`` and
-pyinfra's log (captured from its logger, never printed) as its ``stderr``; a pyinfra error (the deploy's validation
-or preflight) is logged as ``--> pyinfra error: ...`` as the CLI prints it. So the rollout reads both kinds of run
-with the same code (:func:`~gpufleet.rollout.converge.host_outcomes`).
-
-**Signals.** SIGINT raises ``KeyboardInterrupt`` in the rollout (gevent hands it to the main greenlet, also when a
-host's greenlet was running): the run in progress is stopped where it is (its greenlets are killed: no further
-command is sent; commands already sent run to their end on the hosts, whose lock is held until then), the hosts it
-had mid-change are named with :func:`gpufleet._pyinfra._signals.report` (:attr:`Session.interruption`), and the rollout
-saves its state and exits 130. :func:`gpufleet._pyinfra._signals.install`, which exits the process at once under the
-pyinfra CLI, is told to leave these runs alone (:func:`gpufleet._pyinfra._signals.leave_to_caller`).
-
-**pyinfra internals.** It relies on the names :func:`supported`
-checks, ``State.activate_host`` / ``fail_hosts`` / ``active_hosts`` for connecting as ``connect_all`` does, and the
-SSH connector's ``state`` / ``host`` / ``client`` attributes to adopt a connection. :func:`supported` checks the
-installed pyinfra against the versions CI ran (:func:`gpufleet._pyinfra.plain_path`) and that the standard library
-is patched for gevent (else pyinfra's hosts would run one after another); where it says no (or
-``GPUFLEET_ROLLOUT_INPROCESS=off``), the rollout runs ``pyinfra --json`` as a subprocess per pass and wave
-(:mod:`gpufleet.rollout.converge`): slower, same results.
+:class:`Session` drives pyinfra's API as ``pyinfra_cli`` does; each run that plans is its own ``State``, and a
+host's connection carries over between them. With ``--drain none`` the waves execute the whole-fleet pass's plan.
+:func:`supported` checks the pyinfra names it relies on; otherwise the rollout runs ``pyinfra --json`` as a
+subprocess per pass and wave. Plan freshness, results and signals: docs/design.md, "The in-process rollout".
 """
 
 from __future__ import annotations
